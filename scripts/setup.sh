@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs everything T-Rex needs on Debian 12 (bookworm), as root. Idempotent.
+# The CUDA toolkit (with NCCL) is optional: when /usr/local/cuda exists the build adds the CUDA backend.
+set -euo pipefail
+packages=(
+  build-essential cmake ninja-build pkg-config git ca-certificates
+  libopenblas-dev libopenmpi-dev openmpi-bin
+  nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
+  libcpp-httplib-dev libssl-dev zlib1g-dev libpng-dev
+  coinor-libcbc-dev coinor-libclp-dev coinor-libcgl-dev coinor-libosi-dev coinor-libcoinutils-dev coinor-cbc
+  libglpk-dev glpk-utils coinor-libipopt-dev
+  python3 python3-numpy
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
