@@ -1,0 +1,75 @@
+#include "parallel/mesh.h"
+
+#include <fmt/format.h>
+
+#include <cctype>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace trex::parallel {
+
+std::string check_mesh(const MeshSpec& s, int world_size, const ModelShape& m) {
+  if (s.pp < 1 || s.dp < 1 || s.ep < 1 || s.vpp < 1) return "every parallel degree must be >= 1";
+  if (s.pp * s.dp != world_size)
+    return fmt::format("pp={} x dp={} = {} ranks, but {} processes were launched", s.pp, s.dp, s.pp * s.dp,
+                       world_size);
+  if (s.dp % s.ep != 0) return fmt::format("ep={} does not divide dp={} (EP is folded into DP)", s.ep, s.dp);
+  if (m.n_experts % s.ep != 0)
+    return fmt::format("ep={} does not divide the {} routed experts", s.ep, m.n_experts);
+  int stages = s.pp * s.vpp;
+  if (stages > 1 && m.n_layers < stages)
+    return fmt::format("{} pipeline stages (pp={} x vpp={}) for only {} layers", stages, s.pp, s.vpp, m.n_layers);
+  if (s.vpp > 1 && s.pp == 1) return "an interleaved schedule (vpp > 1) needs pp > 1";
+  return "";
+}
+
+MeshSpec parse_mesh_spec(const std::string& text) {
+  MeshSpec s;
+  std::string t;
+  for (char c : text) t += (c == ',' || c == ' ' || c == ';') ? ' ' : char(std::tolower(c));
+  std::istringstream in(t);
+  std::string tok;
+  while (in >> tok) {
+    size_t i = 0;
+    while (i < tok.size() && std::isalpha(static_cast<unsigned char>(tok[i]))) ++i;
+    std::string key = tok.substr(0, i);
+    std::string val = tok.substr(i);
+    if (!val.empty() && val[0] == '=') val = val.substr(1);
+    int v = 0;
+    try {
+      size_t used = 0;
+      v = std::stoi(val, &used);
+      TREX_CHECK(used == val.size(), "");
+    } catch (...) {
+      fail("parallel layout '{}': '{}' is not of the form pp=2 / PP2", text, tok);
+    }
+    if (key == "pp") s.pp = v;
+    else if (key == "dp") s.dp = v;
+    else if (key == "ep") s.ep = v;
+    else if (key == "vpp") s.vpp = v;
+    else fail("parallel layout '{}': unknown dimension '{}' (expected pp, dp, ep, vpp)", text, key);
+  }
+  return s;
+}
+
+Mesh build_mesh(comm::Communicator& world, const MeshSpec& spec, const ModelShape& model) {
+  std::string why = check_mesh(spec, world.size(), model);
+  TREX_CHECK(why.empty(), "impossible parallel layout: {}", why);
+  Mesh m;
+  m.spec = spec;
+  m.world_rank = world.rank();
+  m.world_size = world.size();
+  m.pp_rank = m.world_rank / spec.dp;
+  m.dp_rank = m.world_rank % spec.dp;
+  m.ep_rank = m.dp_rank % spec.ep;
+  m.edp_rank = m.dp_rank / spec.ep;
+  m.dp_group = world.split(m.pp_rank, m.dp_rank);
+  m.ep_group = world.split(m.pp_rank * spec.dp + m.edp_rank, m.ep_rank);
+  m.edp_group = world.split(m.pp_rank * spec.dp + m.ep_rank, m.edp_rank);
+  m.pp_group = world.split(m.dp_rank, m.pp_rank);
+  TREX_ASSERT(m.ep_group->size() == spec.ep && m.dp_group->size() == spec.dp && m.pp_group->size() == spec.pp);
+  return m;
+}
+
+}  // namespace trex::parallel

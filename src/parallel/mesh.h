@@ -1,0 +1,48 @@
+// The device mesh: pipeline (PP) x data (DP) ranks, with expert parallelism (EP) folded into the data-
+// parallel ranks of each stage (Megatron's "parallel folding"): the dense parts are replicated over DP,
+// the routed experts are sharded over EP groups of `ep` consecutive DP ranks, and the ranks holding the
+// same expert shard form an expert-data-parallel (EDP) group that reduces its gradients.
+//
+// Rank order: world rank = pp_rank * dp + dp_rank (stages outermost), so an EP group is contiguous
+// and stays inside a node when ep <= GPUs per node.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+
+namespace trex::parallel {
+
+struct MeshSpec {
+  int pp = 1;
+  int dp = 1;  // data-parallel ranks per stage (EP is folded into these)
+  int ep = 1;  // expert-parallel group size; divides dp
+  int vpp = 1; // virtual stages per rank (interleaved schedule)
+};
+
+struct ModelShape {  // what the mesh must divide
+  int n_layers = 1;
+  int n_experts = 1;
+};
+
+// Empty when the layout is possible, else the reason (e.g. "ep=3 does not divide dp=4").
+std::string check_mesh(const MeshSpec& spec, int world_size, const ModelShape& model);
+MeshSpec parse_mesh_spec(const std::string& text);  // "pp=2,dp=4,ep=4" or "PP2 DP4 EP4"
+
+struct Mesh {
+  MeshSpec spec;
+  int world_rank = 0, world_size = 1;
+  int pp_rank = 0, dp_rank = 0, ep_rank = 0, edp_rank = 0;
+  std::unique_ptr<comm::Communicator> dp_group;   // same stage, all DP ranks (dense gradients, ZeRO-1)
+  std::unique_ptr<comm::Communicator> ep_group;   // same stage, the ep ranks sharing tokens
+  std::unique_ptr<comm::Communicator> edp_group;  // same stage, same expert shard (expert gradients)
+  std::unique_ptr<comm::Communicator> pp_group;   // same dp_rank, all stages (activations point to point)
+
+  int first_local_expert(int n_experts) const { return ep_rank * (n_experts / spec.ep); }
+  int n_local_experts(int n_experts) const { return n_experts / spec.ep; }
+};
+
+// Splits `world` into the groups; throws trex::Error with check_mesh's reason for impossible layouts.
+Mesh build_mesh(comm::Communicator& world, const MeshSpec& spec, const ModelShape& model);
+
+}  // namespace trex::parallel
