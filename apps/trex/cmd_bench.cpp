@@ -1,0 +1,112 @@
+// `trex bench gemm`: cuBLASLt bf16 GEMM throughput on the GEMM shapes of a model config's training step
+// (forward and the two backward products of each projection), against the H200 ceilings in
+// docs/performance.md. Prints one JSON line per shape and a summary line.
+#include <fmt/format.h>
+
+#include <cstdio>
+
+#include "command.h"
+#include "core/error.h"
+#include "core/files.h"
+#ifdef TREX_HAVE_CUDA
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/gemm.h"
+#endif
+
+namespace {
+
+struct GemmCase {
+  std::string name;
+  int64_t m, n, k;
+};
+
+// y[T,out] = x[T,in] W^T for the main projections of one V4 layer at T tokens; the routed experts are
+// one expert's share of T*topk/E tokens.
+std::vector<GemmCase> model_gemms(const trex::json& cfg, int64_t tokens) {
+  auto g = [&](const char* k) { return cfg.at(k).get<int64_t>(); };
+  int64_t d = g("hidden_size"), h = g("num_attention_heads"), c = g("head_dim"), qr = g("q_lora_rank");
+  int64_t og = g("o_groups"), orank = g("o_lora_rank"), f = g("moe_intermediate_size");
+  int64_t e = g("n_routed_experts"), k = g("num_experts_per_tok"), v = g("vocab_size");
+  int64_t per_expert = tokens * k / e;
+  return {
+      {"wq_a", tokens, qr, d},
+      {"wq_b", tokens, h * c, qr},
+      {"wkv", tokens, c, d},
+      {"wo_a (one group)", tokens, orank, h * c / og},
+      {"wo_b", tokens, d, og * orank},
+      {"expert w1|w3", per_expert, 2 * f, d},
+      {"expert w2", per_expert, d, f},
+      {"lm head (8192-row chunk)", tokens, 8192 < v ? 8192 : v, d},
+  };
+}
+
+void bench_gemm(const std::string& config, int64_t tokens, int reps) {
+#ifndef TREX_HAVE_CUDA
+  trex::fail("trex bench gemm needs a build with CUDA (TREX_CUDA=ON) and a GPU");
+#else
+  auto cfg = trex::read_json_file(config);
+  trex::cuda::Gemm gemm;
+  double total_flop = 0, total_s = 0;
+  for (const auto& gc : model_gemms(cfg, tokens)) {
+    // Forward y = x W^T, then dX = dY W and dW = dY^T X: the three products of a training step.
+    struct P {
+      const char* what;
+      trex::cuda::GemmShape s;
+    } products[] = {
+        {"fwd", {gc.m, gc.n, gc.k, false, true}},
+        {"dgrad", {gc.m, gc.k, gc.n, false, false}},
+        {"wgrad", {gc.n, gc.k, gc.m, true, false}},
+    };
+    for (auto& p : products) {
+      int64_t m = p.s.m, n = p.s.n, k = p.s.k;
+      std::vector<uint16_t> ha(size_t(m * k)), hb(size_t(k * n));
+      std::mt19937 rng(7);
+      std::normal_distribution<float> nd;
+      for (auto& x : ha) x = trex::f32_to_bf16(nd(rng));
+      for (auto& x : hb) x = trex::f32_to_bf16(nd(rng));
+      auto a = trex::cuda::DeviceBuffer::from_host(ha), b = trex::cuda::DeviceBuffer::from_host(hb);
+      trex::cuda::DeviceBuffer c(size_t(m * n) * 2);
+      for (int i = 0; i < 3; ++i) gemm.run(p.s, a.as(), b.as(), c.as());
+      cudaEvent_t t0, t1;
+      TREX_CUDA(cudaEventCreate(&t0));
+      TREX_CUDA(cudaEventCreate(&t1));
+      TREX_CUDA(cudaEventRecord(t0));
+      for (int i = 0; i < reps; ++i) gemm.run(p.s, a.as(), b.as(), c.as());
+      TREX_CUDA(cudaEventRecord(t1));
+      TREX_CUDA(cudaEventSynchronize(t1));
+      float ms = 0;
+      TREX_CUDA(cudaEventElapsedTime(&ms, t0, t1));
+      double s = ms / 1e3 / reps, flop = 2.0 * double(m) * double(n) * double(k);
+      total_flop += flop;
+      total_s += s;
+      std::printf("%s\n", fmt::format(R"({{"gemm": "{} {}", "m": {}, "n": {}, "k": {}, "us": {:.1f}, "tflops": {:.1f}}})",
+                                      gc.name, p.what, m, n, k, s * 1e6, flop / s / 1e12)
+                              .c_str());
+      cudaEventDestroy(t0);
+      cudaEventDestroy(t1);
+    }
+  }
+  std::printf("%s\n", fmt::format(R"({{"summary": "all GEMMs", "tokens": {}, "tflops": {:.1f}}})", tokens,
+                                  total_flop / total_s / 1e12)
+                          .c_str());
+#endif
+}
+
+const bool registered = trex::cli::register_command(
+    {"bench", "Benchmarks (GPU kernels; training throughput lands with the CUDA model)", [](CLI::App& app) {
+       app.require_subcommand(1);
+       auto* g = app.add_subcommand("gemm", "cuBLASLt bf16 GEMM throughput on a model config's training GEMMs");
+       auto config = std::make_shared<std::string>();
+       auto tokens = std::make_shared<int64_t>(8192);
+       auto reps = std::make_shared<int>(20);
+       g->add_option("--config", *config, "model config.json (e.g. ../shared/bench/flash-l4.json)")->required();
+       g->add_option("--tokens", *tokens, "tokens per step (sequence x batch)")->capture_default_str();
+       g->add_option("--reps", *reps, "timed repetitions per GEMM")->capture_default_str();
+       g->callback([=] { bench_gemm(*config, *tokens, *reps); });
+     }});
+
+}  // namespace

@@ -1,0 +1,54 @@
+// Device memory owned by RAII (plain cudaMalloc: never managed memory), plus host<->device copies.
+#pragma once
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+#include "kernels/cuda/cuda_check.h"
+
+namespace trex::cuda {
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+    if (bytes) TREX_CUDA(cudaMalloc(&ptr_, bytes));
+  }
+  ~DeviceBuffer() {
+    if (ptr_) cudaFree(ptr_);
+  }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      if (ptr_) cudaFree(ptr_);
+      ptr_ = std::exchange(o.ptr_, nullptr);
+      bytes_ = std::exchange(o.bytes_, 0);
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  template <typename T = void>
+  T* as() const { return static_cast<T*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+
+  template <typename T>
+  static DeviceBuffer from_host(const std::vector<T>& v) {
+    DeviceBuffer b(v.size() * sizeof(T));
+    TREX_CUDA(cudaMemcpy(b.ptr_, v.data(), b.bytes_, cudaMemcpyHostToDevice));
+    return b;
+  }
+  template <typename T>
+  std::vector<T> to_host() const {
+    std::vector<T> v(bytes_ / sizeof(T));
+    TREX_CUDA(cudaMemcpy(v.data(), ptr_, v.size() * sizeof(T), cudaMemcpyDeviceToHost));
+    return v;
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+}  // namespace trex::cuda

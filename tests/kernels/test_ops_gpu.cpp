@@ -1,0 +1,133 @@
+// Every CUDA op against the CPU kernel of the same name (ggml's discipline), on random inputs, with
+// bf16-appropriate tolerances (relative L2 error; the CPU side runs on the bf16-rounded inputs in fp32).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/rmsnorm.h"
+#include "kernels/cpu/swiglu.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/gemm.h"
+
+using trex::cuda::DeviceBuffer;
+
+namespace {
+
+struct Bf16Data {
+  std::vector<uint16_t> bits;
+  std::vector<float> values;  // the exact values the bits hold
+};
+
+Bf16Data random_bf16(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  Bf16Data r;
+  r.bits.resize(n);
+  r.values.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    r.bits[i] = trex::f32_to_bf16(d(g));
+    r.values[i] = trex::bf16_to_f32(r.bits[i]);
+  }
+  return r;
+}
+
+std::vector<float> to_f32(const std::vector<uint16_t>& bits) {
+  std::vector<float> v(bits.size());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = trex::bf16_to_f32(bits[i]);
+  return v;
+}
+
+double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    num += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
+    den += double(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+template <typename T>
+DeviceBuffer poisoned(size_t count) {
+  DeviceBuffer b(count * sizeof(T));
+  TREX_CUDA(cudaMemset(b.as(), 0xff, b.bytes()));  // NaN in bf16/fp32: unwritten outputs fail
+  return b;
+}
+
+}  // namespace
+
+TEST(GpuOps, GemmBf16MatchesCpuAllTransposes) {
+  trex::cuda::Gemm gemm;
+  const int64_t m = 77, n = 129, k = 200;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      auto a = random_bf16(m * k, 1 + ta), b = random_bf16(k * n, 3 + tb);
+      std::vector<float> ref(m * n);
+      trex::cpu::gemm(ref.data(), a.values.data(), b.values.data(), m, n, k, ta, tb);
+      auto da = DeviceBuffer::from_host(a.bits), db = DeviceBuffer::from_host(b.bits);
+      auto dc = poisoned<float>(m * n);
+      trex::cuda::GemmShape s{m, n, k, bool(ta), bool(tb), trex::cuda::GemmType::BF16, trex::cuda::GemmType::F32};
+      gemm.run(s, da.as(), db.as(), dc.as());
+      TREX_CUDA(cudaDeviceSynchronize());
+      EXPECT_LT(rel_err(dc.to_host<float>(), ref), 1e-5) << "trans_a=" << ta << " trans_b=" << tb;
+    }
+}
+
+TEST(GpuOps, RmsNormForwardBackwardMatchesCpu) {
+  const int64_t n = 300, d = 1000;
+  auto x = random_bf16(n * d, 5), w = random_bf16(d, 6), dy = random_bf16(n * d, 7);
+  std::vector<float> y(n * d), rstd(n), dx(n * d, 0.f), dw(d, 0.f);
+  trex::cpu::rmsnorm_fwd(y.data(), rstd.data(), x.values.data(), w.values.data(), n, d, 1e-6);
+  trex::cpu::rmsnorm_bwd(dx.data(), dw.data(), dy.values.data(), x.values.data(), w.values.data(), rstd.data(), n, d);
+  auto dx_ = DeviceBuffer::from_host(x.bits), dw_ = DeviceBuffer::from_host(w.bits), ddy = DeviceBuffer::from_host(dy.bits);
+  auto gy = poisoned<uint16_t>(n * d), grstd = poisoned<float>(n), gdx = poisoned<uint16_t>(n * d);
+  int64_t prow = trex::cuda::rmsnorm_dw_partial_rows(n);
+  DeviceBuffer partial(prow * d * sizeof(float)), gdw(d * sizeof(float));
+  TREX_CUDA(cudaMemset(gdw.as(), 0, gdw.bytes()));
+  using trex::cuda::bf16;
+  trex::cuda::rmsnorm_fwd(gy.as<bf16>(), grstd.as<float>(), dx_.as<bf16>(), dw_.as<bf16>(), n, d, 1e-6f);
+  trex::cuda::rmsnorm_bwd(gdx.as<bf16>(), partial.as<float>(), ddy.as<bf16>(), dx_.as<bf16>(), dw_.as<bf16>(),
+                          grstd.as<float>(), n, d);
+  trex::cuda::rmsnorm_dw_reduce(gdw.as<float>(), partial.as<float>(), prow, d);
+  TREX_CUDA(cudaDeviceSynchronize());
+  EXPECT_LT(rel_err(to_f32(gy.to_host<uint16_t>()), y), 8e-3);
+  EXPECT_LT(rel_err(grstd.to_host<float>(), rstd), 1e-5);
+  EXPECT_LT(rel_err(to_f32(gdx.to_host<uint16_t>()), dx), 8e-3);
+  EXPECT_LT(rel_err(gdw.to_host<float>(), dw), 1e-4);
+}
+
+TEST(GpuOps, ClampedSwigluForwardBackwardMatchesCpu) {
+  const int64_t n = 257, f = 384;
+  const float limit = 1.5f;  // small so both clamps are active on part of the data
+  auto gu = random_bf16(n * 2 * f, 8, 2.0f), dh = random_bf16(n * f, 9);
+  std::vector<float> gate(n * f), up(n * f);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < f; ++j) {
+      gate[i * f + j] = gu.values[i * 2 * f + j];
+      up[i * f + j] = gu.values[i * 2 * f + f + j];
+    }
+  std::vector<float> h(n * f), dgate(n * f), dup(n * f);
+  trex::cpu::swiglu_fwd(h.data(), gate.data(), up.data(), n * f, limit);
+  trex::cpu::swiglu_bwd(dgate.data(), dup.data(), dh.values.data(), gate.data(), up.data(), n * f, limit);
+  auto dgu = DeviceBuffer::from_host(gu.bits), ddh = DeviceBuffer::from_host(dh.bits);
+  auto gh = poisoned<uint16_t>(n * f), gdgu = poisoned<uint16_t>(n * 2 * f);
+  using trex::cuda::bf16;
+  trex::cuda::swiglu_fwd(gh.as<bf16>(), dgu.as<bf16>(), n, f, limit);
+  trex::cuda::swiglu_bwd(gdgu.as<bf16>(), ddh.as<bf16>(), dgu.as<bf16>(), n, f, limit);
+  TREX_CUDA(cudaDeviceSynchronize());
+  EXPECT_LT(rel_err(to_f32(gh.to_host<uint16_t>()), h), 8e-3);
+  auto g = to_f32(gdgu.to_host<uint16_t>());
+  std::vector<float> gg(n * f), gu_(n * f);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < f; ++j) {
+      gg[i * f + j] = g[i * 2 * f + j];
+      gu_[i * f + j] = g[i * 2 * f + f + j];
+    }
+  EXPECT_LT(rel_err(gg, dgate), 8e-3);
+  EXPECT_LT(rel_err(gu_, dup), 8e-3);
+}
