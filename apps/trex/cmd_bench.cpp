@@ -5,6 +5,8 @@
 
 #include <cstdio>
 
+#include "bench_ops.h"
+#include "bench_train.h"
 #include "command.h"
 #include "core/error.h"
 #include "core/files.h"
@@ -107,6 +109,28 @@ const bool registered = trex::cli::register_command(
        g->add_option("--tokens", *tokens, "tokens per step (sequence x batch)")->capture_default_str();
        g->add_option("--reps", *reps, "timed repetitions per GEMM")->capture_default_str();
        g->callback([=] { bench_gemm(*config, *tokens, *reps); });
+       auto* o = app.add_subcommand("ops", "CUDA kernels (attention, mHC, router, head+CE) at config shapes");
+       auto ocfg = std::make_shared<std::string>();
+       auto otok = std::make_shared<int64_t>(8192);
+       auto oreps = std::make_shared<int>(10);
+       o->add_option("--config", *ocfg, "model config.json (e.g. ../shared/bench/flash-l4.json)")->required();
+       o->add_option("--tokens", *otok, "tokens on this GPU (one packed sequence)")->capture_default_str();
+       o->add_option("--reps", *oreps, "timed repetitions (median reported)")->capture_default_str();
+       o->callback([=] { trex::bench::bench_ops(*ocfg, *otok, *oreps); });
+       auto* t = app.add_subcommand("train", "GPU training step (fwd + bwd + AdamW) on random tokens: one JSON line");
+       auto targs = std::make_shared<trex::bench::TrainBenchArgs>();
+       auto tdev = std::make_shared<std::string>("cuda");
+       t->add_option("--config", targs->config, "model config.json (e.g. ../shared/bench/small-s6.json)")->required();
+       t->add_option("--seq", targs->seq, "sequence length")->capture_default_str();
+       t->add_option("--batch", targs->batch, "sequences per step")->capture_default_str();
+       t->add_option("--steps", targs->steps, "timed steps")->capture_default_str();
+       t->add_option("--warmup", targs->warmup, "untimed warm-up steps")->capture_default_str();
+       t->add_option("--device", *tdev, "cuda (the only backend of this benchmark)")->capture_default_str();
+       t->add_flag("--sections", targs->sections, "per-section CUDA-event breakdown in the JSON line");
+       t->callback([=] {
+         TREX_CHECK(*tdev == "cuda", "bench train: --device {} unsupported (only cuda)", *tdev);
+         trex::bench::bench_train(*targs);
+       });
      }});
 
 }  // namespace

@@ -36,15 +36,17 @@ uint64_t json_uint(const json& v, const std::string& file, const std::string& te
 }
 
 TensorEntry parse_entry(const std::string& file, const std::string& name, const json& v) {
-  TREX_CHECK(v.is_object(), "{}: tensor '{}': header entry must be an object, found {}", file, name, v.dump());
+  TREX_CHECK(v.is_object(), "{}: tensor '{}': header entry must be an object, found {}", file, name,
+             v.dump());
   TensorEntry e;
   e.name = name;
   auto dt = v.find("dtype");
   TREX_CHECK(dt != v.end() && dt->is_string(), "{}: tensor '{}': missing or non-string 'dtype'", file, name);
-  TREX_CHECK(dtype_from_name(dt->get<std::string>(), &e.dtype),
-             "{}: tensor '{}': unknown dtype '{}' (supported: F64 F32 F16 BF16 F8_E4M3 F8_E8M0 F4_E2M1 I64 I32 "
-             "I16 I8 U8 BOOL)",
-             file, name, dt->get<std::string>());
+  TREX_CHECK(
+      dtype_from_name(dt->get<std::string>(), &e.dtype),
+      "{}: tensor '{}': unknown dtype '{}' (supported: F64 F32 F16 BF16 F8_E4M3 F8_E8M0 F4_E2M1 I64 I32 "
+      "I16 I8 U8 BOOL)",
+      file, name, dt->get<std::string>());
   auto sh = v.find("shape");
   TREX_CHECK(sh != v.end() && sh->is_array(), "{}: tensor '{}': missing or non-array 'shape'", file, name);
   uint64_t count = 1;
@@ -60,11 +62,12 @@ TensorEntry parse_entry(const std::string& file, const std::string& name, const 
              "{}: tensor '{}': 'data_offsets' must be an array [begin, end]", file, name);
   e.begin = json_uint((*off)[0], file, name, "data_offsets");
   e.end = json_uint((*off)[1], file, name, "data_offsets");
-  TREX_CHECK(e.end >= e.begin, "{}: tensor '{}': data_offsets [{}, {}] go backwards", file, name, e.begin, e.end);
+  TREX_CHECK(e.end >= e.begin, "{}: tensor '{}': data_offsets [{}, {}] go backwards", file, name, e.begin,
+             e.end);
   size_t expect = dtype_bytes(e.dtype, size_t(count));
   TREX_CHECK(e.end - e.begin == expect,
-             "{}: tensor '{}': data_offsets [{}, {}] span {} bytes but dtype {} x shape {} needs {} bytes", file,
-             name, e.begin, e.end, e.end - e.begin, dtype_name(e.dtype), shape_str(e.shape), expect);
+             "{}: tensor '{}': data_offsets [{}, {}] span {} bytes but dtype {} x shape {} needs {} bytes",
+             file, name, e.begin, e.end, e.end - e.begin, dtype_name(e.dtype), shape_str(e.shape), expect);
   return e;
 }
 
@@ -77,11 +80,12 @@ TensorEntry parse_entry(const std::string& file, const std::string& name, const 
 SafetensorsFile::SafetensorsFile(const fs::path& path) : map_(path) {
   const std::string file = path.string();
   const size_t size = map_.size();
-  TREX_CHECK(size >= 8, "{}: truncated safetensors file: {} bytes, need at least 8 for the header length", file,
-             size);
+  TREX_CHECK(size >= 8, "{}: truncated safetensors file: {} bytes, need at least 8 for the header length",
+             file, size);
   uint64_t n = read_u64_le(map_.data());
   TREX_CHECK(n <= size - 8, "{}: header length {} runs past the end of the file ({} bytes)", file, n, size);
-  TREX_CHECK(n <= kMaxHeaderBytes, "{}: header length {} exceeds the {} byte limit", file, n, kMaxHeaderBytes);
+  TREX_CHECK(n <= kMaxHeaderBytes, "{}: header length {} exceeds the {} byte limit", file, n,
+             kMaxHeaderBytes);
   header_len_ = size_t(n);
   std::string_view text(reinterpret_cast<const char*>(map_.data() + 8), header_len_);
 
@@ -120,18 +124,21 @@ SafetensorsFile::SafetensorsFile(const fs::path& path) : map_(path) {
   size_t pos = 0;
   const TensorEntry* prev = nullptr;
   for (const auto& e : entries_) {
-    TREX_CHECK(e.end <= data_size,
-               "{}: tensor '{}': data_offsets [{}, {}] go past the end of the data ({} bytes; file truncated?)",
-               file, e.name, e.begin, e.end, data_size);
-    TREX_CHECK(e.begin >= pos, "{}: tensor '{}': data_offsets [{}, {}] overlap tensor '{}' (ends at {})", file,
-               e.name, e.begin, e.end, prev ? prev->name : "", pos);
-    TREX_CHECK(e.begin == pos, "{}: tensor '{}': data_offsets [{}, {}] leave a gap of {} bytes after offset {}",
-               file, e.name, e.begin, e.end, e.begin - pos, pos);
+    TREX_CHECK(
+        e.end <= data_size,
+        "{}: tensor '{}': data_offsets [{}, {}] go past the end of the data ({} bytes; file truncated?)",
+        file, e.name, e.begin, e.end, data_size);
+    TREX_CHECK(e.begin >= pos, "{}: tensor '{}': data_offsets [{}, {}] overlap tensor '{}' (ends at {})",
+               file, e.name, e.begin, e.end, prev ? prev->name : "", pos);
+    TREX_CHECK(e.begin == pos,
+               "{}: tensor '{}': data_offsets [{}, {}] leave a gap of {} bytes after offset {}", file, e.name,
+               e.begin, e.end, e.begin - pos, pos);
     pos = e.end;
     prev = &e;
   }
-  TREX_CHECK(pos == data_size, "{}: {} trailing bytes after the last tensor (data buffer {} bytes, tensors end at {})",
-             file, data_size - pos, data_size, pos);
+  TREX_CHECK(pos == data_size,
+             "{}: {} trailing bytes after the last tensor (data buffer {} bytes, tensors end at {})", file,
+             data_size - pos, data_size, pos);
   for (size_t i = 0; i < entries_.size(); ++i) index_.emplace(entries_[i].name, i);
 }
 
@@ -198,8 +205,8 @@ SafetensorsReader::SafetensorsReader(const fs::path& file_or_dir) : root_(file_o
   }
   for (const auto& [shard, tensors] : by_shard) {
     fs::path p = root_ / shard;
-    TREX_CHECK(fs::exists(p), "{}: shard '{}' (holding tensor '{}' and {} more) does not exist", index_name, shard,
-               tensors.front(), tensors.size() - 1);
+    TREX_CHECK(fs::exists(p), "{}: shard '{}' (holding tensor '{}' and {} more) does not exist", index_name,
+               shard, tensors.front(), tensors.size() - 1);
     add_file(p);
     const SafetensorsFile& f = *files_.back();
     for (const auto& t : tensors)
@@ -256,10 +263,11 @@ void write_one(const fs::path& path, const std::vector<const TensorToWrite*>& te
   size_t offset = 0;
   for (const TensorToWrite* t : tensors) {
     TREX_CHECK(!header.contains(t->name), "{}: tensor '{}' given twice", path.string(), t->name);
-    TREX_CHECK(t->data != nullptr || t->produce, "{}: tensor '{}' has neither data nor a producer", path.string(),
-               t->name);
-    for (int64_t d : t->shape) TREX_CHECK(d >= 0, "{}: tensor '{}': negative dimension in {}", path.string(),
-                                          t->name, shape_str(t->shape));
+    TREX_CHECK(t->data != nullptr || t->produce || t->nbytes() == 0,
+               "{}: tensor '{}' has neither data nor a producer", path.string(), t->name);
+    for (int64_t d : t->shape)
+      TREX_CHECK(d >= 0, "{}: tensor '{}': negative dimension in {}", path.string(), t->name,
+                 shape_str(t->shape));
     size_t n = t->nbytes();
     header[t->name] = {{"dtype", std::string(dtype_name(t->dtype))},
                        {"shape", t->shape},
@@ -276,6 +284,7 @@ void write_one(const fs::path& path, const std::vector<const TensorToWrite*>& te
     Buffer scratch;
     for (const TensorToWrite* t : tensors) {
       size_t n = t->nbytes();
+      if (n == 0) continue;
       const void* src = t->data;
       if (!src) {
         if (scratch.size() < n) scratch = Buffer(n, false);
@@ -293,7 +302,8 @@ void write_one(const fs::path& path, const std::vector<const TensorToWrite*>& te
 
 }  // namespace
 
-void write_safetensors(const fs::path& path, const std::vector<TensorToWrite>& tensors, const json& metadata) {
+void write_safetensors(const fs::path& path, const std::vector<TensorToWrite>& tensors,
+                       const json& metadata) {
   std::vector<const TensorToWrite*> ptrs;
   for (const auto& t : tensors) ptrs.push_back(&t);
   write_one(path, ptrs, metadata, nullptr, nullptr);
@@ -314,7 +324,8 @@ std::vector<size_t> plan_shards(const std::vector<size_t>& tensor_bytes, size_t 
   return shard;
 }
 
-std::vector<std::string> write_safetensors_sharded(const fs::path& dir, const std::vector<TensorToWrite>& tensors,
+std::vector<std::string> write_safetensors_sharded(const fs::path& dir,
+                                                   const std::vector<TensorToWrite>& tensors,
                                                    size_t max_shard_bytes, const std::string& prefix) {
   fs::create_directories(dir);
   std::vector<size_t> sizes;
@@ -332,12 +343,14 @@ std::vector<std::string> write_safetensors_sharded(const fs::path& dir, const st
   if (n_shards == 1) {
     names.push_back(prefix + ".safetensors");
   } else {
-    for (size_t s = 0; s < n_shards; ++s) names.push_back(fmt::format("{}-{:05d}-of-{:05d}.safetensors", prefix, s + 1, n_shards));
+    for (size_t s = 0; s < n_shards; ++s)
+      names.push_back(fmt::format("{}-{:05d}-of-{:05d}.safetensors", prefix, s + 1, n_shards));
   }
 
   // Big exports show progress; small ones (tests, tiny models) stay quiet.
   std::unique_ptr<ProgressBar> progress;
-  if (total >= (256ull << 20)) progress = std::make_unique<ProgressBar>("write " + dir.filename().string(), int64_t(total), "B");
+  if (total >= (256ull << 20))
+    progress = std::make_unique<ProgressBar>("write " + dir.filename().string(), int64_t(total), "B");
   int64_t done = 0;
   json weight_map = json::object();
   for (size_t s = 0; s < n_shards; ++s) {

@@ -36,7 +36,7 @@ class SafetensorsFile {
   explicit SafetensorsFile(const fs::path& path);  // validates the whole header; throws trex::Error
   const fs::path& path() const { return map_.path(); }
   const std::vector<TensorEntry>& entries() const { return entries_; }  // in offset order
-  const TensorEntry* find(std::string_view name) const;                  // nullptr when absent
+  const TensorEntry* find(std::string_view name) const;                 // nullptr when absent
   TensorView view(const TensorEntry& e) const;
   const json& metadata() const { return metadata_; }  // "__metadata__" object (empty if none)
   size_t header_bytes() const { return header_len_; }
@@ -96,8 +96,10 @@ void write_safetensors(const fs::path& path, const std::vector<TensorToWrite>& t
 // several -> `<prefix>-00001-of-0000N.safetensors` + `<prefix>.safetensors.index.json` with
 // metadata.total_size and weight_map. Stale files of an earlier export with the same prefix are removed.
 // Returns the files written (relative names).
-std::vector<std::string> write_safetensors_sharded(const fs::path& dir, const std::vector<TensorToWrite>& tensors,
-                                                   size_t max_shard_bytes, const std::string& prefix = "model");
+std::vector<std::string> write_safetensors_sharded(const fs::path& dir,
+                                                   const std::vector<TensorToWrite>& tensors,
+                                                   size_t max_shard_bytes,
+                                                   const std::string& prefix = "model");
 
 // Greedy in-order shard assignment used by the sharded writer: returns shard index per tensor.
 std::vector<size_t> plan_shards(const std::vector<size_t>& tensor_bytes, size_t max_shard_bytes);

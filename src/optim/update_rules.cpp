@@ -52,7 +52,7 @@ void newton_schulz(float* x, int64_t rows, int64_t cols, const MuonConfig& c, st
     return;
   }
   // Tall matrix: iterate on the transpose (cols x rows) so X X^T stays small.
-  std::vector<float> t(size_t(n));
+  std::vector<float> t(static_cast<size_t>(n));
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < cols; ++j) t[size_t(j * rows + i)] = x[i * cols + j];
   ns_iterations(t.data(), cols, rows, c, work);
@@ -63,7 +63,7 @@ void newton_schulz(float* x, int64_t rows, int64_t cols, const MuonConfig& c, st
 void muon_update(float* w, const float* g, float* mom, int64_t rows, int64_t cols, double lr, const MuonConfig& c,
                  std::vector<float>& work) {
   const int64_t n = rows * cols;
-  std::vector<float> o(size_t(n));
+  std::vector<float> o(static_cast<size_t>(n));
   const float mu = float(c.momentum);
   for (int64_t i = 0; i < n; ++i) {
     mom[i] = mu * mom[i] + g[i];

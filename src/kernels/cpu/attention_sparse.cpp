@@ -10,9 +10,18 @@
 namespace trex::cpu {
 namespace {
 
+constexpr int64_t kParallelWork = int64_t(1) << 17;  // smaller loops stay on one thread
+
+// Rough operation count of a pass: every query reads its window and compressed keys for every head.
+inline int64_t pass_work(const SparseKeySets& keys, int64_t N, int64_t H, int64_t c) {
+  const int64_t per_query = (N > 0 ? N - keys.win_begin[N - 1] : 0) + 1 + keys.k_sel;
+  return N * H * c * per_query;
+}
+
 template <typename T>
 inline T dot(const T* a, const T* b, int64_t n) {
   T s = 0;
+#pragma omp simd reduction(+ : s)
   for (int64_t k = 0; k < n; ++k) s += a[k] * b[k];
   return s;
 }
@@ -41,7 +50,9 @@ inline KeyList key_list(const SparseKeySets& keys, int64_t i) {
 }
 
 // Entry index of compressed key slot s (-1 = empty).
-inline int64_t cmp_index(const KeyList& l, int64_t s) { return l.sel ? l.sel[s] : l.cmp_begin + s; }
+inline int64_t cmp_index(const KeyList& l, int64_t s) {
+  return l.sel ? l.sel[s] : l.cmp_begin + s;
+}
 
 // z[j] for all keys of the list (-inf for empty slots); returns the max over z and the sink.
 template <typename T>
@@ -73,10 +84,10 @@ inline const T* key_ptr(const KeyList& l, int64_t j, const T* kv, const T* cmp, 
 }  // namespace
 
 template <typename T>
-void sparse_attention_fwd(const T* q, const T* kv, const T* cmp, const T* sink, int64_t N, int64_t H, int64_t c,
-                          const SparseKeySets& keys, T* o, T* lse) {
+void sparse_attention_fwd(const T* q, const T* kv, const T* cmp, const T* sink, int64_t N, int64_t H,
+                          int64_t c, const SparseKeySets& keys, T* o, T* lse) {
   const T scale = T(1) / std::sqrt(T(c));
-#pragma omp parallel
+#pragma omp parallel if (pass_work(keys, N, H, c) > kParallelWork)
   {
     std::vector<T> z;
 #pragma omp for schedule(dynamic, 8)
@@ -106,13 +117,14 @@ void sparse_attention_fwd(const T* q, const T* kv, const T* cmp, const T* sink, 
 }
 
 template <typename T>
-void sparse_attention_bwd(const T* q, const T* kv, const T* cmp, const T* sink, int64_t N, int64_t E, int64_t H,
-                          int64_t c, const SparseKeySets& keys, const T* o, const T* lse, const T* do_, T* dq,
-                          T* dkv, T* dcmp, T* dsink) {
+void sparse_attention_bwd(const T* q, const T* kv, const T* cmp, const T* sink, int64_t N, int64_t E,
+                          int64_t H, int64_t c, const SparseKeySets& keys, const T* o, const T* lse,
+                          const T* do_, T* dq, T* dkv, T* dcmp, T* dsink) {
   const T scale = T(1) / std::sqrt(T(c));
-  const int n_threads = omp_get_max_threads();
+  const int n_threads = pass_work(keys, N, H, c) > kParallelWork ? omp_get_max_threads() : 1;
   // Keys are shared between queries: each thread accumulates into its own copy, reduced below.
-  std::vector<std::vector<T>> t_dkv(size_t(n_threads)), t_dcmp(size_t(n_threads)), t_dsink(size_t(n_threads));
+  const size_t nt = size_t(n_threads);
+  std::vector<std::vector<T>> t_dkv(nt), t_dcmp(nt), t_dsink(nt);
 #pragma omp parallel num_threads(n_threads)
   {
     const int tid = omp_get_thread_num();
@@ -164,8 +176,8 @@ void sparse_attention_bwd(const T* q, const T* kv, const T* cmp, const T* sink, 
 }
 
 template <typename T>
-void sparse_attention_selected_probs(const T* q, const T* cmp, int64_t H, int64_t c, const SparseKeySets& keys,
-                                     const T* lse, int64_t i, int64_t h, T* p) {
+void sparse_attention_selected_probs(const T* q, const T* cmp, int64_t H, int64_t c,
+                                     const SparseKeySets& keys, const T* lse, int64_t i, int64_t h, T* p) {
   const T scale = T(1) / std::sqrt(T(c));
   const T* qh = q + (i * H + h) * c;
   const T L = lse[i * H + h];
@@ -175,14 +187,14 @@ void sparse_attention_selected_probs(const T* q, const T* cmp, int64_t H, int64_
   }
 }
 
-#define TREX_INSTANTIATE(T)                                                                                 \
-  template void sparse_attention_fwd<T>(const T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, \
-                                        const SparseKeySets&, T*, T*);                                     \
-  template void sparse_attention_bwd<T>(const T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, \
+#define TREX_INSTANTIATE(T)                                                                                  \
+  template void sparse_attention_fwd<T>(const T*, const T*, const T*, const T*, int64_t, int64_t, int64_t,   \
+                                        const SparseKeySets&, T*, T*);                                       \
+  template void sparse_attention_bwd<T>(const T*, const T*, const T*, const T*, int64_t, int64_t, int64_t,   \
                                         int64_t, const SparseKeySets&, const T*, const T*, const T*, T*, T*, \
                                         T*, T*);                                                             \
-  template void sparse_attention_selected_probs<T>(const T*, const T*, int64_t, int64_t, const SparseKeySets&, \
-                                                   const T*, int64_t, int64_t, T*);
+  template void sparse_attention_selected_probs<T>(const T*, const T*, int64_t, int64_t,                     \
+                                                   const SparseKeySets&, const T*, int64_t, int64_t, T*);
 TREX_INSTANTIATE(float)
 TREX_INSTANTIATE(double)
 #undef TREX_INSTANTIATE

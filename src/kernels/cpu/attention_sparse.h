@@ -21,21 +21,21 @@ struct SparseKeySets {
 // q [N, H, c], kv [N, c], cmp [E, c], sink [H]  ->  o [N, H, c] (before the inverse RoPE),
 // lse [N, H] = log(denominator including the sink), kept for backward.
 template <typename T>
-void sparse_attention_fwd(const T* q, const T* kv, const T* cmp, const T* sink, int64_t N, int64_t H, int64_t c,
-                          const SparseKeySets& keys, T* o, T* lse);
+void sparse_attention_fwd(const T* q, const T* kv, const T* cmp, const T* sink, int64_t N, int64_t H,
+                          int64_t c, const SparseKeySets& keys, T* o, T* lse);
 
 // do_ [N, H, c] = dL/do. Writes dq [N, H, c] (overwrite); accumulates dkv [N, c], dcmp [E, c] (may be
 // null when E = 0) and dsink [H]. Uses per-thread accumulators reduced in a fixed order, so results
 // are deterministic for a given thread count.
 template <typename T>
-void sparse_attention_bwd(const T* q, const T* kv, const T* cmp, const T* sink, int64_t N, int64_t E, int64_t H,
-                          int64_t c, const SparseKeySets& keys, const T* o, const T* lse, const T* do_, T* dq,
-                          T* dkv, T* dcmp, T* dsink);
+void sparse_attention_bwd(const T* q, const T* kv, const T* cmp, const T* sink, int64_t N, int64_t E,
+                          int64_t H, int64_t c, const SparseKeySets& keys, const T* o, const T* lse,
+                          const T* do_, T* dq, T* dkv, T* dcmp, T* dsink);
 
 // Attention probabilities of query i, head h over its selected compressed slots (0 for empty slots):
 // p [k_sel]. Used by the indexer's KL training signal.
 template <typename T>
-void sparse_attention_selected_probs(const T* q, const T* cmp, int64_t H, int64_t c, const SparseKeySets& keys,
-                                     const T* lse, int64_t i, int64_t h, T* p);
+void sparse_attention_selected_probs(const T* q, const T* cmp, int64_t H, int64_t c,
+                                     const SparseKeySets& keys, const T* lse, int64_t i, int64_t h, T* p);
 
 }  // namespace trex::cpu

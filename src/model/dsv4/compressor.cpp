@@ -45,6 +45,8 @@ CompressPlan make_compress_plan(const SeqLayout& layout, int64_t ratio) {
 
 namespace {
 
+constexpr int64_t kParallelWork = int64_t(1) << 17;  // smaller loops stay on one thread
+
 // Visits the candidates of entry e: fn(token, ape_offset, channel_offset) for the window's own
 // tokens and, for the overlapped compressor, the previous window of the same document.
 template <typename Fn>
@@ -88,14 +90,14 @@ void compressor_forward(const CompressorParamsT<T>& p, const CompressorDims& dim
   saved.kv.resize(size_t(N * stride));
   saved.gate.resize(size_t(N * stride));
   saved.pooled.resize(size_t(E * c));
-  saved.rstd.resize(size_t(E));
+  saved.rstd.resize(static_cast<size_t>(E));
   cpu::linear_fwd_t<T>(saved.kv.data(), a, p.wkv, N, dims.d, stride);
   cpu::linear_fwd_t<T>(saved.gate.data(), a, p.wgate, N, dims.d, stride);
   const T* kv = saved.kv.data();
   const T* gate = saved.gate.data();
-#pragma omp parallel
+#pragma omp parallel if (E * c * 2 * plan.ratio > kParallelWork)
   {
-    std::vector<T> mx(size_t(c)), sum(size_t(c));
+    std::vector<T> mx(static_cast<size_t>(c)), sum(static_cast<size_t>(c));
 #pragma omp for schedule(static)
     for (int64_t e = 0; e < E; ++e) {
       softmax_stats(plan, e, dims.overlap, c, gate, p.ape, mx.data(), sum.data());
@@ -120,15 +122,16 @@ void compressor_forward(const CompressorParamsT<T>& p, const CompressorDims& dim
 }
 
 template <typename T>
-void compressor_backward(const CompressorParamsT<T>& p, const CompressorParamsT<T>& g, const CompressorDims& dims,
-                         const CompressPlan& plan, const SeqLayout& layout, const RopeTable<T>& rope, const T* a,
-                         const CompressorSaved<T>& saved, const T* dout, T* da) {
+void compressor_backward(const CompressorParamsT<T>& p, const CompressorParamsT<T>& g,
+                         const CompressorDims& dims, const CompressPlan& plan, const SeqLayout& layout,
+                         const RopeTable<T>& rope, const T* a, const CompressorSaved<T>& saved, const T* dout,
+                         T* da) {
   const int64_t N = layout.n_tokens(), c = dims.c, width = dims.overlap ? 2 : 1, stride = width * c;
   const int64_t E = plan.n_entries, n_pairs = dims.rope_dim / 2, m = plan.ratio;
   if (E == 0) return;
   // Through RoPE (rotate back) and the weighted RMSNorm: dpooled [E, c].
   std::vector<T> dpooled(size_t(E * c));
-  std::vector<T> dy(size_t(c));
+  std::vector<T> dy(static_cast<size_t>(c));
   for (int64_t e = 0; e < E; ++e) {
     for (int64_t ch = 0; ch < c; ++ch) dy[size_t(ch)] = dout[e * c + ch];
     const int64_t pos = layout.pos[size_t(plan.entry_first[size_t(e)])];
@@ -150,9 +153,9 @@ void compressor_backward(const CompressorParamsT<T>& p, const CompressorParamsT<
   std::vector<T> dkv(size_t(N * stride), T(0)), dgate(size_t(N * stride), T(0));
   const T* kv = saved.kv.data();
   const T* gate = saved.gate.data();
-#pragma omp parallel
+#pragma omp parallel if (E * c * 2 * plan.ratio > kParallelWork)
   {
-    std::vector<T> mx(size_t(c)), sum(size_t(c));
+    std::vector<T> mx(static_cast<size_t>(c)), sum(static_cast<size_t>(c));
 #pragma omp for schedule(static)
     for (int64_t e = 0; e < E; ++e) {
       softmax_stats(plan, e, dims.overlap, c, gate, p.ape, mx.data(), sum.data());
@@ -198,7 +201,7 @@ template void compressor_backward<float>(const CompressorParamsT<float>&, const 
                                          const float*, float*);
 template void compressor_backward<double>(const CompressorParamsT<double>&, const CompressorParamsT<double>&,
                                           const CompressorDims&, const CompressPlan&, const SeqLayout&,
-                                          const RopeTable<double>&, const double*, const CompressorSaved<double>&,
-                                          const double*, double*);
+                                          const RopeTable<double>&, const double*,
+                                          const CompressorSaved<double>&, const double*, double*);
 
 }  // namespace trex::dsv4

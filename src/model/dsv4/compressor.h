@@ -64,8 +64,9 @@ void compressor_forward(const CompressorParamsT<T>& p, const CompressorDims& dim
 // dout [E, c]. Accumulates into the gradient parameters of `g` and into da [N, d] (skipped when null,
 // e.g. for the indexer's detached input).
 template <typename T>
-void compressor_backward(const CompressorParamsT<T>& p, const CompressorParamsT<T>& g, const CompressorDims& dims,
-                         const CompressPlan& plan, const SeqLayout& layout, const RopeTable<T>& rope, const T* a,
-                         const CompressorSaved<T>& saved, const T* dout, T* da);
+void compressor_backward(const CompressorParamsT<T>& p, const CompressorParamsT<T>& g,
+                         const CompressorDims& dims, const CompressPlan& plan, const SeqLayout& layout,
+                         const RopeTable<T>& rope, const T* a, const CompressorSaved<T>& saved, const T* dout,
+                         T* da);
 
 }  // namespace trex::dsv4

@@ -108,15 +108,18 @@ template <class T>
 void sinkhorn_bwd(const T* logits, int64_t n, int64_t iters, double eps, const T* dout, T* dlogits) {
   const int64_t nn = n * n;
   const int64_t steps = 2 * iters - 1;  // normalisations: col, then (row, col) x (iters-1)
-  std::vector<T> inputs(size_t(steps * nn));
-  std::vector<T> p(size_t(nn)), cur(size_t(nn));
+  // Per-thread scratch: this runs once per token and site, so no heap traffic per call.
+  thread_local std::vector<T> inputs, p, cur, g;
+  inputs.resize(size_t(steps * nn));
+  p.resize(size_t(nn));
+  cur.resize(size_t(nn));
   row_softmax(logits, n, p.data());
   for (int64_t i = 0; i < nn; ++i) cur[size_t(i)] = p[size_t(i)] + T(eps);
   for (int64_t s = 0; s < steps; ++s) {
     std::copy(cur.begin(), cur.end(), inputs.begin() + s * nn);
     normalise(cur.data(), n, s % 2 == 0 ? 0 : 1, eps);
   }
-  std::vector<T> g(dout, dout + nn);
+  g.assign(dout, dout + nn);
   for (int64_t s = steps - 1; s >= 0; --s) normalise_bwd(inputs.data() + s * nn, g.data(), n, s % 2 == 0 ? 0 : 1, eps);
   for (int64_t i = 0; i < n; ++i) {
     double dot = 0;
@@ -140,7 +143,8 @@ void mhc_site_fwd(const MhcShape& s, const T* X, const T* fn, const T* base, con
       pre[i] = sigm(scale[0] * mx[i] + base[i]) + T(s.hc_eps);
       post[i] = T(2) * sigm(scale[1] * mx[n + i] + base[n + i]);
     }
-    std::vector<T> logits(size_t(n * n));
+    thread_local std::vector<T> logits;
+    logits.resize(size_t(n * n));
     for (int64_t k = 0; k < n * n; ++k) logits[size_t(k)] = scale[2] * mx[2 * n + k] + base[2 * n + k];
     sinkhorn_fwd(logits.data(), n, s.sinkhorn_iters, s.hc_eps, a.comb + t * n * n);
     T* out = collapsed + t * s.d;
@@ -235,7 +239,8 @@ void mhc_site_bwd(const MhcShape& s, const T* X, const T* fn, const T* base, con
       const T sp = sigm(scale[1] * mx[n + i] + base[n + i]);
       z[n + i] = dpost[t * n + i] * T(2) * sp * (T(1) - sp);
     }
-    std::vector<T> logits(size_t(n * n));
+    thread_local std::vector<T> logits;
+    logits.resize(size_t(n * n));
     for (int64_t k = 0; k < n * n; ++k) logits[size_t(k)] = scale[2] * mx[2 * n + k] + base[2 * n + k];
     sinkhorn_bwd(logits.data(), n, s.sinkhorn_iters, s.hc_eps, dcomb + t * n * n, z + 2 * n);
     for (int64_t k = 0; k < M; ++k) dmix[t * M + k] = z[k] * scale[k < n ? 0 : (k < 2 * n ? 1 : 2)];

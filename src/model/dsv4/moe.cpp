@@ -63,7 +63,7 @@ void moe_fwd(const MoeShape& s, const MoeWeights<T>& w, const T* u, const int32_
         TREX_CHECK(sel[k] >= 0 && sel[k] < E, "MoE: tid2eid[{}] holds expert {} outside [0, {})", tok, sel[k], E);
       }
     } else {
-      std::vector<int32_t> idx(size_t(E));
+      std::vector<int32_t> idx(static_cast<size_t>(E));
       std::iota(idx.begin(), idx.end(), 0);
       auto key = [&](int32_t e) { return double(sc[e]) + (w.bias ? double(w.bias[e]) : 0.0); };
       std::partial_sort(idx.begin(), idx.begin() + K, idx.end(), [&](int32_t x, int32_t y) {

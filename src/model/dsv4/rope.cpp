@@ -12,11 +12,12 @@ namespace trex::dsv4 {
 // the correction range [low, high] is computed in full-dimension units, but the ramp is indexed by
 // pair k (0 .. D/2-1); ramp 0 keeps theta_k, ramp 1 divides it by the factor. No attention scale.
 std::vector<double> rope_inv_freq(const RopeParams& p, int64_t rope_dim) {
-  TREX_CHECK(rope_dim > 0 && rope_dim % 2 == 0, "rope_inv_freq: rope_dim {} must be positive and even", rope_dim);
+  TREX_CHECK(rope_dim > 0 && rope_dim % 2 == 0, "rope_inv_freq: rope_dim {} must be positive and even",
+             rope_dim);
   TREX_CHECK(p.theta > 1.0, "rope_inv_freq: rope theta {} must be > 1", p.theta);
   const int64_t n_pairs = rope_dim / 2;
   const double D = double(rope_dim);
-  std::vector<double> inv(size_t(n_pairs));
+  std::vector<double> inv(static_cast<size_t>(n_pairs));
   for (int64_t k = 0; k < n_pairs; ++k) inv[size_t(k)] = 1.0 / std::pow(p.theta, double(2 * k) / D);
   if (!p.yarn) return inv;
   TREX_CHECK(p.factor > 0.0, "rope_inv_freq: YaRN factor {} must be positive", p.factor);

@@ -48,17 +48,19 @@ SeqLayout SeqLayout::packed(int64_t T, const std::vector<std::vector<int64_t>>& 
 void SeqLayout::validate() const {
   TREX_CHECK(B >= 0 && T >= 0, "SeqLayout: negative size B={} T={}", B, T);
   TREX_CHECK(int64_t(pos.size()) == B * T && int64_t(doc_start.size()) == B * T,
-             "SeqLayout: pos has {} and doc_start {} entries, expected B*T = {}", pos.size(), doc_start.size(),
-             B * T);
+             "SeqLayout: pos has {} and doc_start {} entries, expected B*T = {}", pos.size(),
+             doc_start.size(), B * T);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) {
       const int64_t i = b * T + t, s = doc_start[size_t(i)];
-      TREX_CHECK(pos[size_t(i)] >= 0, "SeqLayout: negative position {} at row {} token {}", pos[size_t(i)], b, t);
+      TREX_CHECK(pos[size_t(i)] >= 0, "SeqLayout: negative position {} at row {} token {}", pos[size_t(i)], b,
+                 t);
       const bool starts = s == t, continues = t > 0 && s == doc_start[size_t(i - 1)] && s < t;
-      TREX_CHECK(starts || continues,
-                 "SeqLayout: doc_start {} at row {} token {} neither starts a document nor continues the previous "
-                 "token's document",
-                 s, b, t);
+      TREX_CHECK(
+          starts || continues,
+          "SeqLayout: doc_start {} at row {} token {} neither starts a document nor continues the previous "
+          "token's document",
+          s, b, t);
     }
 }
 

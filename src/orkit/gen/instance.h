@@ -2,6 +2,7 @@
 // would read), the pieces of prose that describe it, the model built by the family's C++ builder
 // (verification route 1) and the family's MathProg formulation (route 2, written independently).
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,9 @@ struct Instance {
   // Route 2: the family's MathProg model section (symbolic, no numbers); the data section is derived
   // from `data` by write_mathprog_data().
   std::string mathprog;
+  // Route 2 for quadratic families (GLPK's MathProg is linear only): a second model built by separate
+  // code from the data (e.g. through a factorisation), solved by Ipopt. Empty for linear families.
+  std::optional<Model> route2_model;
   // Answer pieces.
   std::string reasoning;    // concise modelling analysis for <think>
   std::string formulation;  // indexed model for <model>

@@ -1,0 +1,23 @@
+// `trex bench train`: the GPU training step (forward, backward, AdamW) of a V4 config on random tokens, one JSON
+// line with the fields of ../shared/bench/hf_baseline.py (tokens/s, model TFLOP/s, MFU with model_flops.py's
+// convention, peak GiB), warm-up steps excluded.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace trex::bench {
+
+struct TrainBenchArgs {
+  std::string config;
+  int64_t seq = 4096, batch = 1;
+  int steps = 5, warmup = 2;
+  bool sections = false;  // add a per-section breakdown (CUDA events) to the JSON line
+  uint64_t seed = 1;
+};
+
+void bench_train(const TrainBenchArgs& a);
+
+// Training FLOPs per token exactly as ../shared/bench/model_flops.py computes them from the config JSON.
+double model_flops_per_token(const std::string& config_json_path, int64_t seq);
+
+}  // namespace trex::bench

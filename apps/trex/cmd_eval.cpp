@@ -1,0 +1,159 @@
+// `trex eval`: zero-shot Pass@1 on OR benchmarks, for pre-generated answers (score) or a served model (run).
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "command.h"
+#include "core/error.h"
+#include "core/files.h"
+#include "orkit/eval/benchmark.h"
+#include "orkit/eval/generate.h"
+#include "orkit/eval/runner.h"
+
+namespace {
+
+using namespace trex::orkit::eval;
+namespace fs = std::filesystem;
+
+struct CommonOpts {
+  std::vector<std::string> benchmarks;
+  std::string out, rule, python, trex_bin, python_pkg;
+  double timeout = 60.0;
+  double memory_gb = 4.0;
+  int jobs = 0;
+  bool keep = false;
+  bool no_progress = false;
+};
+
+void add_common(CLI::App& sub, CommonOpts& o) {
+  sub.add_option("--out", o.out, "output directory (results.jsonl, summary.json, report.html)")->required();
+  sub.add_option("--rule", o.rule,
+                 "scoring rule: trex-abs, rel (sirl/optimind), orlm, resocratic, abs-0.1, abs-0.01 "
+                 "(default: the benchmark's own; ORGEval always uses orgeval)");
+  sub.add_option("--timeout", o.timeout, "wall-clock seconds per program")->capture_default_str();
+  sub.add_option("--memory-gb", o.memory_gb, "address-space limit per program (GiB)")->capture_default_str();
+  sub.add_option("--jobs", o.jobs, "programs run in parallel (default: number of cores)");
+  sub.add_option("--python", o.python, "Python interpreter (default /usr/bin/python3, else python3 on PATH)");
+  sub.add_option("--trex-bin", o.trex_bin, "trex binary used for `trex solve` (default: this binary)");
+  sub.add_option("--python-pkg", o.python_pkg, "directory with the solver look-alikes (python/trex_solvers)");
+  sub.add_flag("--keep-workdirs", o.keep, "keep each program's temporary directory");
+  sub.add_flag("--no-progress", o.no_progress, "no progress bar");
+}
+
+ScoreOptions score_options(const CommonOpts& o) {
+  ScoreOptions so;
+  if (!o.rule.empty()) so.rule = parse_rule(o.rule);
+  so.exec.python = o.python;
+  so.exec.trex_bin = o.trex_bin.empty() ? fs::read_symlink("/proc/self/exe") : fs::path(o.trex_bin);
+  so.exec.python_pkg = o.python_pkg;
+  so.exec.keep_workdirs = o.keep;
+  so.exec.limits.wall_seconds = o.timeout;
+  so.exec.limits.memory_bytes = size_t(o.memory_gb * double(size_t(1) << 30));
+  so.jobs = o.jobs;
+  so.progress = !o.no_progress;
+  TREX_CHECK(o.timeout > 0, "--timeout must be positive");
+  TREX_CHECK(fs::exists(so.exec.python_pkg.empty() ? default_python_pkg() : so.exec.python_pkg),
+             "solver look-alikes not found at {} (set --python-pkg or TREX_PYTHON_PKG)",
+             (so.exec.python_pkg.empty() ? default_python_pkg() : so.exec.python_pkg).string());
+  return so;
+}
+
+void finish(const fs::path& out, const std::vector<BenchmarkScore>& scores, nlohmann::json meta,
+            double seconds) {
+  meta["elapsed_seconds"] = seconds;
+  write_results(out, scores, meta);
+  std::fputs(summary_table(scores).c_str(), stdout);
+  std::printf("wrote %s/results.jsonl, summary.json, report.html (%.1f s)\n", out.c_str(), seconds);
+}
+
+void setup_score(CLI::App& sub) {
+  auto o = std::make_shared<CommonOpts>();
+  auto responses = std::make_shared<std::string>();
+  sub.add_option("--benchmark", o->benchmarks, "benchmark JSONL file(s)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  sub.add_option("--responses", *responses, "JSONL of {\"id\": ..., \"response\": \"<whole answer>\"}")
+      ->required()
+      ->check(CLI::ExistingFile);
+  add_common(sub, *o);
+  sub.callback([o, responses] {
+    auto t0 = std::chrono::steady_clock::now();
+    const ScoreOptions so = score_options(*o);
+    const auto answers = load_responses(*responses);
+    std::vector<BenchmarkScore> scores;
+    for (const auto& b : o->benchmarks) scores.push_back(score_benchmark(load_benchmark(b), answers, so));
+    nlohmann::json meta{
+        {"mode", "score"}, {"responses", *responses}, {"jobs", so.jobs}, {"timeout_seconds", o->timeout}};
+    finish(o->out, scores, meta,
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  });
+}
+
+void setup_run(CLI::App& sub) {
+  auto o = std::make_shared<CommonOpts>();
+  auto g = std::make_shared<GenerateOptions>();
+  sub.add_option("--benchmark", o->benchmarks, "benchmark JSONL file(s)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  sub.add_option("--base-url", g->client.base_url,
+                 "OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
+      ->required();
+  sub.add_option("--model", g->client.model, "model name sent to the server")->required();
+  sub.add_option("--api-key-env", g->client.api_key_env, "environment variable holding the API key")
+      ->capture_default_str();
+  sub.add_option("--prompt", g->prompt_format,
+                 "prompt format: auto (per benchmark), trex, python, lp, mathprog, b4o-feasible, orgeval")
+      ->capture_default_str();
+  sub.add_option("--temperature", g->sampling.temperature)->capture_default_str();
+  sub.add_option("--top-p", g->sampling.top_p)->capture_default_str();
+  sub.add_option("--max-tokens", g->sampling.max_tokens)->capture_default_str();
+  sub.add_option("--seed", g->sampling.seed)->capture_default_str();
+  sub.add_option("--concurrency", g->concurrency, "requests in flight")->capture_default_str();
+  sub.add_option("--retries", g->client.max_attempts, "attempts per request")->capture_default_str();
+  sub.add_option("--request-timeout", g->client.timeout_seconds, "seconds per request")
+      ->capture_default_str();
+  sub.add_option("--limit", g->limit, "only the first N items of each benchmark (0: all)");
+  add_common(sub, *o);
+  sub.callback([o, g] {
+    auto t0 = std::chrono::steady_clock::now();
+    const ScoreOptions so = score_options(*o);
+    fs::create_directories(o->out);
+    ResponseCache cache(fs::path(o->out) / "cache.jsonl");
+    OpenAIClient client(g->client);
+    std::vector<BenchmarkScore> scores;
+    nlohmann::json usage{
+        {"prompt_tokens", 0}, {"completion_tokens", 0}, {"requests", 0}, {"cached", 0}, {"failed", 0}};
+    for (const auto& path : o->benchmarks) {
+      Benchmark b = load_benchmark(path);
+      if (g->limit > 0 && int(b.items.size()) > g->limit) b.items.resize(g->limit);
+      GenerationStats st;
+      const auto answers = generate_responses(b, client, cache, *g, !o->no_progress, st);
+      usage["prompt_tokens"] = usage["prompt_tokens"].get<long>() + st.prompt_tokens;
+      usage["completion_tokens"] = usage["completion_tokens"].get<long>() + st.completion_tokens;
+      usage["requests"] = usage["requests"].get<long>() + st.requests;
+      usage["cached"] = usage["cached"].get<long>() + st.cached;
+      usage["failed"] = usage["failed"].get<long>() + st.failed;
+      scores.push_back(score_benchmark(b, answers, so));
+    }
+    nlohmann::json meta{{"mode", "run"},
+                        {"model", g->client.model},
+                        {"base_url", g->client.base_url},
+                        {"prompt", g->prompt_format},
+                        {"sampling", g->sampling.to_json()},
+                        {"usage", usage}};
+    finish(o->out, scores, meta,
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  });
+}
+
+const bool registered = trex::cli::register_command(
+    {"eval", "zero-shot Pass@1 on OR benchmarks (score pre-generated answers or run a served model)",
+     [](CLI::App& app) {
+       app.require_subcommand(1);
+       setup_score(*app.add_subcommand("score", "score pre-generated answers (a responses JSONL file)"));
+       setup_run(*app.add_subcommand("run", "generate answers with an OpenAI-compatible server, then score"));
+     }});
+
+}  // namespace

@@ -1,0 +1,177 @@
+// `trex plan`: memory, step time and MFU of DeepSeek-V4 training layouts (src/plan), and
+// `trex plan-calibrate`: fit an implementation profile to recorded measurements.
+#include <fmt/format.h>
+
+#include <cstdio>
+
+#include "command.h"
+#include "core/error.h"
+#include "core/files.h"
+#include "plan/calibrate.h"
+#include "plan/search.h"
+
+namespace {
+
+using namespace trex::plan;
+
+struct PlanOptions {
+  std::string model = "flash", hardware = "nvidia-h200", impl = "trex-prior", mode = "sft", optimizer = "adamw";
+  std::string precision = "bf16", json_path, html_path;
+  std::vector<std::string> layouts, hw_set;
+  int64_t devices = 0, nodes = 0, seq = 4096, gbs = 0, top = 10;
+  bool search = false, no_mtp = false, train_router = false;
+  double fill = 1.0;
+};
+
+void run_plan(const PlanOptions& o) {
+  HardwareProfile hw = load_hardware(o.hardware, o.hw_set);
+  int64_t devices = o.devices > 0 ? o.devices : o.nodes * hw.devices_per_node;
+  TREX_CHECK(devices > 0, "give --devices N or --nodes N");
+  TREX_CHECK(o.gbs > 0, "give --gbs (sequences per step)");
+  Workload w;
+  w.seq = o.seq, w.gbs = o.gbs, w.mode = o.mode, w.optimizer = parse_optimizer(o.optimizer);
+  TREX_CHECK(o.mode == "cpt" || o.mode == "sft", "--mode must be cpt or sft");
+  TREX_CHECK(o.precision == "bf16" || o.precision == "fp8", "--precision must be bf16 or fp8");
+  w.precision = o.precision == "fp8" ? Precision::FP8 : Precision::BF16;
+  w.frozen_router = o.mode == "sft" && !o.train_router;
+  w.mtp = !o.no_mtp;
+  w.fill = o.fill;
+  ModelSpec model = load_model_spec(o.model);
+  ImplProfile impl = load_impl(o.impl);
+  Estimator est(model, hw, impl, w);
+  const ParamCounts pc = est.math().params();
+  std::printf("model %s: %.2fB parameters (+%.2fB MTP), %.2fB activated; %.1f GFLOP/token (project convention, "
+              "seq %ld%s), %.1f (6N)\n",
+              model.name.c_str(), pc.main_total / 1e9, pc.mtp / 1e9, pc.activated / 1e9,
+              est.math().train_flops_per_token(w.mtp && model.n_mtp > 0) / 1e9, long(w.seq),
+              w.mtp && model.n_mtp > 0 ? ", MTP on" : "", est.math().six_n_flops_per_token() / 1e9);
+  std::printf("hardware %s x %ld (%.1f BF16 TFLOP/s, %.1f GiB usable each); implementation %s (%s)\n",
+              hw.name.c_str(), long(devices), hw.peak_bf16 / 1e12, hw.hbm_gib - hw.reserved_gib, impl.name.c_str(),
+              impl.note.c_str());
+  std::printf("workload: %s, seq %ld, global batch %ld sequences, %s, %s%s\n\n", w.mode.c_str(), long(w.seq),
+              long(w.gbs), to_string(w.optimizer).c_str(), o.precision.c_str(),
+              w.frozen_router ? ", router frozen" : "");
+  std::vector<Estimate> rows;
+  for (const auto& text : o.layouts) {
+    Layout l = parse_layout(text);
+    if (l.zero == 1 && impl.default_zero != 1 && text.find("ZERO") == std::string::npos) l.zero = impl.default_zero;
+    rows.push_back(est.estimate(l, devices));
+  }
+  nlohmann::json out = {{"model", model.name},       {"hardware", hw.name},  {"devices", devices},
+                        {"implementation", impl_to_json(impl)}, {"seq", w.seq}, {"gbs", w.gbs},
+                        {"mode", w.mode},            {"optimizer", to_string(w.optimizer)},
+                        {"flops_per_token", est.math().train_flops_per_token(w.mtp && model.n_mtp > 0)},
+                        {"six_n_flops_per_token", est.math().six_n_flops_per_token()}};
+  if (!rows.empty()) {
+    std::printf("%s\n", estimates_table(rows).c_str());
+    for (const auto& e : rows)
+      if (e.valid)
+        std::printf("%s: memory on stage %ld: weights %.1f, grads %.1f, optimizer %.1f, activations %.1f (%.1f "
+                    "micro-batches in flight), logits %.1f, buffers %.1f, swap %.1f, fixed %.1f GiB; exposed comm "
+                    "TP %.2f EP %.2f PP %.2f DP %.2f s; blocks per stage %s\n",
+                    to_string(e.layout).c_str(), long(e.mem.stage), e.mem.weights, e.mem.grads, e.mem.optimizer,
+                    e.mem.activations, e.mem.inflight, e.mem.logits, e.mem.comm_buffers, e.mem.swap_buffers,
+                    e.mem.fixed, e.time.tp + e.time.cp, e.time.ep, e.time.pp, e.time.dp,
+                    nlohmann::json(e.stage_blocks).dump().c_str());
+    out["layouts"] = nlohmann::json::array();
+    for (const auto& e : rows) out["layouts"].push_back(estimate_to_json(e));
+  }
+  std::vector<Estimate> best;
+  if (o.search) {
+    SearchResult res = search_layouts(est, devices, size_t(o.top));
+    std::printf("\nsearch: %ld layouts considered, %ld refused, %ld out of memory; best %zu:\n%s",
+                long(res.considered), long(res.refused), long(res.out_of_memory), res.best.size(),
+                estimates_table(res.best).c_str());
+    out["search"] = {{"considered", res.considered}, {"refused", res.refused}, {"out_of_memory", res.out_of_memory}};
+    out["best"] = nlohmann::json::array();
+    for (const auto& e : res.best) out["best"].push_back(estimate_to_json(e));
+    best = res.best;
+  }
+  if (!o.json_path.empty()) trex::write_json_atomic(o.json_path, out, 1);
+  if (!o.html_path.empty()) {
+    std::vector<Estimate> all = rows;
+    all.insert(all.end(), best.begin(), best.end());
+    trex::write_text_atomic(o.html_path, estimates_html(all, fmt::format("trex plan: {} on {} x {}", model.name, devices,
+                                                                         hw.name)));
+  }
+}
+
+const bool registered_plan = trex::cli::register_command(
+    {"plan", "predict memory, step time and MFU of DeepSeek-V4 training layouts; search for the best",
+     [](CLI::App& app) {
+       auto o = std::make_shared<PlanOptions>();
+       app.add_option("--model", o->model, "flash, pro, or a config.json (either dialect)")->capture_default_str();
+       app.add_option("--hardware", o->hardware, "a profile under configs/hardware or a JSON file")
+           ->capture_default_str();
+       app.add_option("--hw-set", o->hw_set, "override a hardware profile key: key=value (repeatable)");
+       app.add_option("--impl", o->impl, "implementation profile: trex-prior, hf_baseline-prior or a JSON file "
+                                         "(a calibration written by plan-calibrate)")
+           ->capture_default_str();
+       app.add_option("--devices", o->devices, "ranks (GPUs / NPU dies)");
+       app.add_option("--nodes", o->nodes, "nodes (x devices_per_node of the profile)");
+       app.add_option("--seq", o->seq, "sequence length")->capture_default_str();
+       app.add_option("--gbs", o->gbs, "global batch in sequences");
+       app.add_option("--mode", o->mode, "cpt or sft (sft freezes the router)")->capture_default_str();
+       app.add_option("--optimizer", o->optimizer, "adamw or muon")->capture_default_str();
+       app.add_option("--precision", o->precision, "bf16 or fp8 matmuls")->capture_default_str();
+       app.add_flag("--no-mtp", o->no_mtp, "do not train the MTP block");
+       app.add_flag("--train-router", o->train_router, "train the router in SFT too");
+       app.add_option("--fill", o->fill, "fraction of sequence slots holding real tokens")->capture_default_str();
+       app.add_option("--layout", o->layouts, "e.g. TP2,PP8,VPP2,EP64,MBS1,RC=full,OFF=swap (repeatable)");
+       app.add_flag("--search", o->search, "enumerate layouts and print the best");
+       app.add_option("--top", o->top, "layouts kept by --search")->capture_default_str();
+       app.add_option("--json", o->json_path, "write the results as JSON");
+       app.add_option("--html", o->html_path, "write an HTML page with charts");
+       app.callback([o] { run_plan(*o); });
+     }});
+
+const bool registered_calibrate = trex::cli::register_command(
+    {"plan-calibrate", "fit implementation profiles to recorded measurements and check every prediction",
+     [](CLI::App& app) {
+       auto path = std::make_shared<std::string>((trex::source_dir() / "docs/measurements/measurements.jsonl").string());
+       auto out_dir = std::make_shared<std::string>();
+       auto loo = std::make_shared<bool>(false);
+       app.add_option("--measurements", *path, "JSONL of recorded runs")->capture_default_str();
+       app.add_option("--write", *out_dir, "directory for calibration-<impl>-<hardware>.json files");
+       app.add_flag("--leave-one-out", *loo, "also predict each record from a fit to the others");
+       app.callback([path, out_dir, loo] {
+         auto records = load_measurements(*path);
+         int bad = 0;
+         for (const auto& group : group_measurements(records)) {
+           Calibration cal = calibrate(group, prior_for(group[0].implementation));
+           std::printf("%s on %s: %zu records, fitted %s\n", cal.implementation.c_str(), cal.hardware.c_str(),
+                       group.size(), nlohmann::json(cal.fitted).dump().c_str());
+           std::printf("  eff_dense %.3f eff_attn %.3f block_overhead %.4f s dp_block_overhead %.4f s act_scale %.2f "
+                       "act_quadratic %.2f B fixed %.2f GiB\n",
+                       cal.profile.eff_dense, cal.profile.eff_attn, cal.profile.block_overhead_s,
+                       cal.profile.dp_block_overhead_s, cal.profile.act_scale, cal.profile.act_quadratic_bytes,
+                       cal.profile.fixed_gib);
+           for (const auto& c : cal.checks) {
+             std::printf("  %-48s step %.3f s, predicted %.3f (%+.1f%%); peak %.1f GiB, predicted %.1f (%+.1f%%)\n",
+                         c.id.c_str(), c.measured_step, c.predicted_step, 100 * c.time_err, c.measured_peak,
+                         c.predicted_peak, 100 * c.mem_err);
+             bad += std::fabs(c.time_err) > 0.15 || (c.measured_peak > 0 && std::fabs(c.mem_err) > 0.10);
+           }
+           if (*loo && group.size() > 1) {
+             std::printf("  leave-one-out (fit to the other records):\n");
+             for (size_t i = 0; i < group.size(); ++i) {
+               std::vector<Measurement> rest;
+               for (size_t k = 0; k < group.size(); ++k)
+                 if (k != i) rest.push_back(group[k]);
+               Calibration c2 = calibrate(rest, prior_for(group[0].implementation));
+               auto chk = check_predictions({group[i]}, c2.profile)[0];
+               std::printf("  %-48s step %+.1f%%, peak %+.1f%%\n", chk.id.c_str(), 100 * chk.time_err,
+                           100 * chk.mem_err);
+             }
+           }
+           if (!out_dir->empty()) {
+             auto file = trex::fs::path(*out_dir) / fmt::format("calibration-{}-{}.json", cal.implementation, cal.hardware);
+             trex::write_json_atomic(file, calibration_to_json(cal), 1);
+             std::printf("  wrote %s\n", file.string().c_str());
+           }
+         }
+         if (bad) trex::cli::exit_with(2);
+       });
+     }});
+
+}  // namespace

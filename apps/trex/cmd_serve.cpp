@@ -1,0 +1,94 @@
+// `trex serve`: an OpenAI-compatible chat completion server over the CPU engine with continuous batching
+// (src/infer/chat_server.h documents the endpoints and request fields).
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "command.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "data/tokenizer.h"
+#include "infer/chat_server.h"
+#include "infer/engine.h"
+#include "infer/model_loader.h"
+#include "infer/scheduler.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace trex;
+
+struct ServeArgs {
+  std::string model, tokenizer, host = "127.0.0.1", name;
+  int port = 8000;
+  int64_t max_batch = 8, max_context = 0, max_queue = 256, prefill_chunk = 512, default_max_tokens = 256;
+};
+
+volatile std::sig_atomic_t g_stop = 0;
+void on_signal(int) {
+  g_stop = 1;
+}
+
+void run(const ServeArgs& a) {
+  TREX_CHECK(infer::http_server_available(),
+             "trex serve: built without cpp-httplib (install libcpp-httplib-dev)");
+  TREX_CHECK(a.max_batch >= 1, "--max-batch must be >= 1");
+  std::unique_ptr<data::Tokenizer> tok;
+  std::string tok_path = a.tokenizer;
+  if (tok_path.empty() && fs::exists(fs::path(a.model) / "tokenizer.json"))
+    tok_path = (fs::path(a.model) / "tokenizer.json").string();
+  if (!tok_path.empty()) tok = std::make_unique<data::Tokenizer>(data::Tokenizer::load(tok_path));
+  std::shared_ptr<dsv4::Model<float>> model = infer::load_inference_model(a.model);
+  infer::SchedulerOptions so;
+  so.max_queue = a.max_queue;
+  so.prefill_chunk = a.prefill_chunk;
+  infer::Scheduler sched(infer::make_cpu_engine(model, a.max_batch, a.max_context), so);
+  infer::ServerOptions o;
+  o.host = a.host;
+  o.port = a.port;
+  o.model_name = a.name.empty() ? fs::path(a.model).filename().string() : a.name;
+  if (o.model_name.empty()) o.model_name = "deepseek-v4";
+  o.default_max_tokens = a.default_max_tokens;
+  infer::ChatServer server(sched, tok.get(), o);
+  const int port = server.bind();
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  std::thread watcher([&] {
+    while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    server.stop();
+  });
+  std::printf("serving %s on http://%s:%d (engine cpu, %lld slots, context %lld, tokenizer %s)\n",
+              o.model_name.c_str(), a.host.c_str(), port, (long long)a.max_batch,
+              (long long)sched.engine().max_context(),
+              tok ? tok_path.c_str() : "none: prompt_token_ids only");
+  std::fflush(stdout);
+  server.run();
+  g_stop = 1;
+  watcher.join();
+  sched.stop();
+  log::info("server stopped");
+}
+
+const bool registered = trex::cli::register_command(
+    {"serve", "OpenAI-compatible chat completion server (CPU engine, continuous batching)",
+     [](CLI::App& app) {
+       auto a = std::make_shared<ServeArgs>();
+       app.add_option("--model", a->model, "model directory (config.json + safetensors)")->required();
+       app.add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: the model directory's, if any)");
+       app.add_option("--host", a->host, "address to listen on")->capture_default_str();
+       app.add_option("--port", a->port, "port (0 = any free port; the chosen one is printed)")
+           ->capture_default_str();
+       app.add_option("--max-batch", a->max_batch, "sequences decoded together (slots)")
+           ->capture_default_str();
+       app.add_option("--max-context", a->max_context, "context limit (default: the config's max_position)");
+       app.add_option("--max-queue", a->max_queue, "waiting requests before 503")->capture_default_str();
+       app.add_option("--prefill-chunk", a->prefill_chunk, "prompt tokens per step per request")
+           ->capture_default_str();
+       app.add_option("--default-max-tokens", a->default_max_tokens, "max_tokens when a request gives none")
+           ->capture_default_str();
+       app.add_option("--name", a->name, "model id reported by /v1/models (default: the directory name)");
+       app.callback([a] { run(*a); });
+     }});
+
+}  // namespace

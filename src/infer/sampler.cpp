@@ -1,0 +1,71 @@
+#include "infer/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "core/error.h"
+
+namespace trex::infer {
+
+int32_t argmax(const float* logits, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (logits[i] > logits[best]) best = i;
+  return int32_t(best);
+}
+
+void validate(const SamplingParams& p) {
+  TREX_CHECK(std::isfinite(p.temperature) && p.temperature >= 0.0, "temperature must be >= 0, got {}",
+             p.temperature);
+  TREX_CHECK(std::isfinite(p.top_p) && p.top_p > 0.0 && p.top_p <= 1.0, "top_p must be in (0, 1], got {}",
+             p.top_p);
+}
+
+Sampler::Sampler(const SamplingParams& p) : p_(p), state_(p.seed ^ 0x9E3779B97F4A7C15ull) {
+  validate(p);
+}
+
+double Sampler::uniform() {
+  uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return double(z >> 11) * (1.0 / 9007199254740992.0);
+}
+
+int32_t Sampler::sample(const float* logits, int64_t n) {
+  TREX_CHECK(n > 0, "sampler: empty logits");
+  if (p_.temperature == 0.0) return argmax(logits, n);
+  // Probabilities at temperature T, in double.
+  const double inv_t = 1.0 / p_.temperature;
+  double mx = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, double(logits[i]) * inv_t);
+  std::vector<double> prob(static_cast<size_t>(n));
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += prob[size_t(i)] = std::exp(double(logits[i]) * inv_t - mx);
+  std::vector<int32_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return prob[size_t(a)] > prob[size_t(b)]; });
+  // Nucleus: the shortest prefix whose mass reaches top_p (always at least one token).
+  size_t keep = 0;
+  double mass = 0;
+  while (keep < order.size()) {
+    mass += prob[size_t(order[keep])] / sum;
+    ++keep;
+    if (mass >= p_.top_p) break;
+  }
+  double kept = 0;
+  for (size_t k = 0; k < keep; ++k) kept += prob[size_t(order[k])];
+  const double u = uniform() * kept;
+  double acc = 0;
+  for (size_t k = 0; k < keep; ++k) {
+    acc += prob[size_t(order[k])];
+    if (u < acc) return order[k];
+  }
+  return order[keep - 1];
+}
+
+}  // namespace trex::infer

@@ -1,0 +1,108 @@
+// Continuous batching over an Engine. One scheduler thread loops: admit queued requests into free slots,
+// then run ONE engine step over every active slot (a prompt chunk for newly admitted requests, one token
+// for decoding ones), sample, publish the tokens, and free the slots of finished or cancelled requests.
+// New requests therefore join between decode steps without waiting for the running ones to finish.
+//
+// Clients submit a request and read its tokens as they appear (Request::wait); cancel() (e.g. on client
+// disconnect) frees the slot at the next step boundary.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "infer/engine.h"
+#include "infer/sampler.h"
+
+namespace trex::infer {
+
+struct RequestSpec {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  int64_t max_tokens = 16;
+  std::vector<int32_t> stop_ids;  // generation ends (finish_reason "stop") at any of these; not returned
+};
+
+class Request {
+ public:
+  // Blocks until new tokens, the end, or the timeout. Appends the new tokens to `out`; returns true once the
+  // request has finished and every token was handed out.
+  bool wait(std::vector<int32_t>& out, std::chrono::milliseconds timeout);
+  void cancel() { cancelled_ = true; }
+  bool cancelled() const { return cancelled_; }
+  // Valid after wait() returned true.
+  const std::string& finish_reason() const { return finish_reason_; }  // stop | length | cancelled | error
+  const std::string& error() const { return error_; }
+  int64_t prompt_tokens() const { return int64_t(spec_.prompt.size()); }
+  int64_t completion_tokens() const;
+
+ private:
+  friend class Scheduler;
+  explicit Request(RequestSpec s) : spec_(std::move(s)), sampler_(spec_.sampling) {}
+  void publish(int32_t token);
+  void finish(const std::string& reason, const std::string& error = "");
+
+  RequestSpec spec_;
+  Sampler sampler_;
+  std::atomic<bool> cancelled_{false};
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int32_t> tokens_;
+  size_t handed_out_ = 0;
+  bool finished_ = false;
+  std::string finish_reason_, error_;
+  // Scheduler-owned progress (touched only by the scheduler thread).
+  int64_t slot_ = -1, fed_ = 0, produced_ = 0;
+  int32_t last_ = -1;
+};
+
+struct SchedulerOptions {
+  int64_t max_queue = 256;      // waiting requests beyond this are refused
+  int64_t prefill_chunk = 512;  // prompt tokens per step for one request (bounds step latency)
+};
+
+struct SchedulerMetrics {
+  int64_t requests_submitted = 0, requests_finished = 0, requests_cancelled = 0, requests_failed = 0,
+          requests_rejected = 0;
+  int64_t prompt_tokens = 0, completion_tokens = 0, steps = 0;
+  int64_t active = 0, queued = 0;
+  double step_seconds = 0;  // total time inside engine steps
+  int64_t cache_bytes = 0;
+};
+
+class Scheduler {
+ public:
+  Scheduler(std::unique_ptr<Engine> engine, SchedulerOptions opts = {});
+  ~Scheduler();  // stops the thread; pending requests finish with "cancelled"
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  const Engine& engine() const { return *engine_; }
+  // Throws trex::Error for an empty prompt, a prompt + max_tokens beyond the context, bad sampling
+  // parameters or a full queue (the message says which).
+  std::shared_ptr<Request> submit(RequestSpec spec);
+  SchedulerMetrics metrics() const;
+  void stop();
+
+ private:
+  void loop();
+  void step_once(std::vector<std::shared_ptr<Request>>& active);
+
+  std::unique_ptr<Engine> engine_;
+  SchedulerOptions opts_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Request>> queue_;
+  std::vector<std::shared_ptr<Request>> slots_;  // slot -> request (null = free)
+  SchedulerMetrics m_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace trex::infer

@@ -1,0 +1,45 @@
+// GPU sparse multi-query attention with a per-head sink (design §2.4.3), flash-style (no N x N matrix):
+// a running max / sum-exp per (query, head). Mirrors src/kernels/cpu/attention_sparse.h exactly (same key
+// order: window rows first, then compressed slots; -1 slots are empty; the sink adds exp(sink[h]) to the
+// denominator). bf16 q / kv / cmp, fp32 sink, lse and accumulation. One block serves kSparseAttnHeadsPerBlock
+// heads of one query, so every key row it loads is reused by all those heads. Head dim c must be 256 or 512
+// (V4: 512).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace trex::cuda {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kSparseAttnHeadsPerBlock = 16;
+
+// Device pointers; the same meaning as trex::cpu::SparseKeySets.
+struct SparseKeySets {
+  const int64_t* win_begin = nullptr;  // [N]: window = kv rows [win_begin[i], i]
+  const int64_t* cmp_begin = nullptr;  // [N] dense compressed range (HCA); null when there are none
+  const int64_t* cmp_end = nullptr;    // [N]
+  const int64_t* cmp_sel = nullptr;    // [N, k_sel] selected entries (CSA), -1 = empty; overrides the range
+  int64_t k_sel = 0;
+};
+
+// q [N, H, c], kv [N, c], cmp [E, c], sink [H]  ->  o [N, H, c] (bf16, before the inverse RoPE),
+// lse [N, H] (fp32, log of the denominator including the sink).
+void sparse_attention_fwd(const bf16* q, const bf16* kv, const bf16* cmp, const float* sink, int64_t N,
+                          int64_t H, int64_t c, const SparseKeySets& keys, bf16* o, float* lse,
+                          cudaStream_t s = nullptr);
+
+// fp32 elements of scratch sparse_attention_bwd needs (per-query sink partials, reduced in a fixed order).
+int64_t sparse_attention_bwd_scratch(int64_t N, int64_t H);
+
+// do_ [N, H, c]. Writes dq [N, H, c] (bf16). ACCUMULATES dkv [N, c], dcmp [E, c] (fp32; dcmp may be null when
+// E = 0) with fp32 atomics (order-dependent rounding: not bitwise deterministic) and dsink [H] (fp32,
+// deterministic). K = V: each key row gets dK + dV.
+void sparse_attention_bwd(const bf16* q, const bf16* kv, const bf16* cmp, const float* sink, int64_t N,
+                          int64_t E, int64_t H, int64_t c, const SparseKeySets& keys, const bf16* o,
+                          const float* lse, const bf16* do_, bf16* dq, float* dkv, float* dcmp, float* dsink,
+                          float* scratch, cudaStream_t s = nullptr);
+
+}  // namespace trex::cuda

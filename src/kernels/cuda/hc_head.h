@@ -1,0 +1,25 @@
+// The hc_head collapse of the final streams on the GPU (design §2.2 / §2.10), mirroring trex::dsv4::hc_head_fwd /
+// hc_head_bwd for n_hc = 4: mix_i = (fn_i . x) * rstd(x) over the whole 4d token vector, w_i = sigmoid(scale *
+// mix_i + base_i) + eps, y = sum_i w_i X[i]. bf16 streams, fp32 parameters and math.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace trex::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// X [N, 4, d], fn [4, 4d], base [4], scale [1]. Writes mix, w [N, 4], rstd [N] and y [N, d].
+void hc_head_fwd(bf16* y, float* mix, float* rstd, float* w, const bf16* X, const float* fn, const float* base,
+                 const float* scale, int64_t N, int64_t d, float hc_eps, float rms_eps, cudaStream_t s = nullptr);
+
+// fp32 scratch elements hc_head_bwd needs.
+inline int64_t hc_head_bwd_scratch(int64_t N) { return 8 * N; }
+// dy [N, d] bf16. ACCUMULATES dX [N, 4, d] and (nullable) dfn [4, 4d], dbase [4], dscale [1] (deterministic).
+void hc_head_bwd(float* dX, float* dfn, float* dbase, float* dscale, const bf16* dy, const bf16* X,
+                 const float* fn, const float* base, const float* scale, const float* mix, const float* rstd,
+                 const float* w, int64_t N, int64_t d, float* scratch, cudaStream_t s = nullptr);
+
+}  // namespace trex::cuda

@@ -1,0 +1,166 @@
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/lm_head_ce.h"
+
+namespace trex::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+struct Scratch {
+  float* logits;   // [n, chunk]
+  bf16* dlogits;   // [n, chunk]
+  float* run_max;  // [n]
+  float* run_sum;  // [n]
+  float* target;   // [n] target logit
+};
+
+size_t align256(size_t b) {
+  return (b + 255) / 256 * 256;
+}
+
+Scratch carve(const LmHeadCeShape& s, void* base) {
+  char* p = static_cast<char*>(base);
+  Scratch r;
+  r.logits = reinterpret_cast<float*>(p), p += align256(size_t(s.n * s.chunk) * 4);
+  r.dlogits = reinterpret_cast<bf16*>(p), p += align256(size_t(s.n * s.chunk) * 2);
+  r.run_max = reinterpret_cast<float*>(p), p += align256(size_t(s.n) * 4);
+  r.run_sum = reinterpret_cast<float*>(p), p += align256(size_t(s.n) * 4);
+  r.target = reinterpret_cast<float*>(p);
+  return r;
+}
+
+__device__ inline float block_reduce(float v, float* red, bool is_max) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = is_max ? fmaxf(v, w) : v + w;
+  }
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  float r = red[0];
+  for (int w = 1; w < kThreads / 32; ++w) r = is_max ? fmaxf(r, red[w]) : r + red[w];
+  __syncthreads();
+  return r;
+}
+
+__global__ void init_rows_kernel(float* run_max, float* run_sum, float* target, int64_t n) {
+  const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= n) return;
+  run_max[r] = -INFINITY;
+  run_sum[r] = 0.f;
+  target[r] = 0.f;
+}
+
+// One block per row: merge the chunk's max / sum-exp into the row's running pair; pick up the target logit.
+__global__ void chunk_update_kernel(const float* logits, int64_t vc, int64_t v0, const int32_t* targets,
+                                    float* run_max, float* run_sum, float* target) {
+  __shared__ float red[kThreads / 32];
+  const int64_t r = blockIdx.x;
+  const float* z = logits + r * vc;
+  float mx = -INFINITY;
+  for (int64_t v = threadIdx.x; v < vc; v += kThreads) mx = fmaxf(mx, z[v]);
+  mx = block_reduce(mx, red, true);
+  float se = 0.f;
+  for (int64_t v = threadIdx.x; v < vc; v += kThreads) se += __expf(z[v] - mx);
+  se = block_reduce(se, red, false);
+  if (threadIdx.x == 0) {
+    const float m_old = run_max[r], m_new = fmaxf(m_old, mx);
+    run_sum[r] = run_sum[r] * __expf(m_old - m_new) + se * __expf(mx - m_new);
+    run_max[r] = m_new;
+    const int64_t t = targets[r];
+    if (t >= v0 && t < v0 + vc) target[r] = z[t - v0];
+  }
+}
+
+__global__ void finish_rows_kernel(const float* run_max, const float* run_sum, const float* target,
+                                   const int32_t* targets, int64_t n, float* lse, float* row_loss) {
+  const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= n) return;
+  const float l = run_max[r] + logf(run_sum[r]);
+  lse[r] = l;
+  row_loss[r] = targets[r] >= 0 ? l - target[r] : 0.f;
+}
+
+// loss_sum = sum of row_loss, one block, fixed order.
+__global__ void sum_kernel(const float* x, int64_t n, float* out) {
+  __shared__ float red[kThreads / 32];
+  float acc = 0.f;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) acc += x[i];
+  acc = block_reduce(acc, red, false);
+  if (threadIdx.x == 0) out[0] = acc;
+}
+
+__global__ void dlogits_kernel(const float* logits, int64_t n, int64_t vc, int64_t v0, const int32_t* targets,
+                               const float* lse, float scale, bf16* dl) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= n * vc) return;
+  const int64_t r = idx / vc, v = idx % vc;
+  const int32_t t = targets[r];
+  float g = 0.f;
+  if (t >= 0) g = scale * (__expf(logits[idx] - lse[r]) - (v0 + v == t ? 1.f : 0.f));
+  dl[idx] = __float2bfloat16(g);
+}
+
+unsigned blocks(int64_t n) {
+  return unsigned((n + kThreads - 1) / kThreads);
+}
+
+void check_shape(const LmHeadCeShape& s) {
+  TREX_CHECK(s.n >= 0 && s.d > 0 && s.vocab > 0 && s.chunk > 0,
+             "lm_head_ce: bad shape n={} d={} vocab={} chunk={}", s.n, s.d, s.vocab, s.chunk);
+}
+
+}  // namespace
+
+size_t lm_head_ce_scratch_bytes(const LmHeadCeShape& s) {
+  return align256(size_t(s.n * s.chunk) * 4) + align256(size_t(s.n * s.chunk) * 2) +
+         3 * align256(size_t(s.n) * 4);
+}
+
+void lm_head_ce_fwd(Gemm& gemm, const LmHeadCeShape& s, const bf16* hidden, const bf16* w_head,
+                    const int32_t* targets, float* lse, float* row_loss, float* loss_sum, void* scratch,
+                    cudaStream_t stream) {
+  check_shape(s);
+  if (s.n == 0) return;
+  Scratch sc = carve(s, scratch);
+  init_rows_kernel<<<blocks(s.n), kThreads, 0, stream>>>(sc.run_max, sc.run_sum, sc.target, s.n);
+  TREX_CUDA_LAUNCHED();
+  for (int64_t v0 = 0; v0 < s.vocab; v0 += s.chunk) {
+    const int64_t vc = std::min(s.chunk, s.vocab - v0);
+    gemm.run({s.n, vc, s.d, false, true, GemmType::BF16, GemmType::F32}, hidden, w_head + v0 * s.d, sc.logits,
+             1.f, 0.f, stream);
+    chunk_update_kernel<<<unsigned(s.n), kThreads, 0, stream>>>(sc.logits, vc, v0, targets, sc.run_max,
+                                                                sc.run_sum, sc.target);
+    TREX_CUDA_LAUNCHED();
+  }
+  finish_rows_kernel<<<blocks(s.n), kThreads, 0, stream>>>(sc.run_max, sc.run_sum, sc.target, targets, s.n,
+                                                           lse, row_loss);
+  TREX_CUDA_LAUNCHED();
+  if (loss_sum) {
+    sum_kernel<<<1, kThreads, 0, stream>>>(row_loss, s.n, loss_sum);
+    TREX_CUDA_LAUNCHED();
+  }
+}
+
+void lm_head_ce_bwd(Gemm& gemm, const LmHeadCeShape& s, const bf16* hidden, const bf16* w_head,
+                    const int32_t* targets, const float* lse, float scale, float* dhidden, float* dw_head,
+                    void* scratch, cudaStream_t stream) {
+  check_shape(s);
+  if (s.n == 0) return;
+  Scratch sc = carve(s, scratch);
+  for (int64_t v0 = 0; v0 < s.vocab; v0 += s.chunk) {
+    const int64_t vc = std::min(s.chunk, s.vocab - v0);
+    gemm.run({s.n, vc, s.d, false, true, GemmType::BF16, GemmType::F32}, hidden, w_head + v0 * s.d, sc.logits,
+             1.f, 0.f, stream);
+    dlogits_kernel<<<blocks(s.n * vc), kThreads, 0, stream>>>(sc.logits, s.n, vc, v0, targets, lse, scale,
+                                                              sc.dlogits);
+    TREX_CUDA_LAUNCHED();
+    if (dhidden)
+      gemm.run({s.n, s.d, vc, false, false, GemmType::BF16, GemmType::F32}, sc.dlogits, w_head + v0 * s.d,
+               dhidden, 1.f, 1.f, stream);
+    if (dw_head)
+      gemm.run({vc, s.d, s.n, true, false, GemmType::BF16, GemmType::F32}, sc.dlogits, hidden,
+               dw_head + v0 * s.d, 1.f, 1.f, stream);
+  }
+}
+
+}  // namespace trex::cuda

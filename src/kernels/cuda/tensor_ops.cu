@@ -1,0 +1,102 @@
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/tensor_ops.h"
+
+namespace trex::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned grid_for(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return unsigned(b < 65535 * 64 ? (b > 0 ? b : 1) : 65535 * 64);
+}
+
+__global__ void cast_f32_bf16_kernel(bf16* y, const float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = __float2bfloat16(x[i]);
+}
+__global__ void cast_bf16_f32_kernel(float* y, const bf16* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = __bfloat162float(x[i]);
+}
+__global__ void add_bf16_f32_kernel(float* y, const bf16* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] += __bfloat162float(x[i]);
+}
+__global__ void scale_f32_kernel(float* y, float a, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] *= a;
+}
+__global__ void permute_kernel(bf16* out, const bf16* in, int64_t N, int64_t G, int64_t X, bool to_gm) {
+  const int64_t total = N * G * X;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    // i indexes the [N, G, X] layout.
+    const int64_t x = i % X, g = (i / X) % G, t = i / (X * G);
+    const int64_t j = (g * N + t) * X + x;
+    if (to_gm)
+      out[j] = in[i];
+    else
+      out[i] = in[j];
+  }
+}
+__global__ void embed_fwd_kernel(bf16* X, const int32_t* ids, const bf16* table, int64_t d, int64_t n_hc) {
+  const int64_t t = blockIdx.x;
+  const bf16* row = table + int64_t(ids[t]) * d;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    const bf16 v = row[j];
+    for (int64_t i = 0; i < n_hc; ++i) X[(t * n_hc + i) * d + j] = v;
+  }
+}
+__global__ void embed_bwd_kernel(float* dtable, const int32_t* ids, const float* dX, int64_t d, int64_t n_hc) {
+  const int64_t t = blockIdx.x;
+  float* row = dtable + int64_t(ids[t]) * d;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    float acc = 0.f;
+    for (int64_t i = 0; i < n_hc; ++i) acc += dX[(t * n_hc + i) * d + j];
+    atomicAdd(row + j, acc);
+  }
+}
+
+}  // namespace
+
+void cast_f32_to_bf16(bf16* y, const float* x, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  cast_f32_bf16_kernel<<<grid_for(n), kThreads, 0, s>>>(y, x, n);
+  TREX_CUDA_LAUNCHED();
+}
+void cast_bf16_to_f32(float* y, const bf16* x, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  cast_bf16_f32_kernel<<<grid_for(n), kThreads, 0, s>>>(y, x, n);
+  TREX_CUDA_LAUNCHED();
+}
+void add_bf16_to_f32(float* y, const bf16* x, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  add_bf16_f32_kernel<<<grid_for(n), kThreads, 0, s>>>(y, x, n);
+  TREX_CUDA_LAUNCHED();
+}
+void scale_f32(float* y, float a, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  scale_f32_kernel<<<grid_for(n), kThreads, 0, s>>>(y, a, n);
+  TREX_CUDA_LAUNCHED();
+}
+void permute_groups(bf16* out, const bf16* in, int64_t N, int64_t G, int64_t X, bool to_group_major,
+                    cudaStream_t s) {
+  if (N * G * X <= 0) return;
+  permute_kernel<<<grid_for(N * G * X), kThreads, 0, s>>>(out, in, N, G, X, to_group_major);
+  TREX_CUDA_LAUNCHED();
+}
+void embed_streams_fwd(bf16* X, const int32_t* ids, const bf16* table, int64_t N, int64_t d, int64_t n_hc,
+                       cudaStream_t s) {
+  if (N <= 0) return;
+  embed_fwd_kernel<<<unsigned(N), kThreads, 0, s>>>(X, ids, table, d, n_hc);
+  TREX_CUDA_LAUNCHED();
+}
+void embed_streams_bwd(float* dtable, const int32_t* ids, const float* dX, int64_t N, int64_t d, int64_t n_hc,
+                       cudaStream_t s) {
+  if (N <= 0) return;
+  embed_bwd_kernel<<<unsigned(N), kThreads, 0, s>>>(dtable, ids, dX, d, n_hc);
+  TREX_CUDA_LAUNCHED();
+}
+
+}  // namespace trex::cuda

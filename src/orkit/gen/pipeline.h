@@ -1,0 +1,44 @@
+// `trex ordata generate`: draws attempts (family, category, representation, difficulty, target status) from
+// per-index seeds, generates, verifies through two routes, decontaminates and renders them in a pool of
+// forked worker processes, keeps the first N that pass in index order (so the output depends only on the
+// seed and the options, never on the number of workers), then writes sft.jsonl, cpt.jsonl, stats.json and
+// report.html.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "orkit/gen/instance.h"
+
+namespace trex::orkit::gen {
+
+struct GenerateOptions {
+  int64_t n = 100;
+  uint64_t seed = 0;
+  std::filesystem::path out;
+  int shard_index = 0, shard_count = 1;
+  int workers = 0;  // 0: hardware threads
+  std::string profile = "default";  // "default" or "demo" (small, short samples)
+  double infeasible_share = 0.06, unbounded_share = 0.04;
+  double csv_share = 0.35;  // attached-file samples that get CSV files instead of data.json
+  std::vector<std::string> families;  // empty: all
+  std::filesystem::path benchmarks;   // empty: <shared>/benchmarks; "none" disables decontamination
+  double decontam_threshold = 0.25;
+  int decontam_n = 8;
+  std::vector<std::filesystem::path> ingest;  // user domain text for the CPT corpus
+  double solve_time_limit_s = 20.0;
+  bool progress = true;
+};
+
+struct GenerateSummary {
+  int64_t kept = 0, attempts = 0, rejected = 0, cpt_docs = 0;
+  double seconds = 0;
+};
+
+GenerateSummary generate(const GenerateOptions& opts);
+
+// One attempt, fully deterministic in (opts, global index). Exposed for tests.
+json run_attempt(const GenerateOptions& opts, int64_t global_index, const void* decontam_index);
+
+}  // namespace trex::orkit::gen

@@ -1,0 +1,60 @@
+// Recorded measurements (docs/measurements/*.jsonl, one JSON record per line, appended by `trex bench`)
+// and the fitter that derives an implementation profile's efficiencies from them.
+//
+// Record: {"id", "implementation", "hardware", "devices", "model" (preset | config path | inline config),
+//          "layout" ("DP2,MBS1,ZERO=3" ...), "seq", "gbs", "mode", "optimizer", "precision", "mtp",
+//          "measured": {"step_s", "tokens_per_s_per_device", "peak_gib"}, "source"}.
+#pragma once
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "plan/estimate.h"
+
+namespace trex::plan {
+
+struct Measurement {
+  std::string id, implementation, hardware, where;  // where: file:line
+  int64_t devices = 1;
+  ModelSpec model;
+  Layout layout;
+  Workload workload;
+  double step_s = 0;
+  double peak_gib = -1;  // < 0: not recorded
+  nlohmann::json raw;
+};
+
+Measurement parse_measurement(const nlohmann::json& j, const std::string& where);
+std::vector<Measurement> load_measurements(const std::string& path);  // JSONL
+// Validates `record` and appends it (the whole file is rewritten atomically).
+void append_measurement(const std::string& path, const nlohmann::json& record);
+
+struct PredictionCheck {
+  std::string id;
+  double measured_step = 0, predicted_step = 0, time_err = 0;  // relative error (pred - meas) / meas
+  double measured_peak = -1, predicted_peak = 0, mem_err = 0;
+};
+
+// The prior profile an implementation's fit starts from ("hf_baseline" -> hf_baseline-prior, else trex).
+ImplProfile prior_for(const std::string& implementation);
+std::vector<PredictionCheck> check_predictions(const std::vector<Measurement>& records, const ImplProfile& p);
+
+struct Calibration {
+  std::string implementation, hardware;
+  ImplProfile profile;
+  std::vector<std::string> fitted;  // names of the fitted parameters
+  std::vector<PredictionCheck> checks;
+  double max_time_err = 0, max_mem_err = 0;
+};
+
+// Fits the efficiencies of one implementation on one hardware profile to its records (all must share
+// both). Time: eff_dense (= eff_expert), eff_attn, block_overhead_s, dp_block_overhead_s (when a record has DP > 1); memory:
+// act_scale, act_quadratic_bytes (eager attention only), fixed_gib. Never more parameters than records.
+Calibration calibrate(const std::vector<Measurement>& records, const ImplProfile& prior);
+nlohmann::json calibration_to_json(const Calibration& c);
+
+// Groups records by (implementation, hardware).
+std::vector<std::vector<Measurement>> group_measurements(const std::vector<Measurement>& records);
+
+}  // namespace trex::plan

@@ -1,0 +1,78 @@
+// The planner's model of one training step: memory per rank and time per step for a layout, from the
+// model's FLOPs and bytes, the hardware profile and an implementation profile (efficiencies).
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "plan/layout.h"
+#include "plan/model_math.h"
+#include "plan/profiles.h"
+
+namespace trex::plan {
+
+struct MemoryBreakdown {  // GiB per rank on the stage with the highest total
+  int64_t stage = 0;
+  double weights = 0, grads = 0, optimizer = 0, activations = 0, logits = 0, comm_buffers = 0, swap_buffers = 0,
+         fixed = 0;
+  double total = 0;
+  double capacity = 0;   // hbm_gib - reserved_gib
+  double host_gib = 0;   // optimizer state held on the host (swap)
+  double inflight = 0;   // micro-batches of activations held by that stage
+};
+
+struct TimeBreakdown {  // seconds per step
+  double compute = 0;    // all micro-batches of the slowest stage: forward, backward, recomputation
+  double recompute = 0;  // of which recomputation
+  double tp = 0, ep = 0, cp = 0, pp = 0, dp = 0;  // exposed communication
+  double bubble = 0;
+  double optimizer = 0;  // optimizer step, Muon Newton-Schulz, exposed swap traffic
+  double overhead = 0;
+  double step = 0;
+  double exposed_comm() const { return tp + ep + cp + pp + dp; }
+};
+
+struct Estimate {
+  Layout layout;
+  bool valid = false;  // the layout can run at all (check_layout)
+  bool fits = false;   // ... and fits in memory
+  std::string reason;  // why not valid / does not fit
+  MemoryBreakdown mem;
+  TimeBreakdown time;
+  int64_t micro_batches = 0;
+  double tokens_per_step = 0;
+  double tokens_per_s = 0, tokens_per_s_per_device = 0;
+  double flops_per_token = 0, six_n_per_token = 0;
+  double mfu = 0, mfu_6n = 0;  // project convention and 6N convention, against the BF16 dense peak
+  double model_tflops_per_device = 0;
+  std::vector<int64_t> stage_blocks;  // blocks per pipeline stage (all its virtual chunks)
+};
+
+class Estimator {
+ public:
+  Estimator(ModelSpec model, HardwareProfile hw, ImplProfile impl, Workload w);
+  Estimate estimate(Layout layout, int64_t devices) const;
+
+  const ModelMath& math() const { return *math_; }
+  const HardwareProfile& hardware() const { return hw_; }
+  const ImplProfile& impl() const { return impl_; }
+  const Workload& workload() const { return w_; }
+
+  // Blocks (indices into ModelMath, the MTP block last) of each of pp x vpp virtual stages: contiguous,
+  // balanced by forward cost with the LM head on the last and the embedding on the first stage.
+  std::vector<std::vector<int64_t>> partition(int64_t pp, int64_t vpp) const;
+  // Saved-activation elements per token of block b under a recomputation policy (before TP/CP split).
+  double activation_elems(int64_t b, Recompute rc) const;
+
+ private:
+  ModelSpec m_;
+  HardwareProfile hw_;
+  ImplProfile impl_;
+  Workload w_;
+  std::unique_ptr<ModelMath> math_;       // project-convention FLOPs (MFU numerator)
+  std::unique_ptr<ModelMath> impl_math_;  // FLOPs as the implementation executes them
+  mutable std::map<std::pair<int64_t, int64_t>, std::vector<std::vector<int64_t>>> partitions_;
+};
+
+}  // namespace trex::plan

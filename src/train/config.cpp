@@ -1,0 +1,112 @@
+#include "train/config.h"
+
+#include "core/error.h"
+#include "train/yaml.h"
+
+namespace trex::train {
+
+using json = nlohmann::json;
+
+namespace {
+void only_keys(const json& j, std::initializer_list<const char*> keys, const std::string& where, const char* section) {
+  TREX_CHECK(j.is_object(), "{}: '{}' must be a mapping", where, section);
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    bool ok = false;
+    for (const char* k : keys) ok |= it.key() == k;
+    TREX_CHECK(ok, "{}: unknown key '{}' in '{}'", where, it.key(), section);
+  }
+}
+template <class T>
+void get(const json& j, const char* key, T& out, const std::string& where, const char* section) {
+  if (!j.contains(key) || j[key].is_null()) return;
+  try {
+    out = j[key].get<T>();
+  } catch (const json::exception& e) {
+    fail("{}: {}.{}: {}", where, section, key, e.what());
+  }
+}
+}  // namespace
+
+TrainConfig parse_train_config(const json& j, const std::string& where) {
+  TrainConfig c;
+  c.where = where;
+  c.raw = j;
+  only_keys(j, {"seed", "model", "data", "optimizer", "schedule", "freeze", "train", "checkpoint", "spike", "logging"},
+            where, "top level");
+  get(j, "seed", c.seed, where, "top");
+  TREX_CHECK(j.contains("model"), "{}: missing 'model' section", where);
+  c.model = j["model"];
+  TREX_CHECK(c.model.is_object(), "{}: 'model' must be a mapping", where);
+  c.model_type = c.model.value("type", "dsv4");
+  TREX_CHECK(c.model_type == "dsv4" || c.model_type == "toy", "{}: model.type '{}' (expected dsv4 or toy)", where,
+             c.model_type);
+  TREX_CHECK(j.contains("data"), "{}: missing 'data' section", where);
+  const json& d = j["data"];
+  only_keys(d, {"shards", "jsonl", "tokenizer", "format", "skip_bad_lines", "seq_len", "batch_size", "grad_accum"},
+            where, "data");
+  std::string s;
+  get(d, "shards", s, where, "data");
+  c.shards = s;
+  s.clear();
+  get(d, "tokenizer", s, where, "data");
+  c.tokenizer = s;
+  if (d.contains("jsonl")) {
+    const json& files = d["jsonl"];
+    if (files.is_string()) c.jsonl.push_back(files.get<std::string>());
+    else {
+      TREX_CHECK(files.is_array(), "{}: data.jsonl must be a path or a list of paths", where);
+      for (const auto& f : files) c.jsonl.push_back(f.get<std::string>());
+    }
+  }
+  TREX_CHECK(!c.shards.empty() || !c.jsonl.empty(), "{}: data needs 'shards' or 'jsonl'", where);
+  TREX_CHECK(!c.tokenizer.empty(), "{}: data.tokenizer is required (tokenizer.json)", where);
+  get(d, "format", c.data_format, where, "data");
+  get(d, "skip_bad_lines", c.skip_bad_lines, where, "data");
+  get(d, "seq_len", c.seq_len, where, "data");
+  get(d, "batch_size", c.batch_size, where, "data");
+  get(d, "grad_accum", c.grad_accum, where, "data");
+  TREX_CHECK(c.seq_len >= 2 && c.batch_size >= 1 && c.grad_accum >= 1,
+             "{}: need data.seq_len >= 2, batch_size >= 1, grad_accum >= 1", where);
+  c.optimizer = optim::parse_optimizer_config(j.value("optimizer", json()), where + ": optimizer");
+  c.schedule = optim::parse_schedule_config(j.value("schedule", json()), where);
+  if (j.contains("freeze")) {
+    TREX_CHECK(j["freeze"].is_array(), "{}: freeze must be a list of name patterns", where);
+    for (const auto& f : j["freeze"]) c.freeze.push_back(f.get<std::string>());
+  }
+  if (j.contains("train")) {
+    only_keys(j["train"], {"max_steps"}, where, "train");
+    get(j["train"], "max_steps", c.max_steps, where, "train");
+  }
+  TREX_CHECK(c.max_steps >= 1, "{}: train.max_steps must be >= 1", where);
+  if (c.schedule.total_steps == 0) c.schedule.total_steps = c.max_steps;
+  if (j.contains("checkpoint")) {
+    only_keys(j["checkpoint"], {"every", "keep_last"}, where, "checkpoint");
+    get(j["checkpoint"], "every", c.ckpt_every, where, "checkpoint");
+    get(j["checkpoint"], "keep_last", c.keep_last, where, "checkpoint");
+  }
+  TREX_CHECK(c.ckpt_every >= 1 && c.keep_last >= 1, "{}: checkpoint.every and keep_last must be >= 1", where);
+  if (j.contains("spike")) {
+    const json& sp = j["spike"];
+    only_keys(sp, {"action", "z_threshold", "min_ratio", "window", "min_history", "max_rollbacks"}, where, "spike");
+    get(sp, "action", c.spike.action, where, "spike");
+    get(sp, "z_threshold", c.spike.z_threshold, where, "spike");
+    get(sp, "min_ratio", c.spike.min_ratio, where, "spike");
+    get(sp, "window", c.spike.window, where, "spike");
+    get(sp, "min_history", c.spike.min_history, where, "spike");
+    get(sp, "max_rollbacks", c.spike.max_rollbacks, where, "spike");
+    TREX_CHECK(c.spike.action == "skip" || c.spike.action == "rollback" || c.spike.action == "none",
+               "{}: spike.action '{}' (expected skip, rollback or none)", where, c.spike.action);
+  }
+  if (j.contains("logging")) {
+    only_keys(j["logging"], {"peak_flops", "plot"}, where, "logging");
+    get(j["logging"], "peak_flops", c.peak_flops, where, "logging");
+    get(j["logging"], "plot", c.plot, where, "logging");
+  }
+  return c;
+}
+
+TrainConfig load_train_config(const std::filesystem::path& path) {
+  return parse_train_config(read_config_file(path), path.string());
+}
+
+}  // namespace trex::train

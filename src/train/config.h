@@ -1,0 +1,50 @@
+// The one run configuration of `trex train` (YAML subset or JSON): model, data, optimiser, schedule,
+// checkpointing, spike handling, logging. Unknown keys are errors naming the file and key.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "optim/optimizer.h"
+#include "optim/schedule.h"
+
+namespace trex::train {
+
+struct SpikeConfig {
+  std::string action = "skip";  // skip (drop the batch's update) | rollback (reload the last checkpoint) | none
+  double z_threshold = 6.0;     // spike: loss > mean + z * std of the recent accepted losses (or non-finite)
+  double min_ratio = 1.2;       // ... and loss > min_ratio * mean (ignores tiny-variance noise)
+  int64_t window = 50, min_history = 20;
+  int64_t max_rollbacks = 3;    // then the run stops with an error
+};
+
+struct TrainConfig {
+  std::string where;            // the config file, for error messages
+  uint64_t seed = 1234;
+  // model
+  std::string model_type = "dsv4";  // dsv4 | toy
+  nlohmann::json model;             // the model section as written
+  // data: prepared shards, or JSONL + tokenizer (prepared into OUT/data on first run)
+  std::filesystem::path shards, tokenizer;
+  std::vector<std::filesystem::path> jsonl;
+  std::string data_format = "auto";
+  bool skip_bad_lines = false;
+  int64_t seq_len = 256, batch_size = 4, grad_accum = 1;
+  optim::OptimizerConfig optimizer;
+  optim::ScheduleConfig schedule;
+  std::vector<std::string> freeze;
+  int64_t max_steps = 100;
+  int64_t ckpt_every = 50, keep_last = 3;
+  SpikeConfig spike;
+  double peak_flops = 989.4e12;  // MFU denominator (H200 dense bf16, ../shared/bench convention)
+  bool plot = true;
+  nlohmann::json raw;
+};
+
+TrainConfig parse_train_config(const nlohmann::json& j, const std::string& where);
+TrainConfig load_train_config(const std::filesystem::path& path);
+
+}  // namespace trex::train

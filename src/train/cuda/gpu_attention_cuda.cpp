@@ -1,0 +1,225 @@
+// Attention sub-layer of the GPU model (design §2.4–§2.8), the same dataflow as trex::dsv4::AttentionLayerT:
+// low-rank Q with q_norm and per-head RMS norm, shared K=V with kv_norm, partial RoPE, compressed entries (CSA:
+// overlapped compressor + lightning-indexer top-k; HCA: all visible entries), sparse attention with sinks, inverse
+// RoPE on the output, grouped low-rank output projection (one strided-batched GEMM over the groups).
+#include <cmath>
+
+#include "kernels/cuda/attention_sparse.h"
+#include "kernels/cuda/compressor.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/indexer.h"
+#include "kernels/cuda/rope.h"
+#include "kernels/cuda/tensor_ops.h"
+#include "train/cuda/gpu_internal.h"
+
+namespace trex::dsv4gpu {
+
+namespace {
+
+cuda::RopeArgs rope_args(const RopeDev& r, int64_t rows, int64_t heads, int64_t c, int64_t rope_dim,
+                         const int32_t* pos, int sign) {
+  cuda::RopeArgs a;
+  a.rows = rows, a.heads = heads, a.c = c, a.rope_dim = rope_dim, a.pos = pos;
+  a.cos = r.cos.as<float>(), a.sin = r.sin.as<float>(), a.sign = sign;
+  return a;
+}
+
+cuda::CompressArgs compress_args(const DevPlan& p, int64_t c, bool overlap) {
+  cuda::CompressArgs a;
+  a.n_entries = p.host.n_entries, a.ratio = p.host.ratio, a.c = c, a.overlap = overlap;
+  a.entry_first = p.entry_first.as<int32_t>(), a.entry_doc_index = p.entry_doc.as<int32_t>();
+  return a;
+}
+
+// Compressed entries [E, c]: projections, gated pooling, weighted RMSNorm, RoPE at the window's first position.
+void compress_fwd(const Ctx& c, Pool& pool, const DevPlan& plan, const RopeDev& rope, const bf16* a, const bf16* wkv,
+                  const bf16* wgate, const float* ape, const bf16* norm, int64_t width_c, bool overlap, int64_t rope_dim,
+                  bf16** kv_out, bf16** gate_out, bf16** pooled_out, float** rstd_out, bf16* out) {
+  const int64_t N = c.lay->N, d = c.cfg->hidden, E = plan.host.n_entries, w = overlap ? 2 : 1;
+  bf16* kv = pool.take<bf16>(N * w * width_c);
+  bf16* gate = pool.take<bf16>(N * w * width_c);
+  c.lin.fwd(kv, a, wkv, N, d, w * width_c);
+  c.lin.fwd(gate, a, wgate, N, d, w * width_c);
+  bf16* pooled = pool.take<bf16>(E * width_c);
+  float* rstd = pool.take<float>(E);
+  cuda::compress_pool_fwd(pooled, kv, gate, ape, compress_args(plan, width_c, overlap));
+  cuda::rmsnorm_fwd(out, rstd, pooled, norm, E, width_c, float(c.cfg->rms_eps));
+  cuda::rope_apply(out, rope_args(rope, E, 1, width_c, rope_dim, plan.entry_pos.as<int32_t>(), +1));
+  if (kv_out) *kv_out = kv, *gate_out = gate, *pooled_out = pooled, *rstd_out = rstd;
+}
+
+cuda::SparseKeySets key_sets(const Ctx& c, const GpuBlock& b) {
+  cuda::SparseKeySets k;
+  k.win_begin = c.lay->win_begin.as<int64_t>();
+  if (b.dims.type == dsv4::AttnType::HCA) {
+    const DevPlan& p = c.lay->plans.at(b.dims.ratio);
+    k.cmp_begin = p.vis_begin.as<int64_t>();
+    k.cmp_end = p.vis_end.as<int64_t>();
+  } else if (b.dims.type == dsv4::AttnType::CSA) {
+    k.cmp_sel = b.at.sel;
+    k.k_sel = b.dims.index_topk;
+  }
+  return k;
+}
+
+}  // namespace
+
+void attention_fwd(const Ctx& c, GpuBlock& b, const int64_t* injected_sel) {
+  const dsv4::AttentionDims& D = b.dims;
+  const int64_t N = c.lay->N, d = D.d, H = D.n_heads, hd = D.head_dim, r = D.rope_dim, dc = D.d_c;
+  const int64_t G = D.o_groups, hg = H / G, gd = G * D.o_rank;
+  const float eps = float(D.eps);
+  const RopeDev& rope = D.type == dsv4::AttnType::Sliding ? *c.rope_main : *c.rope_compress;
+  const int32_t* pos = c.lay->pos.as<int32_t>();
+  Pool& keep = b.keep;
+  AttnActs& s = b.at;
+  const AttnW& w = b.aw;
+  const bf16* a = b.a;
+
+  s.qa = keep.take<bf16>(N * dc), s.qa_rstd = keep.take<float>(N), s.cq = keep.take<bf16>(N * dc);
+  c.lin.fwd(s.qa, a, w.wq_a, N, d, dc);
+  cuda::rmsnorm_fwd(s.cq, s.qa_rstd, s.qa, w.q_norm, N, dc, eps);
+  s.q_pre = keep.take<bf16>(N * H * hd), s.q = keep.take<bf16>(N * H * hd), s.q_rstd = keep.take<float>(N * H);
+  c.lin.fwd(s.q_pre, s.cq, w.wq_b, N, dc, H * hd);
+  cuda::rmsnorm_fwd(s.q, s.q_rstd, s.q_pre, nullptr, N * H, hd, eps);
+  cuda::rope_apply(s.q, rope_args(rope, N, H, hd, r, pos, +1));
+  s.kvp = keep.take<bf16>(N * hd), s.kv = keep.take<bf16>(N * hd), s.kv_rstd = keep.take<float>(N);
+  c.lin.fwd(s.kvp, a, w.wkv, N, d, hd);
+  cuda::rmsnorm_fwd(s.kv, s.kv_rstd, s.kvp, w.kv_norm, N, hd, eps);
+  cuda::rope_apply(s.kv, rope_args(rope, N, 1, hd, r, pos, +1));
+
+  const int64_t E = D.type == dsv4::AttnType::Sliding ? 0 : c.lay->plans.at(D.ratio).host.n_entries;
+  if (D.type != dsv4::AttnType::Sliding) {
+    const DevPlan& plan = c.lay->plans.at(D.ratio);
+    const bool csa = D.type == dsv4::AttnType::CSA;
+    s.cmp = keep.take<bf16>(E * hd);
+    compress_fwd(c, keep, plan, rope, a, w.cmp_wkv, w.cmp_wgate, w.cmp_ape, w.cmp_norm, hd, csa, r, &s.ckv,
+                 &s.cgate, &s.pooled, &s.c_rstd, s.cmp);
+    if (csa) {
+      const int64_t k = D.index_topk;
+      s.sel = keep.take<int64_t>(N * k);
+      if (injected_sel) {
+        TREX_CUDA(cudaMemcpyAsync(s.sel, injected_sel, size_t(N * k) * sizeof(int64_t), cudaMemcpyHostToDevice));
+      } else {
+        // Lightning indexer (no gradient: its inputs are detached and the KL signal is off).
+        const int64_t nI = D.index_heads, cI = D.index_head_dim;
+        Pool tmp;
+        bf16* keys = tmp.take<bf16>(E * cI);
+        compress_fwd(c, tmp, plan, rope, a, w.idx_wkv, w.idx_wgate, w.idx_ape, w.idx_norm, cI, true, r, nullptr,
+                     nullptr, nullptr, nullptr, keys);
+        bf16* iq = tmp.take<bf16>(N * nI * cI);
+        c.lin.fwd(iq, s.cq, w.idx_wq_b, N, dc, nI * cI);
+        cuda::rope_apply(iq, rope_args(rope, N, nI, cI, r, pos, +1));
+        float* iw = tmp.take<float>(N * nI);
+        c.lin.fwd(iw, a, w.idx_wp, N, d, nI, true);
+        cuda::IndexerTopkArgs ia;
+        ia.n_tok = N, ia.n_heads = nI, ia.head_dim = cI, ia.k_sel = k, ia.max_visible = plan.max_visible;
+        ia.w_scale = float(1.0 / std::sqrt(double(nI)));
+        ia.vis_begin = plan.vis_begin.as<int64_t>(), ia.vis_end = plan.vis_end.as<int64_t>();
+        cuda::indexer_topk(s.sel, iq, iw, keys, ia);
+      }
+    }
+  }
+  (void)E;
+  s.o = keep.take<bf16>(N * H * hd), s.lse = keep.take<float>(N * H);
+  cuda::sparse_attention_fwd(s.q, s.kv, s.cmp, w.sink, N, H, hd, key_sets(c, b), s.o, s.lse);
+
+  // Inverse RoPE, grouped output projection: [N, G, hg*c] -> [G, N, hg*c] x wo_a[g]^T -> [G, N, d_g] -> [N, gd].
+  Pool tmp;
+  bf16* og = tmp.take<bf16>(N * H * hd);
+  bf16* orot = tmp.take<bf16>(N * H * hd);
+  TREX_CUDA(cudaMemcpyAsync(orot, s.o, size_t(N * H * hd) * sizeof(bf16), cudaMemcpyDeviceToDevice));
+  cuda::rope_apply(orot, rope_args(rope, N, H, hd, r, pos, -1));
+  cuda::permute_groups(og, orot, N, G, hg * hd, true);
+  bf16* rg = tmp.take<bf16>(N * gd);
+  cuda::GemmShape gs{N, D.o_rank, hg * hd, false, true, cuda::GemmType::BF16, cuda::GemmType::BF16, G};
+  c.gemm->run(gs, og, w.wo_a, rg);
+  s.r = keep.take<bf16>(N * gd);
+  cuda::permute_groups(s.r, rg, N, G, D.o_rank, false);
+  c.lin.fwd(b.y_a, s.r, w.wo_b, N, gd, d);
+}
+
+void attention_bwd(const Ctx& c, GpuBlock& b, const bf16* dout, float* da) {
+  const dsv4::AttentionDims& D = b.dims;
+  const int64_t N = c.lay->N, d = D.d, H = D.n_heads, hd = D.head_dim, r = D.rope_dim, dc = D.d_c;
+  const int64_t G = D.o_groups, hg = H / G, gd = G * D.o_rank;
+  const RopeDev& rope = D.type == dsv4::AttnType::Sliding ? *c.rope_main : *c.rope_compress;
+  const int32_t* pos = c.lay->pos.as<int32_t>();
+  const AttnActs& s = b.at;
+  const AttnW& w = b.aw;
+  const bf16* a = b.a;
+  Pool tmp;
+
+  // Output projections.
+  c.lin.dw(w.g_wo_b, dout, s.r, N, gd, d);
+  bf16* dr = tmp.take<bf16>(N * gd);
+  c.lin.dx(dr, dout, w.wo_b, N, gd, d);
+  bf16* drg = tmp.take<bf16>(N * gd);
+  cuda::permute_groups(drg, dr, N, G, D.o_rank, true);
+  bf16* orot = tmp.take<bf16>(N * H * hd);
+  bf16* og = tmp.take<bf16>(N * H * hd);
+  TREX_CUDA(cudaMemcpyAsync(orot, s.o, size_t(N * H * hd) * sizeof(bf16), cudaMemcpyDeviceToDevice));
+  cuda::rope_apply(orot, rope_args(rope, N, H, hd, r, pos, -1));
+  cuda::permute_groups(og, orot, N, G, hg * hd, true);
+  {
+    cuda::GemmShape s1{D.o_rank, hg * hd, N, true, false, cuda::GemmType::BF16, cuda::GemmType::F32, G};
+    c.gemm->run(s1, drg, og, w.g_wo_a, 1.f, 1.f);
+    cuda::GemmShape s2{N, hg * hd, D.o_rank, false, false, cuda::GemmType::BF16, cuda::GemmType::BF16, G};
+    c.gemm->run(s2, drg, w.wo_a, og);  // og now holds dO in group-major order
+  }
+  bf16* dO = orot;
+  cuda::permute_groups(dO, og, N, G, hg * hd, false);
+  cuda::rope_apply(dO, rope_args(rope, N, H, hd, r, pos, +1));
+
+  // Core attention.
+  const int64_t E = D.type == dsv4::AttnType::Sliding ? 0 : c.lay->plans.at(D.ratio).host.n_entries;
+  bf16* dq = og;
+  float* dkv = tmp.zeros<float>(N * hd);
+  float* dcmp = E ? tmp.zeros<float>(E * hd) : nullptr;
+  float* scratch = tmp.take<float>(cuda::sparse_attention_bwd_scratch(N, H));
+  cuda::sparse_attention_bwd(s.q, s.kv, s.cmp, w.sink, N, E, H, hd, key_sets(c, b), s.o, s.lse, dO, dq, dkv, dcmp,
+                             w.g_sink, scratch);
+
+  // Query path: RoPE^T, per-head norm, wq_b, q_norm, wq_a.
+  cuda::rope_apply(dq, rope_args(rope, N, H, hd, r, pos, -1));
+  bf16* dq_pre = dO;
+  rmsnorm_bwd_full(c, dq_pre, nullptr, dq, s.q_pre, nullptr, s.q_rstd, N * H, hd);
+  c.lin.dw(w.g_wq_b, dq_pre, s.cq, N, dc, H * hd);
+  bf16* dcq = tmp.take<bf16>(N * dc);
+  c.lin.dx(dcq, dq_pre, w.wq_b, N, dc, H * hd);
+  bf16* dqa = tmp.take<bf16>(N * dc);
+  rmsnorm_bwd_full(c, dqa, w.g_q_norm, dcq, s.qa, w.q_norm, s.qa_rstd, N, dc);
+  c.lin.dw(w.g_wq_a, dqa, a, N, d, dc);
+  c.lin.dx(da, dqa, w.wq_a, N, d, dc, true, 1.f);
+
+  // K=V path.
+  cuda::rope_apply(dkv, rope_args(rope, N, 1, hd, r, pos, -1));
+  bf16* dkv_b = tmp.take<bf16>(N * hd);
+  cuda::cast_f32_to_bf16(dkv_b, dkv, N * hd);
+  bf16* dkvp = tmp.take<bf16>(N * hd);
+  rmsnorm_bwd_full(c, dkvp, w.g_kv_norm, dkv_b, s.kvp, w.kv_norm, s.kv_rstd, N, hd);
+  c.lin.dw(w.g_wkv, dkvp, a, N, d, hd);
+  c.lin.dx(da, dkvp, w.wkv, N, d, hd, true, 1.f);
+
+  // Compressor.
+  if (E > 0) {
+    const DevPlan& plan = c.lay->plans.at(D.ratio);
+    const bool overlap = D.type == dsv4::AttnType::CSA;
+    const int64_t width = (overlap ? 2 : 1) * hd;
+    cuda::rope_apply(dcmp, rope_args(rope, E, 1, hd, r, plan.entry_pos.as<int32_t>(), -1));
+    bf16* dcmp_b = tmp.take<bf16>(E * hd);
+    cuda::cast_f32_to_bf16(dcmp_b, dcmp, E * hd);
+    bf16* dpooled = tmp.take<bf16>(E * hd);
+    rmsnorm_bwd_full(c, dpooled, w.g_cmp_norm, dcmp_b, s.pooled, w.cmp_norm, s.c_rstd, E, hd);
+    bf16* dckv = tmp.zeros<bf16>(N * width);
+    bf16* dcgate = tmp.zeros<bf16>(N * width);
+    cuda::compress_pool_bwd(dckv, dcgate, w.g_cmp_ape, dpooled, s.ckv, s.cgate, w.cmp_ape,
+                            compress_args(plan, hd, overlap));
+    c.lin.dw(w.g_cmp_wkv, dckv, a, N, d, width);
+    c.lin.dx(da, dckv, w.cmp_wkv, N, d, width, true, 1.f);
+    c.lin.dw(w.g_cmp_wgate, dcgate, a, N, d, width);
+    c.lin.dx(da, dcgate, w.cmp_wgate, N, d, width, true, 1.f);
+  }
+}
+
+}  // namespace trex::dsv4gpu

@@ -1,0 +1,200 @@
+// Internals of the GPU model shared by its translation units (params, attention, MoE, blocks/head). Not a public
+// header: only src/train/cuda/*_cuda.cpp include it.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/mhc.h"
+#include "model/dsv4/attention.h"
+#include "model/dsv4/compressor.h"
+#include "model/dsv4/config.h"
+#include "model/dsv4/rope.h"
+#include "train/cuda/dsv4_gpu.h"
+
+namespace trex::dsv4gpu {
+
+using bf16 = __nv_bfloat16;
+
+// Stream-ordered device memory (cudaMallocAsync from the default pool, which keeps freed memory for reuse), freed
+// asynchronously when the owner goes away.
+class DevMem {
+ public:
+  DevMem() = default;
+  explicit DevMem(size_t bytes) {
+    if (bytes) TREX_CUDA(cudaMallocAsync(&p_, bytes, nullptr));
+  }
+  ~DevMem() {
+    if (p_) cudaFreeAsync(p_, nullptr);
+  }
+  DevMem(DevMem&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
+  DevMem& operator=(DevMem&& o) noexcept {
+    if (this != &o) {
+      if (p_) cudaFreeAsync(p_, nullptr);
+      p_ = std::exchange(o.p_, nullptr);
+    }
+    return *this;
+  }
+  template <typename T>
+  T* as() const { return static_cast<T*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+};
+
+// A list of allocations with one lifetime (a block's saved activations, a backward's temporaries).
+class Pool {
+ public:
+  template <typename T>
+  T* take(int64_t n) {
+    bufs_.emplace_back(size_t(std::max<int64_t>(n, 1)) * sizeof(T));
+    return bufs_.back().as<T>();
+  }
+  template <typename T>
+  T* zeros(int64_t n) {
+    T* p = take<T>(n);
+    TREX_CUDA(cudaMemsetAsync(p, 0, size_t(std::max<int64_t>(n, 1)) * sizeof(T), nullptr));
+    return p;
+  }
+  void clear() { bufs_.clear(); }
+
+ private:
+  std::vector<DevMem> bufs_;
+};
+
+// Row-major linear layers on bf16 operands (cuBLASLt): y[M, out] = x[M, in] W[out, in]^T and its two backward
+// products; fp32 outputs accumulate with beta = 1.
+struct Linear {
+  cuda::Gemm* gemm;
+  void fwd(void* y, const bf16* x, const bf16* W, int64_t M, int64_t in, int64_t out, bool f32_out = false,
+           float beta = 0.f) const {
+    if (M == 0) return;
+    cuda::GemmShape s{M, out, in, false, true, cuda::GemmType::BF16,
+                      f32_out ? cuda::GemmType::F32 : cuda::GemmType::BF16, 1};
+    gemm->run(s, x, W, y, 1.f, beta);
+  }
+  // dx[M, in] = dy[M, out] W[out, in]
+  void dx(void* dx, const bf16* dy, const bf16* W, int64_t M, int64_t in, int64_t out, bool f32_out = false,
+          float beta = 0.f) const {
+    if (M == 0) return;
+    cuda::GemmShape s{M, in, out, false, false, cuda::GemmType::BF16,
+                      f32_out ? cuda::GemmType::F32 : cuda::GemmType::BF16, 1};
+    gemm->run(s, dy, W, dx, 1.f, beta);
+  }
+  // dW[out, in] += dy[M, out]^T x[M, in]  (fp32)
+  void dw(float* dW, const bf16* dy, const bf16* x, int64_t M, int64_t in, int64_t out) const {
+    if (M == 0) return;
+    cuda::GemmShape s{out, in, M, true, false, cuda::GemmType::BF16, cuda::GemmType::F32, 1};
+    gemm->run(s, dy, x, dW, 1.f, 1.f);
+  }
+};
+
+struct GpuParam {
+  std::string name;
+  Shape shape;
+  int64_t offset = 0, numel = 0;
+};
+
+// Device view of one batch layout (positions, windows, compress plans per ratio).
+struct DevPlan {
+  dsv4::CompressPlan host;
+  DevMem entry_first, entry_doc, entry_pos, vis_begin, vis_end;  // int32, int32, int32, int64, int64
+  int64_t max_visible = 0;
+};
+struct DevLayout {
+  int64_t B = 0, S = 0, N = 0;
+  DevMem pos, win_begin, ids, targets, token_iota;  // int32, int64, int32, int32, int32
+  int64_t n_targets = 0;
+  std::map<int64_t, DevPlan> plans;  // by compress ratio
+};
+
+struct RopeDev {
+  int64_t n_pairs = 0, n_pos = 0;
+  DevMem cos, sin;
+};
+
+// Attention parameters of one layer: bf16 compute copies and the fp32 master / gradient pointers.
+struct AttnW {
+  const bf16 *wq_a, *q_norm, *wq_b, *wkv, *kv_norm, *wo_a, *wo_b;
+  const bf16 *cmp_wkv = nullptr, *cmp_wgate = nullptr, *cmp_norm = nullptr;
+  const float *sink, *cmp_ape = nullptr;
+  const bf16 *idx_wq_b = nullptr, *idx_wp = nullptr, *idx_wkv = nullptr, *idx_wgate = nullptr, *idx_norm = nullptr;
+  const float* idx_ape = nullptr;
+  float *g_wq_a, *g_q_norm, *g_wq_b, *g_wkv, *g_kv_norm, *g_wo_a, *g_wo_b, *g_sink;
+  float *g_cmp_wkv = nullptr, *g_cmp_wgate = nullptr, *g_cmp_norm = nullptr, *g_cmp_ape = nullptr;
+};
+
+struct AttnActs {
+  bf16 *qa, *cq, *q_pre, *q, *kvp, *kv, *o, *r;
+  float *qa_rstd, *q_rstd, *kv_rstd, *lse;
+  bf16 *ckv = nullptr, *cgate = nullptr, *pooled = nullptr, *cmp = nullptr;
+  float* c_rstd = nullptr;
+  int64_t* sel = nullptr;  // CSA [N, k_sel]
+};
+
+struct MoeW {
+  const bf16 *gate, *w13, *w2, *sw13 = nullptr, *sw2 = nullptr;
+  float *g_gate, *g_w13, *g_w2, *g_sw13 = nullptr, *g_sw2 = nullptr;
+  const float* bias = nullptr;      // device [E]
+  const int32_t* tid2eid = nullptr;  // device [V, K]
+};
+
+struct MoeActs {
+  float *logits, *scores, *weight;
+  int32_t *sel, *order, *slot_pos, *offsets;
+  std::vector<int32_t> h_offsets;
+  bf16 *gu, *ye, *sgu = nullptr, *sy = nullptr;
+};
+
+struct GpuBlock {
+  int64_t layer = 0;
+  std::string prefix;
+  dsv4::AttentionDims dims;
+  bool hash = false;
+  AttnW aw;
+  MoeW mw;
+  const float *hc_attn_fn, *hc_attn_base, *hc_attn_scale, *hc_ffn_fn, *hc_ffn_base, *hc_ffn_scale;
+  float *g_hc_attn_fn, *g_hc_attn_base, *g_hc_attn_scale, *g_hc_ffn_fn, *g_hc_ffn_base, *g_hc_ffn_scale;
+  const bf16 *attn_norm, *ffn_norm;
+  float *g_attn_norm, *g_ffn_norm;
+  // Saved activations of the last forward.
+  Pool keep;
+  cuda::MhcActs sa{}, sf{};
+  bf16 *col_a, *a, *y_a, *X_mid, *col_f, *u, *y_f;
+  float *a_rstd, *u_rstd;
+  AttnActs at{};
+  MoeActs mo{};
+};
+
+// Shared context the block functions need.
+struct Ctx {
+  const dsv4::ModelConfig* cfg;
+  cuda::Gemm* gemm;
+  Linear lin;
+  const DevLayout* lay;
+  const RopeDev* rope_main;
+  const RopeDev* rope_compress;
+  std::function<void(const char*, bool)> section;  // (name, begin) CUDA-event sections; may be empty
+};
+
+void attention_fwd(const Ctx& c, GpuBlock& b, const int64_t* injected_sel);
+// dout [N, d] bf16 -> da [N, d] fp32 (accumulated).
+void attention_bwd(const Ctx& c, GpuBlock& b, const bf16* dout, float* da);
+void moe_fwd(const Ctx& c, GpuBlock& b, const int32_t* injected_sel);
+// dout [N, d] bf16 -> du [N, d] fp32 (accumulated).
+void moe_bwd(const Ctx& c, GpuBlock& b, const bf16* dout, float* du);
+
+// rmsnorm backward with the weight gradient reduced into dw (fp32 accumulate; dw nullable).
+void rmsnorm_bwd_full(const Ctx& c, bf16* dx, float* dw, const bf16* dy, const bf16* x, const bf16* w,
+                      const float* rstd, int64_t n, int64_t d);
+
+}  // namespace trex::dsv4gpu

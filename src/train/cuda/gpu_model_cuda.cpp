@@ -1,0 +1,381 @@
+// The GPU model's step: batch layout upload, embedding, blocks (mHC site / norm / attention / expand, mHC site /
+// norm / MoE / expand), hc_head, final norm, fused LM head + CE; the hand-written backward in reverse order.
+#include <cmath>
+#include <numeric>
+
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/hc_head.h"
+#include "kernels/cuda/lm_head_ce.h"
+#include "kernels/cuda/tensor_ops.h"
+#include "model/dsv4/loss.h"
+#include "train/cuda/gpu_impl.h"
+
+namespace trex::dsv4gpu {
+
+namespace {
+
+template <typename T>
+DevMem upload(const std::vector<T>& v) {
+  DevMem m(v.size() * sizeof(T));
+  if (!v.empty()) TREX_CUDA(cudaMemcpyAsync(m.as<T>(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return m;
+}
+
+template <typename T>
+std::vector<int32_t> to_i32(const std::vector<T>& v) {
+  return std::vector<int32_t>(v.begin(), v.end());
+}
+
+void make_rope(RopeDev& r, const std::vector<double>& inv_freq, int64_t n_pos) {
+  const dsv4::RopeTable<float> t = dsv4::make_rope_table<float>(inv_freq, n_pos);
+  r.n_pairs = t.n_pairs, r.n_pos = n_pos;
+  r.cos = upload(t.cos);
+  r.sin = upload(t.sin);
+}
+
+cuda::MhcDims mhc_dims(const dsv4::ModelConfig& c, int64_t N) {
+  cuda::MhcDims m;
+  m.n_tok = N, m.d = c.hidden, m.sinkhorn_iters = int(c.hc_sinkhorn_iters);
+  m.hc_eps = float(c.hc_eps), m.rms_eps = float(c.rms_eps);
+  return m;
+}
+
+}  // namespace
+
+void rmsnorm_bwd_full(const Ctx& c, bf16* dx, float* dw, const bf16* dy, const bf16* x, const bf16* w,
+                      const float* rstd, int64_t n, int64_t d) {
+  (void)c;
+  if (n == 0) return;
+  if (!dw) {
+    cuda::rmsnorm_bwd(dx, nullptr, dy, x, w, rstd, n, d);
+    return;
+  }
+  const int64_t rows = cuda::rmsnorm_dw_partial_rows(n);
+  DevMem part(size_t(rows * d) * sizeof(float));
+  cuda::rmsnorm_bwd(dx, part.as<float>(), dy, x, w, rstd, n, d);
+  cuda::rmsnorm_dw_reduce(dw, part.as<float>(), rows, d);
+}
+
+GpuModel::Impl::~Impl() {
+  for (auto& s : open_sections) cudaEventDestroy(s.start), cudaEventDestroy(s.stop);
+  for (auto& s : done_sections) cudaEventDestroy(s.start), cudaEventDestroy(s.stop);
+}
+
+void GpuModel::Impl::section(const char* name, bool begin) {
+  if (!opts.timing) return;
+  if (begin) {
+    Section s{name, nullptr, nullptr};
+    TREX_CUDA(cudaEventCreate(&s.start));
+    TREX_CUDA(cudaEventCreate(&s.stop));
+    TREX_CUDA(cudaEventRecord(s.start, nullptr));
+    open_sections.push_back(s);
+  } else {
+    TREX_CHECK(!open_sections.empty() && open_sections.back().name == name, "GPU model: unbalanced section {}", name);
+    Section s = open_sections.back();
+    open_sections.pop_back();
+    TREX_CUDA(cudaEventRecord(s.stop, nullptr));
+    done_sections.push_back(s);
+  }
+}
+
+Ctx GpuModel::Impl::ctx() {
+  Ctx c;
+  c.cfg = &cfg;
+  c.gemm = &gemm;
+  c.lin = Linear{&gemm};
+  c.lay = &lay;
+  c.rope_main = &rope_main;
+  c.rope_compress = &rope_compress;
+  c.section = [this](const char* n, bool b) { section(n, b); };
+  return c;
+}
+
+GpuModel::GpuModel(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts)
+    : impl_(std::make_unique<Impl>(cfg, opts)) {
+  cfg.validate();
+  TREX_CHECK(cfg.n_mtp == 0, "GPU model: the MTP module is not implemented on the GPU (config has {} MTP layers)",
+             cfg.n_mtp);
+  TREX_CHECK(cfg.hc_mult == cuda::kMhcStreams, "GPU model: hc_mult {} unsupported (the mHC kernels need {})",
+             cfg.hc_mult, cuda::kMhcStreams);
+  TREX_CHECK(cfg.score_func == "sqrtsoftplus" && cfg.norm_topk_prob,
+             "GPU model: only sqrtsoftplus routing with normalised top-k weights is implemented");
+  // Keep freed stream-ordered memory in the pool (no release at synchronisation points).
+  cudaMemPool_t pool;
+  TREX_CUDA(cudaDeviceGetDefaultMemPool(&pool, 0));
+  uint64_t threshold = UINT64_MAX;
+  TREX_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  Impl& m = *impl_;
+  m.declare_all();
+  const size_t n = size_t(m.total);
+  m.master = DevMem(n * 4), m.compute = DevMem(n * 2), m.grads = DevMem(n * 4);
+  m.adam_m = DevMem(n * 4), m.adam_v = DevMem(n * 4);
+  TREX_CUDA(cudaMemsetAsync(m.master.as<float>(), 0, n * 4, nullptr));
+  TREX_CUDA(cudaMemsetAsync(m.grads.as<float>(), 0, n * 4, nullptr));
+  TREX_CUDA(cudaMemsetAsync(m.adam_m.as<float>(), 0, n * 4, nullptr));
+  TREX_CUDA(cudaMemsetAsync(m.adam_v.as<float>(), 0, n * 4, nullptr));
+  m.bind_all();
+}
+
+GpuModel::~GpuModel() = default;
+
+double GpuModel::forward(const int32_t* ids, const int32_t* labels, const dsv4::SeqLayout& layout,
+                         const Injection* inject) {
+  Impl& m = *impl_;
+  const dsv4::ModelConfig& cfg = m.cfg;
+  layout.validate();
+  const int64_t B = layout.B, S = layout.T, N = B * S, d = cfg.hidden, hc = cfg.hc_mult, V = cfg.vocab_size;
+  for (int64_t i = 0; i < N; ++i)
+    TREX_CHECK(ids[i] >= 0 && ids[i] < V, "GPU model: token id {} at position {} outside [0, {})", ids[i], i, V);
+
+  // Layout on the device (positions, windows, compress plans, targets).
+  DevLayout& L = m.lay;
+  L.B = B, L.S = S, L.N = N;
+  L.pos = upload(to_i32(layout.pos));
+  std::vector<int64_t> win(static_cast<size_t>(N));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < S; ++t) {
+      const int64_t i = b * S + t;
+      win[size_t(i)] = b * S + std::max(layout.doc_start[size_t(i)], t - cfg.window + 1);
+    }
+  L.win_begin = upload(win);
+  L.ids = upload(std::vector<int32_t>(ids, ids + N));
+  const std::vector<int32_t> targets = dsv4::shifted_targets(labels, layout.doc_start.data(), B, S, 1, V);
+  L.n_targets = 0;
+  for (int32_t t : targets) L.n_targets += t >= 0;
+  L.targets = upload(targets);
+  std::vector<int32_t> iota(static_cast<size_t>(N));
+  std::iota(iota.begin(), iota.end(), 0);
+  L.token_iota = upload(iota);
+  L.plans.clear();
+  for (int64_t l = 0; l < cfg.n_layers; ++l) {
+    const int64_t r = cfg.compress_ratio[size_t(l)];
+    if (r == 0 || L.plans.count(r)) continue;
+    DevPlan& p = L.plans[r];
+    p.host = dsv4::make_compress_plan(layout, r);
+    std::vector<int32_t> epos(p.host.entry_first.size());
+    for (size_t e = 0; e < epos.size(); ++e) epos[e] = int32_t(layout.pos[size_t(p.host.entry_first[e])]);
+    p.entry_first = upload(to_i32(p.host.entry_first));
+    p.entry_doc = upload(to_i32(p.host.entry_doc_index));
+    p.entry_pos = upload(epos);
+    p.vis_begin = upload(p.host.vis_begin);
+    p.vis_end = upload(p.host.vis_end);
+    p.max_visible = 0;
+    for (int64_t i = 0; i < N; ++i)
+      p.max_visible = std::max(p.max_visible, p.host.vis_end[size_t(i)] - p.host.vis_begin[size_t(i)]);
+  }
+  const int64_t n_pos = layout.max_pos() + 1;
+  if (n_pos != m.rope_pos) {
+    make_rope(m.rope_main, dsv4::rope_inv_freq(cfg.rope_main, cfg.rope_dim), n_pos);
+    make_rope(m.rope_compress, dsv4::rope_inv_freq(cfg.rope_compress, cfg.rope_dim), n_pos);
+    m.rope_pos = n_pos;
+  }
+  if (inject) {
+    TREX_CHECK(inject->csa_sel.empty() || int64_t(inject->csa_sel.size()) == cfg.n_layers,
+               "GPU model: csa_sel injection has {} layers, the model {}", inject->csa_sel.size(), cfg.n_layers);
+    TREX_CHECK(inject->router_sel.empty() || int64_t(inject->router_sel.size()) == cfg.n_layers,
+               "GPU model: router_sel injection has {} layers, the model {}", inject->router_sel.size(), cfg.n_layers);
+  }
+
+  const Ctx c = m.ctx();
+  m.acts.clear();
+  m.X.assign(size_t(cfg.n_layers + 1), nullptr);
+  for (auto& x : m.X) x = m.acts.take<bf16>(N * hc * d);
+  cuda::embed_streams_fwd(m.X[0], L.ids.as<int32_t>(), m.b16("embed.weight"), N, d, hc);
+  const cuda::MhcDims md = mhc_dims(cfg, N);
+  for (int64_t l = 0; l < cfg.n_layers; ++l) {
+    GpuBlock& b = *m.blocks[size_t(l)];
+    b.keep.clear();
+    Pool& k = b.keep;
+    for (cuda::MhcActs* s : {&b.sa, &b.sf}) {
+      s->mix = k.take<float>(N * cuda::kMhcMix), s->rstd = k.take<float>(N), s->pre = k.take<float>(N * 4);
+      s->post = k.take<float>(N * 4), s->comb = k.take<float>(N * 16);
+    }
+    b.col_a = k.take<bf16>(N * d), b.a = k.take<bf16>(N * d), b.a_rstd = k.take<float>(N);
+    b.y_a = k.take<bf16>(N * d), b.X_mid = k.take<bf16>(N * hc * d);
+    b.col_f = k.take<bf16>(N * d), b.u = k.take<bf16>(N * d), b.u_rstd = k.take<float>(N);
+    b.y_f = k.take<bf16>(N * d);
+    const bf16* Xin = m.X[size_t(l)];
+    m.section("fwd.mhc+norm", true);
+    cuda::mhc_site_fwd(md, Xin, b.hc_attn_fn, b.hc_attn_base, b.hc_attn_scale, b.sa, b.col_a);
+    cuda::rmsnorm_fwd(b.a, b.a_rstd, b.col_a, b.attn_norm, N, d, float(cfg.rms_eps));
+    m.section("fwd.mhc+norm", false);
+    const bool csa = b.dims.type == dsv4::AttnType::CSA;
+    const int64_t* isel = nullptr;
+    if (inject && csa && !inject->csa_sel.empty() && !inject->csa_sel[size_t(l)].empty()) {
+      TREX_CHECK(int64_t(inject->csa_sel[size_t(l)].size()) == N * cfg.index_topk,
+                 "GPU model: injected CSA selection of layer {} has {} entries, expected {}", l,
+                 inject->csa_sel[size_t(l)].size(), N * cfg.index_topk);
+      isel = inject->csa_sel[size_t(l)].data();
+    }
+    const char* an = b.dims.type == dsv4::AttnType::Sliding ? "fwd.attn.sliding" : csa ? "fwd.attn.csa" : "fwd.attn.hca";
+    m.section(an, true);
+    attention_fwd(c, b, isel);
+    m.section(an, false);
+    m.section("fwd.mhc+norm", true);
+    cuda::mhc_expand_fwd(md, Xin, b.y_a, b.sa.post, b.sa.comb, b.X_mid);
+    cuda::mhc_site_fwd(md, b.X_mid, b.hc_ffn_fn, b.hc_ffn_base, b.hc_ffn_scale, b.sf, b.col_f);
+    cuda::rmsnorm_fwd(b.u, b.u_rstd, b.col_f, b.ffn_norm, N, d, float(cfg.rms_eps));
+    m.section("fwd.mhc+norm", false);
+    const int32_t* rsel = nullptr;
+    if (inject && !inject->router_sel.empty() && !inject->router_sel[size_t(l)].empty()) {
+      TREX_CHECK(int64_t(inject->router_sel[size_t(l)].size()) == N * cfg.topk,
+                 "GPU model: injected router selection of layer {} has {} entries, expected {}", l,
+                 inject->router_sel[size_t(l)].size(), N * cfg.topk);
+      rsel = inject->router_sel[size_t(l)].data();
+    }
+    m.section("fwd.moe", true);
+    moe_fwd(c, b, rsel);
+    m.section("fwd.moe", false);
+    m.section("fwd.mhc+norm", true);
+    cuda::mhc_expand_fwd(md, b.X_mid, b.y_f, b.sf.post, b.sf.comb, m.X[size_t(l + 1)]);
+    m.section("fwd.mhc+norm", false);
+  }
+
+  // Head: hc_head collapse -> norm -> LM head + CE in vocabulary chunks.
+  m.section("fwd.head", true);
+  m.head_col = m.acts.take<bf16>(N * d), m.head_normed = m.acts.take<bf16>(N * d);
+  m.head_mix = m.acts.take<float>(N * 4), m.head_rstd = m.acts.take<float>(N), m.head_w = m.acts.take<float>(N * 4);
+  m.norm_rstd = m.acts.take<float>(N), m.lse = m.acts.take<float>(N);
+  cuda::hc_head_fwd(m.head_col, m.head_mix, m.head_rstd, m.head_w, m.X[size_t(cfg.n_layers)], m.f32("hc_head_fn"),
+                    m.f32("hc_head_base"), m.f32("hc_head_scale"), N, d, float(cfg.hc_eps), float(cfg.rms_eps));
+  cuda::rmsnorm_fwd(m.head_normed, m.norm_rstd, m.head_col, m.b16("norm.weight"), N, d, float(cfg.rms_eps));
+  cuda::LmHeadCeShape hs{N, d, V, std::min(m.opts.lm_chunk, V)};
+  Pool tmp;
+  void* scratch = tmp.take<char>(int64_t(cuda::lm_head_ce_scratch_bytes(hs)));
+  float* row_loss = tmp.take<float>(N);
+  float* loss_sum = tmp.take<float>(1);
+  cuda::lm_head_ce_fwd(m.gemm, hs, m.head_normed, m.b16("head.weight"), L.targets.as<int32_t>(), m.lse, row_loss,
+                       loss_sum, scratch);
+  float h_loss = 0.f;
+  TREX_CUDA(cudaMemcpy(&h_loss, loss_sum, sizeof(float), cudaMemcpyDeviceToHost));
+  m.section("fwd.head", false);
+  m.forward_done = true;
+  return L.n_targets > 0 ? double(h_loss) / double(L.n_targets) : 0.0;
+}
+
+void GpuModel::backward() {
+  Impl& m = *impl_;
+  TREX_CHECK(m.forward_done, "GPU model: backward() called without a forward()");
+  const dsv4::ModelConfig& cfg = m.cfg;
+  const int64_t N = m.lay.N, d = cfg.hidden, hc = cfg.hc_mult, V = cfg.vocab_size;
+  const Ctx c = m.ctx();
+  const cuda::MhcDims md = mhc_dims(cfg, N);
+  Pool bufs;
+  float* dX = bufs.zeros<float>(N * hc * d);
+  float* dX_prev = bufs.take<float>(N * hc * d);
+  m.section("bwd.head", true);
+  {
+    Pool tmp;
+    cuda::LmHeadCeShape hs{N, d, V, std::min(m.opts.lm_chunk, V)};
+    void* scratch = tmp.take<char>(int64_t(cuda::lm_head_ce_scratch_bytes(hs)));
+    float* dnormed = tmp.zeros<float>(N * d);
+    const float scale = m.lay.n_targets > 0 ? float(1.0 / double(m.lay.n_targets)) : 0.f;
+    cuda::lm_head_ce_bwd(m.gemm, hs, m.head_normed, m.b16("head.weight"), m.lay.targets.as<int32_t>(), m.lse, scale,
+                         dnormed, m.g32("head.weight"), scratch);
+    bf16* dn = tmp.take<bf16>(N * d);
+    cuda::cast_f32_to_bf16(dn, dnormed, N * d);
+    bf16* dcol = tmp.take<bf16>(N * d);
+    rmsnorm_bwd_full(c, dcol, m.g32("norm.weight"), dn, m.head_col, m.b16("norm.weight"), m.norm_rstd, N, d);
+    float* hs_scratch = tmp.take<float>(cuda::hc_head_bwd_scratch(N));
+    cuda::hc_head_bwd(dX, m.g32("hc_head_fn"), m.g32("hc_head_base"), m.g32("hc_head_scale"), dcol,
+                      m.X[size_t(cfg.n_layers)], m.f32("hc_head_fn"), m.f32("hc_head_base"), m.f32("hc_head_scale"),
+                      m.head_mix, m.head_rstd, m.head_w, N, d, hs_scratch);
+  }
+  m.section("bwd.head", false);
+
+  for (int64_t l = cfg.n_layers - 1; l >= 0; --l) {
+    GpuBlock& b = *m.blocks[size_t(l)];
+    const bf16* Xin = m.X[size_t(l)];
+    Pool tmp;
+    float* dX_mid = tmp.zeros<float>(N * hc * d);
+    float* dy = tmp.zeros<float>(N * d);
+    float* dpost = tmp.take<float>(N * 4);
+    float* dcomb = tmp.take<float>(N * 16);
+    bf16* dyb = tmp.take<bf16>(N * d);
+    float* dsub = tmp.take<float>(N * d);
+    bf16* dsub_b = tmp.take<bf16>(N * d);
+    bf16* dcol = tmp.take<bf16>(N * d);
+    float* scratch = tmp.take<float>(cuda::mhc_site_bwd_scratch(md));
+    m.section("bwd.mhc+norm", true);
+    cuda::mhc_expand_bwd(md, b.X_mid, b.y_f, b.sf.post, b.sf.comb, dX, dX_mid, dy, dpost, dcomb);
+    cuda::cast_f32_to_bf16(dyb, dy, N * d);
+    m.section("bwd.mhc+norm", false);
+    m.section("bwd.moe", true);
+    TREX_CUDA(cudaMemsetAsync(dsub, 0, size_t(N * d) * sizeof(float), nullptr));
+    moe_bwd(c, b, dyb, dsub);
+    m.section("bwd.moe", false);
+    m.section("bwd.mhc+norm", true);
+    cuda::cast_f32_to_bf16(dsub_b, dsub, N * d);
+    rmsnorm_bwd_full(c, dcol, b.g_ffn_norm, dsub_b, b.col_f, b.ffn_norm, b.u_rstd, N, d);
+    cuda::mhc_site_bwd(md, b.X_mid, b.hc_ffn_fn, b.hc_ffn_base, b.hc_ffn_scale, b.sf, dcol, dpost, dcomb, dX_mid,
+                       b.g_hc_ffn_fn, b.g_hc_ffn_base, b.g_hc_ffn_scale, scratch);
+    TREX_CUDA(cudaMemsetAsync(dX_prev, 0, size_t(N * hc * d) * sizeof(float), nullptr));
+    TREX_CUDA(cudaMemsetAsync(dy, 0, size_t(N * d) * sizeof(float), nullptr));
+    cuda::mhc_expand_bwd(md, Xin, b.y_a, b.sa.post, b.sa.comb, dX_mid, dX_prev, dy, dpost, dcomb);
+    cuda::cast_f32_to_bf16(dyb, dy, N * d);
+    m.section("bwd.mhc+norm", false);
+    const char* an = b.dims.type == dsv4::AttnType::Sliding ? "bwd.attn.sliding"
+                     : b.dims.type == dsv4::AttnType::CSA  ? "bwd.attn.csa"
+                                                           : "bwd.attn.hca";
+    m.section(an, true);
+    TREX_CUDA(cudaMemsetAsync(dsub, 0, size_t(N * d) * sizeof(float), nullptr));
+    attention_bwd(c, b, dyb, dsub);
+    m.section(an, false);
+    m.section("bwd.mhc+norm", true);
+    cuda::cast_f32_to_bf16(dsub_b, dsub, N * d);
+    rmsnorm_bwd_full(c, dcol, b.g_attn_norm, dsub_b, b.col_a, b.attn_norm, b.a_rstd, N, d);
+    cuda::mhc_site_bwd(md, Xin, b.hc_attn_fn, b.hc_attn_base, b.hc_attn_scale, b.sa, dcol, dpost, dcomb, dX_prev,
+                       b.g_hc_attn_fn, b.g_hc_attn_base, b.g_hc_attn_scale, scratch);
+    m.section("bwd.mhc+norm", false);
+    std::swap(dX, dX_prev);
+  }
+  cuda::embed_streams_bwd(m.g32("embed.weight"), m.lay.ids.as<int32_t>(), dX, N, d, hc);
+  TREX_CUDA(cudaGetLastError());
+}
+
+std::vector<float> GpuModel::final_normed() const {
+  const Impl& m = *impl_;
+  std::vector<bf16> v(size_t(m.lay.N * m.cfg.hidden));
+  TREX_CUDA(cudaMemcpy(v.data(), m.head_normed, v.size() * sizeof(bf16), cudaMemcpyDeviceToHost));
+  std::vector<float> f(v.size());
+  for (size_t i = 0; i < v.size(); ++i) f[i] = __bfloat162float(v[i]);
+  return f;
+}
+
+std::vector<int64_t> GpuModel::csa_selection(int64_t l) const {
+  const Impl& m = *impl_;
+  TREX_CHECK(l >= 0 && l < m.cfg.n_layers && m.blocks[size_t(l)]->dims.type == dsv4::AttnType::CSA,
+             "GPU model: layer {} is not a CSA layer", l);
+  std::vector<int64_t> v(size_t(m.lay.N * m.cfg.index_topk));
+  TREX_CUDA(cudaMemcpy(v.data(), m.blocks[size_t(l)]->at.sel, v.size() * sizeof(int64_t), cudaMemcpyDeviceToHost));
+  return v;
+}
+
+std::vector<int32_t> GpuModel::router_selection(int64_t l) const {
+  const Impl& m = *impl_;
+  TREX_CHECK(l >= 0 && l < m.cfg.n_layers, "GPU model: no layer {}", l);
+  std::vector<int32_t> v(size_t(m.lay.N * m.cfg.topk));
+  TREX_CUDA(cudaMemcpy(v.data(), m.blocks[size_t(l)]->mo.sel, v.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  return v;
+}
+
+std::map<std::string, double> GpuModel::section_ms() {
+  Impl& m = *impl_;
+  TREX_CUDA(cudaDeviceSynchronize());
+  for (auto& s : m.done_sections) {
+    float ms = 0.f;
+    TREX_CUDA(cudaEventElapsedTime(&ms, s.start, s.stop));
+    m.section_totals[s.name] += ms;
+    cudaEventDestroy(s.start);
+    cudaEventDestroy(s.stop);
+  }
+  m.done_sections.clear();
+  return m.section_totals;
+}
+
+void GpuModel::reset_sections() {
+  section_ms();
+  impl_->section_totals.clear();
+}
+
+}  // namespace trex::dsv4gpu

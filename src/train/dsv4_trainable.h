@@ -1,0 +1,51 @@
+// DeepSeek-V4 (src/model/dsv4) behind the Trainable interface: parameters by official name with the
+// design §5 optimiser groups, router biases as checkpointed buffers updated after every step by the
+// auxiliary-loss-free rule (b += speed * sign(mean load - load), loads summed over the step's
+// micro-batches), packed-document layout from the batch, MTP weight from the schedule.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "model/dsv4/model.h"
+#include "train/trainable.h"
+
+namespace trex::train {
+
+struct Dsv4TrainOptions {
+  double init_std = 0.02;
+  double bias_update_speed = 1e-3;  // gamma_b (design §5); 0 disables the update
+  dsv4::ModelOptions model;
+};
+
+class Dsv4Trainable : public Trainable {
+ public:
+  Dsv4Trainable(const dsv4::ModelConfig& cfg, const Dsv4TrainOptions& opts, uint64_t seed);
+  // Replaces the random init by a Hugging Face / official checkpoint directory (src/model/dsv4/checkpoint.h).
+  void load_pretrained(const std::filesystem::path& dir);
+
+  std::vector<optim::ParamRef> params() override;
+  void zero_grads() override;
+  StepStats forward_backward(const data::Batch& batch) override;
+  void set_controls(const StepControls& c) override;
+  void after_optimizer_step() override;
+  double flops_per_token(int64_t seq_len) const override;
+  std::string describe() const override;
+
+  dsv4::Model<float>& model() { return *model_; }
+
+ private:
+  void init_weights(uint64_t seed);
+  dsv4::ModelConfig cfg_;
+  Dsv4TrainOptions opts_;
+  std::unique_ptr<dsv4::Model<float>> model_;
+  std::vector<std::vector<int64_t>> load_sum_;  // per block, summed over the step's micro-batches
+};
+
+// The ../shared/bench convention (model_flops.py): 3 x forward matmul FLOPs of the weights one token
+// touches (activated experts only, LM head included) + core attention over the keys each position sees.
+double dsv4_flops_per_token(const dsv4::ModelConfig& cfg, int64_t seq_len);
+
+}  // namespace trex::train

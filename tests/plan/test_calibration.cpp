@@ -1,0 +1,84 @@
+// The calibration path: every recorded measurement (docs/measurements/*.jsonl) is predicted by a profile
+// fitted to its (implementation, hardware) group, within 15% on step time and 10% on peak memory. New
+// records appended by `trex bench` are picked up automatically.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "core/error.h"
+#include "core/files.h"
+#include "plan/calibrate.h"
+
+using namespace trex::plan;
+
+namespace {
+
+std::vector<Measurement> all_records() {
+  std::vector<Measurement> all;
+  const auto dir = trex::source_dir() / "docs" / "measurements";
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().extension() == ".jsonl")
+      for (auto& r : load_measurements(e.path().string())) all.push_back(std::move(r));
+  return all;
+}
+
+}  // namespace
+
+TEST(PlanCalibration, EveryRecordedMeasurementIsPredicted) {
+  auto records = all_records();
+  ASSERT_FALSE(records.empty());
+  for (const auto& group : group_measurements(records)) {
+    Calibration cal = calibrate(group, prior_for(group[0].implementation));
+    for (const auto& c : cal.checks) {
+      std::printf("%-48s step %.3f s pred %.3f (%+.1f%%)  peak %.1f GiB pred %.1f (%+.1f%%)\n", c.id.c_str(),
+                  c.measured_step, c.predicted_step, 100 * c.time_err, c.measured_peak, c.predicted_peak,
+                  100 * c.mem_err);
+      EXPECT_LE(std::fabs(c.time_err), 0.15) << c.id;
+      if (c.measured_peak > 0) EXPECT_LE(std::fabs(c.mem_err), 0.10) << c.id;
+    }
+    EXPECT_TRUE(cal.profile.calibrated);
+    EXPECT_LE(cal.fitted.size(), 2 * group.size());
+  }
+}
+
+TEST(PlanCalibration, FitterRecoversAKnownProfile) {
+  // Synthetic records made by a known profile: the fit must find efficiencies that reproduce them.
+  auto records = all_records();
+  std::vector<Measurement> hf;
+  for (const auto& r : records)
+    if (r.implementation == "hf_baseline") hf.push_back(r);
+  ASSERT_GE(hf.size(), 3u);
+  ImplProfile truth = prior_for("hf_baseline");
+  truth.eff_dense = truth.eff_expert = 0.31;
+  truth.eff_attn = 0.12;
+  truth.dp_block_overhead_s = 0.004;
+  truth.block_overhead_s = 0.006;
+  truth.act_scale = 2.5;
+  truth.act_quadratic_bytes = 3.0;
+  truth.fixed_gib = 2.0;
+  for (auto& r : hf) {
+    auto e = check_predictions({r}, truth)[0];
+    r.step_s = e.predicted_step;
+    r.peak_gib = e.predicted_peak;
+  }
+  Calibration cal = calibrate(hf, prior_for("hf_baseline"));
+  EXPECT_LT(cal.max_time_err, 0.01);
+  EXPECT_LT(cal.max_mem_err, 0.01);
+  EXPECT_NEAR(cal.profile.eff_dense, 0.31, 0.02);
+  EXPECT_NEAR(cal.profile.eff_attn, 0.12, 0.02);
+}
+
+TEST(PlanCalibration, BadRecordsAreRefusedWithTheirLine) {
+  const auto path = std::filesystem::temp_directory_path() / "trex_plan_bad.jsonl";
+  trex::write_text_atomic(path, "{\"id\": \"x\", \"implementation\": \"trex\"}\n");
+  try {
+    load_measurements(path.string());
+    FAIL() << "expected an error";
+  } catch (const trex::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("trex_plan_bad.jsonl:1"), std::string::npos) << e.what();
+  }
+  // append_measurement validates before writing.
+  EXPECT_THROW(append_measurement(path.string(), nlohmann::json{{"id", "y"}}), trex::Error);
+  std::filesystem::remove(path);
+}

@@ -1,0 +1,116 @@
+// Memory-accounting invariants, refusals with reasons, and the search's memory guarantee.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "plan/search.h"
+
+using namespace trex::plan;
+
+namespace {
+
+Estimator make(const std::string& model, const std::string& hw, int64_t gbs, int64_t seq = 4096) {
+  Workload w;
+  w.seq = seq, w.gbs = gbs, w.mode = "sft";
+  return Estimator(model_preset(model), load_hardware(hw), ImplProfile{}, w);
+}
+
+}  // namespace
+
+TEST(PlanEstimate, ZeroOneDividesOptimizerStateByDataParallelism) {
+  Estimator e = make("flash", "nvidia-h200", 256);
+  Layout a = parse_layout("TP1,PP4,EP8,MBS1,ZERO=1");
+  Layout b = a;
+  Estimate small_dp = e.estimate(a, 32);  // DP 8
+  Estimate big_dp = e.estimate(b, 64);    // DP 16, same per-rank model shard
+  ASSERT_TRUE(small_dp.valid && big_dp.valid) << small_dp.reason << big_dp.reason;
+  EXPECT_DOUBLE_EQ(small_dp.mem.weights, big_dp.mem.weights);
+  EXPECT_NEAR(big_dp.mem.optimizer / small_dp.mem.optimizer, 0.5, 0.02);
+  // With EP1 the expert data-parallel group is the whole DP group: ZeRO-1 divides all state by DP = 16.
+  Estimate z1 = e.estimate(parse_layout("TP1,PP4,EP1,MBS1,ZERO=1"), 64);
+  Estimate z0 = e.estimate(parse_layout("TP1,PP4,EP1,MBS1,ZERO=0"), 64);
+  EXPECT_NEAR(z0.mem.optimizer / z1.mem.optimizer, 16.0, 1e-6);
+  // With EP8 experts shard over EDP = 16 / 8 = 2 only, dense state over 16.
+  Estimate z0ep = e.estimate(parse_layout("TP1,PP4,EP8,MBS1,ZERO=0"), 64);
+  const double ratio = z0ep.mem.optimizer / big_dp.mem.optimizer;
+  EXPECT_GT(ratio, 2.0);
+  EXPECT_LT(ratio, 16.0);
+}
+
+TEST(PlanEstimate, PipelineDividesLayersAndExpertParallelDividesExperts) {
+  Estimator e = make("pro", "ascend-910c-cm384", 1024);
+  Estimate pp4 = e.estimate(parse_layout("TP2,PP4,EP64,RC=full"), 512);
+  Estimate pp8 = e.estimate(parse_layout("TP2,PP8,EP64,RC=full"), 512);
+  ASSERT_TRUE(pp4.valid && pp8.valid) << pp4.reason << pp8.reason;
+  int64_t total4 = 0, total8 = 0;
+  for (auto n : pp4.stage_blocks) total4 += n;
+  for (auto n : pp8.stage_blocks) total8 += n;
+  EXPECT_EQ(total4, 62);  // 61 blocks + MTP, every block on exactly one stage
+  EXPECT_EQ(total8, 62);
+  EXPECT_LE(*std::max_element(pp8.stage_blocks.begin(), pp8.stage_blocks.end()), 9);
+  EXPECT_LT(pp8.mem.weights, 0.6 * pp4.mem.weights);  // about half the blocks per rank
+  Estimate ep32 = e.estimate(parse_layout("TP2,PP8,EP32,RC=full"), 512);
+  Estimate ep16 = e.estimate(parse_layout("TP2,PP8,EP16,RC=full"), 512);
+  ASSERT_TRUE(ep32.valid && ep16.valid) << ep32.reason << ep16.reason;
+  // The expert share of the weights halves each time EP doubles; the dense share stays.
+  const double step_16_32 = ep16.mem.weights - ep32.mem.weights, step_32_64 = ep32.mem.weights - pp8.mem.weights;
+  EXPECT_NEAR(step_16_32 / step_32_64, 2.0, 1e-9);
+  EXPECT_GT(pp8.mem.weights - step_32_64, 0);  // dense part
+}
+
+TEST(PlanEstimate, RecomputationTradesMemoryForTime) {
+  Estimator e = make("flash", "nvidia-h200", 128);
+  Estimate none = e.estimate(parse_layout("TP1,PP4,EP32,RC=none"), 128);
+  Estimate sel = e.estimate(parse_layout("TP1,PP4,EP32,RC=selective"), 128);
+  Estimate full = e.estimate(parse_layout("TP1,PP4,EP32,RC=full"), 128);
+  EXPECT_GT(none.mem.activations, sel.mem.activations);
+  EXPECT_GT(sel.mem.activations, full.mem.activations);
+  EXPECT_LT(none.time.compute, full.time.compute);
+  // Full recomputation adds one forward to forward + backward (= 3 forwards); the LM head is not recomputed.
+  EXPECT_NEAR(full.time.recompute / (full.time.compute - full.time.recompute), 1.0 / 3.0, 0.02);
+  EXPECT_EQ(none.flops_per_token, full.flops_per_token);  // recomputation is never counted in MFU
+}
+
+TEST(PlanEstimate, ImpossibleLayoutsAreRefusedWithAReason) {
+  Estimator e = make("pro", "ascend-910c-cm384", 1024);
+  auto reason = [&](const char* layout, int64_t devices) { return e.estimate(parse_layout(layout), devices).reason; };
+  EXPECT_NE(reason("TP3,PP8,EP64", 512).find("does not divide"), std::string::npos);
+  EXPECT_NE(reason("TP2,PP8,EP100", 512).find("routed experts"), std::string::npos);
+  EXPECT_NE(reason("TP32,PP1,EP64", 512).find("heads"), std::string::npos);
+  EXPECT_NE(reason("TP2,PP8,VPP8,EP64", 512).find("virtual stages"), std::string::npos);
+  EXPECT_NE(reason("TP2,PP8,EP64,MBS3", 512).find("global batch"), std::string::npos);
+  EXPECT_NE(reason("TP2,PP1,EP64", 512).find("GiB"), std::string::npos);  // valid but out of memory
+  EXPECT_FALSE(e.estimate(parse_layout("TP2,PP1,EP64"), 512).fits);
+  Workload w;
+  w.gbs = 8, w.precision = Precision::FP8;
+  Estimator fp8(model_preset("flash"), load_hardware("ascend-910c-cm384"), ImplProfile{}, w);
+  EXPECT_NE(fp8.estimate(parse_layout("TP1,PP1,EP8"), 8).reason.find("FP8"), std::string::npos);
+  EXPECT_THROW(parse_layout("TP2,XX4"), trex::Error);
+  EXPECT_THROW(parse_layout("TP0"), trex::Error);
+}
+
+TEST(PlanSearch, NeverReturnsALayoutThatExceedsMemory) {
+  for (const char* model : {"flash", "pro"}) {
+    Estimator e = make(model, "nvidia-h200", 512);
+    SearchResult r = search_layouts(e, 512, 20, false);
+    ASSERT_FALSE(r.best.empty()) << model;
+    EXPECT_GT(r.out_of_memory, 0);
+    for (size_t i = 0; i < r.best.size(); ++i) {
+      const Estimate& x = r.best[i];
+      EXPECT_TRUE(x.valid && x.fits) << to_string(x.layout);
+      EXPECT_LE(x.mem.total, x.mem.capacity) << to_string(x.layout);
+      if (i > 0) EXPECT_GE(r.best[i - 1].mfu, x.mfu);
+      // Re-estimating the returned layout gives the same answer.
+      EXPECT_DOUBLE_EQ(e.estimate(x.layout, 512).mem.total, x.mem.total);
+    }
+  }
+}
+
+TEST(PlanEstimate, MfuConventionsAreConsistent) {
+  Estimator e = make("pro", "ascend-910c-cm384", 1024);
+  Estimate x = e.estimate(parse_layout("TP2,PP8,VPP2,EP64,RC=full,OFF=swap"), 512);
+  ASSERT_TRUE(x.valid) << x.reason;
+  const double tok_s_dev = 1024.0 * 4096.0 / x.time.step / 512.0;
+  EXPECT_NEAR(x.tokens_per_s_per_device, tok_s_dev, 1e-6 * tok_s_dev);
+  EXPECT_NEAR(x.mfu, tok_s_dev * 324.3e9 / 376e12, 0.002);
+  EXPECT_NEAR(x.mfu_6n / x.mfu, 293.1 / 324.3, 0.002);
+}
