@@ -79,6 +79,7 @@ struct ChatRequest {
   uint64_t seed = 0;
   bool has_seed = false;
   int64_t max_tokens = -1;  // -1: server default
+  bool ignore_eos = false;  // extension (as vLLM): generate max_tokens tokens
   std::vector<std::string> stop;
 };
 
@@ -150,6 +151,7 @@ ChatRequest parse_chat_request(const json& b) {
       }
   }
   r.stream = bool_field(b, "stream", false);
+  r.ignore_eos = bool_field(b, "ignore_eos", false);
   if (b.contains("stream_options") && b["stream_options"].is_object())
     r.include_usage = bool_field(b["stream_options"], "include_usage", false);
   r.temperature = number_field(b, "temperature", 1.0);
@@ -271,6 +273,7 @@ struct ChatServer::Impl {
     spec.sampling.temperature = r.temperature;
     spec.sampling.top_p = r.top_p;
     spec.sampling.seed = r.has_seed ? r.seed : std::random_device{}();
+    if (r.ignore_eos) return spec;
     spec.stop_ids.push_back(int32_t(sched.engine().config().eos_token_id));
     if (tok) {
       std::lock_guard<std::mutex> lk(tok_mu);

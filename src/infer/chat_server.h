@@ -5,7 +5,8 @@
 // `chat_template_kwargs: {"thinking": true}`); in thinking mode the text before </think> is returned as
 // `reasoning_content`. Sampling: temperature (default 1), top_p (default 1), seed, max_tokens
 // (or max_completion_tokens), stop (string or list). Extension: `prompt_token_ids` (list of ints) replaces
-// `messages` (the only way to prompt a server without a tokenizer); choices carry `token_ids`.
+// `messages` (the only way to prompt a server without a tokenizer); `ignore_eos: true` generates max_tokens
+// tokens (as vLLM); choices carry `token_ids`.
 // Errors: HTTP 400 with {"error": {"message", "type": "invalid_request_error", "param", "code"}} for bad
 // requests (code "context_length_exceeded" for prompts over the context limit), 503 when the queue is full.
 // A streaming client that disconnects cancels its request (its slot is freed at the next step); a

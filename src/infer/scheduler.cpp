@@ -171,13 +171,18 @@ void Scheduler::step_once(std::vector<std::shared_ptr<Request>>& active) {
   }
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const int64_t V = engine_->config().vocab_size;
-  std::vector<int64_t> done_slots;
+  // Decide every outcome first; publish only after the bookkeeping, so that a client that sees its request
+  // finish also sees it counted and its slot free.
+  struct Outcome {
+    int32_t token = -1;  // to publish (-1: none)
+    std::string finish;  // empty: keeps running
+  };
+  std::vector<Outcome> out(active.size());
   int64_t new_prompt = 0, new_completion = 0, failed = 0, finished = 0;
   for (size_t k = 0; k < active.size(); ++k) {
     Request& r = *active[k];
     if (!error.empty()) {
-      r.finish("error", error);
-      done_slots.push_back(r.slot_);
+      out[k].finish = "error";
       ++failed;
       continue;
     }
@@ -190,29 +195,32 @@ void Scheduler::step_once(std::vector<std::shared_ptr<Request>>& active) {
     const int32_t t = r.sampler_.sample(logits.data() + int64_t(k) * V, V);
     const auto& stop = r.spec_.stop_ids;
     if (std::find(stop.begin(), stop.end(), t) != stop.end()) {
-      r.finish("stop");
+      out[k].finish = "stop";
     } else {
       r.last_ = t;
       ++r.produced_;
       ++new_completion;
-      r.publish(t);
-      if (r.produced_ >= r.spec_.max_tokens) r.finish("length");
+      out[k].token = t;
+      if (r.produced_ >= r.spec_.max_tokens) out[k].finish = "length";
     }
-    std::lock_guard<std::mutex> lk(r.mu_);
-    if (r.finished_) {
-      done_slots.push_back(r.slot_);
-      ++finished;
-    }
+    if (!out[k].finish.empty()) ++finished;
   }
-  std::lock_guard<std::mutex> lk(mu_);
-  for (int64_t s : done_slots) slots_[size_t(s)].reset();
-  m_.steps += 1;
-  m_.step_seconds += dt;
-  m_.prompt_tokens += new_prompt;
-  m_.completion_tokens += new_completion;
-  m_.requests_finished += finished;
-  m_.requests_failed += failed;
-  m_.cache_bytes = engine_->cache_bytes();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (size_t k = 0; k < active.size(); ++k)
+      if (!out[k].finish.empty()) slots_[size_t(active[k]->slot_)].reset();
+    m_.steps += 1;
+    m_.step_seconds += dt;
+    m_.prompt_tokens += new_prompt;
+    m_.completion_tokens += new_completion;
+    m_.requests_finished += finished;
+    m_.requests_failed += failed;
+    m_.cache_bytes = engine_->cache_bytes();
+  }
+  for (size_t k = 0; k < active.size(); ++k) {
+    if (out[k].token >= 0) active[k]->publish(out[k].token);
+    if (!out[k].finish.empty()) active[k]->finish(out[k].finish, out[k].finish == "error" ? error : "");
+  }
   if (!error.empty()) log::warn("engine step failed: {}", error);
 }
 

@@ -164,8 +164,9 @@ TEST_F(ServerTest, SeededCompletionIsReproducibleAndStreamingMatches) {
   EXPECT_EQ(ja["usage"]["total_tokens"], ja["usage"]["prompt_tokens"].get<int64_t>() + n);
   // The decoded ids are the content (non-thinking mode); bytes that are not UTF-8 arrive as U+FFFD.
   const std::string decoded = tok_->decode(ja["choices"][0]["token_ids"].get<std::vector<int32_t>>());
-  EXPECT_EQ(json::parse(json(decoded).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>(),
-            ja["choices"][0]["message"]["content"].get<std::string>());
+  EXPECT_EQ(
+      json::parse(json(decoded).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>(),
+      ja["choices"][0]["message"]["content"].get<std::string>());
 
   json sb = body;
   sb["stream"] = true;
@@ -255,6 +256,7 @@ TEST_F(ServerTest, ClientDisconnectMidStreamFreesTheSlot) {
   const json before = metrics();
   json body = chat("the demand of each customer", kContext - 64, 5, true);
   body["temperature"] = 1.0;
+  body["ignore_eos"] = true;  // it must still be running when the client leaves
   httplib::Client c("127.0.0.1", port_);
   int chunks = 0;
   // Read two chunks, then drop the connection.

@@ -1,0 +1,115 @@
+// Continuous batching in the scheduler: a request submitted while another runs joins between decode steps
+// and finishes first; batching does not change a greedy completion; cancellation frees the slot; limits.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "infer/engine.h"
+#include "infer/generate.h"
+#include "infer/scheduler.h"
+#include "infer_test_util.h"
+
+using namespace trex;
+using namespace trex::infer;
+
+namespace {
+
+std::vector<int32_t> drain(Request& r) {
+  std::vector<int32_t> out;
+  while (!r.wait(out, std::chrono::milliseconds(200))) {
+  }
+  return out;
+}
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { model_ = load_inference_model(test::dsv4_fixture("tiny")); }
+  std::shared_ptr<dsv4::Model<float>> model_;
+};
+
+TEST_F(SchedulerTest, LateRequestJoinsBetweenStepsAndMatchesItsSoloRun) {
+  // Solo greedy reference for the short request.
+  const std::vector<int32_t> short_prompt = {0, 17, 99, 23, 180};
+  Decoder dec(*model_);
+  GenerateOptions go;
+  go.max_new_tokens = 5;
+  go.min_new_tokens = 5;
+  go.stop_ids = {-1};  // no stop token: exactly 5 tokens
+  const auto solo = generate(dec, {short_prompt}, go)[0].tokens;
+
+  Scheduler s(make_cpu_engine(model_, 4, 2048));
+  RequestSpec longr;
+  longr.prompt = {0, 5, 6, 7, 8};
+  longr.max_tokens = 1500;
+  longr.sampling = {1.0, 1.0, 9};
+  auto a = s.submit(longr);
+  std::vector<int32_t> got;
+  while (got.size() < 3)
+    ASSERT_FALSE(a->wait(got, std::chrono::milliseconds(2000))) << "the long request ended early";
+  RequestSpec shortr;
+  shortr.prompt = short_prompt;
+  shortr.max_tokens = 5;
+  auto b = s.submit(shortr);
+  const auto bt = drain(*b);
+  EXPECT_EQ(b->finish_reason(), "length");
+  EXPECT_EQ(bt, solo) << "a greedy completion must not depend on what it is batched with";
+  std::vector<int32_t> more;
+  EXPECT_FALSE(a->wait(more, std::chrono::milliseconds(0)))
+      << "the late short request finished while the long one runs";
+  for (int i = 0; i < 200 && s.metrics().active > 1; ++i)  // b's slot is freed right after its last token
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(s.metrics().active, 1);
+  a->cancel();
+  drain(*a);
+  EXPECT_EQ(a->finish_reason(), "cancelled");
+  EXPECT_LT(a->completion_tokens(), 1500);
+  for (int i = 0; i < 100 && s.metrics().active > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const SchedulerMetrics m = s.metrics();
+  EXPECT_EQ(m.active, 0);
+  EXPECT_EQ(m.requests_cancelled, 1);
+  EXPECT_EQ(m.requests_finished, 1);
+}
+
+TEST_F(SchedulerTest, MoreRequestsThanSlotsQueueAndAllFinish) {
+  Scheduler s(make_cpu_engine(model_, 2, 256));
+  std::vector<std::shared_ptr<Request>> rs;
+  for (int i = 0; i < 7; ++i) {
+    RequestSpec r;
+    r.prompt = {0, int32_t(10 + i), 42};
+    r.max_tokens = 4 + i;
+    r.sampling = {0.9, 0.95, uint64_t(i)};
+    r.stop_ids = {-1};
+    rs.push_back(s.submit(r));
+  }
+  for (int i = 0; i < 7; ++i) {
+    const auto t = drain(*rs[size_t(i)]);
+    EXPECT_EQ(int64_t(t.size()), 4 + i);
+    EXPECT_EQ(rs[size_t(i)]->finish_reason(), "length");
+  }
+  const SchedulerMetrics m = s.metrics();
+  EXPECT_EQ(m.requests_finished, 7);
+  EXPECT_EQ(m.completion_tokens, 4 * 7 + 21);
+  EXPECT_EQ(m.prompt_tokens, 3 * 7);
+}
+
+TEST_F(SchedulerTest, RejectsWhatCannotRun) {
+  SchedulerOptions so;
+  so.max_queue = 0;
+  Scheduler s(make_cpu_engine(model_, 1, 64), so);
+  RequestSpec r;
+  EXPECT_THROW(s.submit(r), trex::Error);  // empty prompt
+  r.prompt = std::vector<int32_t>(60, 3);
+  r.max_tokens = 5;
+  EXPECT_THROW(s.submit(r), trex::Error);  // beyond the context
+  r.prompt = {1, 2, 400};
+  EXPECT_THROW(s.submit(r), trex::Error);  // outside the vocabulary
+  r.prompt = {1, 2};
+  r.sampling.top_p = 0;
+  EXPECT_THROW(s.submit(r), trex::Error);
+  r.sampling.top_p = 1;
+  EXPECT_THROW(s.submit(r), trex::Error);  // queue of size 0 is always full
+  EXPECT_EQ(s.metrics().requests_rejected, 1);
+}
+
+}  // namespace
