@@ -4,7 +4,8 @@ solvers (glpsol --lp and cbc) and compares status and objective with the recorde
 
 usage: ordata_resolve_check.py SFT.jsonl [--n 50] [--seed 0] [--rel-tol 1e-6]
 
-Quadratic (QP) samples are skipped: neither glpsol nor the cbc binary reads a quadratic LP-file objective
+cbc's "Pre-processing says infeasible or unbounded" counts as agreeing with a recorded infeasible or unbounded
+status. Quadratic (QP) samples are skipped: neither glpsol nor the cbc binary reads a quadratic LP-file objective
 (`trex ordata check` re-solves those with Ipopt). Exit status 1 when any comparison disagrees.
 """
 import argparse
@@ -41,19 +42,26 @@ def glpsol(lp_path, work):
 
 def cbc(lp_path):
     run = subprocess.run(["cbc", lp_path, "solve"], capture_output=True, text=True, timeout=600).stdout
+    # The verdict is the "Result - ..." line; earlier lines such as "Analysis indicates model infeasible or
+    # unbounded" are presolve chatter.
+    result = re.search(r"^Result - (.*)$", run, re.M)
+    verdict = result.group(1).lower() if result else run.lower()
     m = re.search(r"Objective value:\s+(\S+)", run) or re.search(r"Optimal - objective value (\S+)", run)
-    if ("Optimal solution found" in run or "Optimal - objective" in run) and m:
+    if "optimal" in verdict and m:
         # cbc prints the objective in the file's sense (a Maximize file gives the maximum).
         return "optimal", float(m.group(1))
-    # "Linear relaxation unbounded" follows a "Dual infeasible" line: test unbounded first.
-    if "unbounded" in run.lower():
+    if "says infeasible or unbounded" in run:  # CBC's MIP preprocessing stops without telling which
+        return "infeasible_or_unbounded", None
+    if "unbounded" in verdict:
         return "unbounded", None
-    if "infeasible" in run.lower():
+    if "infeasible" in verdict:
         return "infeasible", None
     return "unknown", None
 
 
 def agrees(status, obj, sample, tol):
+    if status == "infeasible_or_unbounded" and sample["status"] in ("infeasible", "unbounded"):
+        return True
     if status != sample["status"]:
         return False
     if status != "optimal":

@@ -21,7 +21,7 @@ void setup_generate(CLI::App& app) {
   auto ingest = std::make_shared<std::vector<std::string>>();
   app.add_option("--n", opts->n, "number of verified SFT samples to write")->required();
   app.add_option("--seed", opts->seed, "run seed (same seed and options: same bytes)")->capture_default_str();
-  app.add_option("--out", *out, "output directory (sft.jsonl, cpt.jsonl, stats.json, report.html)")->required();
+  app.add_option("--out", *out, "output directory (sft.jsonl, cpt.jsonl, stats.json, report.html, timing.json)")->required();
   app.add_option("--shard", *shard, "i/n: this process makes shard i of n (disjoint sample indices)")
       ->capture_default_str();
   app.add_option("--workers", opts->workers, "worker processes (0: one per hardware thread)")->capture_default_str();

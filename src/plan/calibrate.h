@@ -38,6 +38,9 @@ struct PredictionCheck {
 
 // The prior profile an implementation's fit starts from ("hf_baseline" -> hf_baseline-prior, else trex).
 ImplProfile prior_for(const std::string& implementation);
+// Time parameters the fitter holds at prior_for()'s value because they were measured directly
+// ("trex": eff_attn, from docs/performance.md's per-section step breakdown).
+std::vector<std::string> held_parameters(const std::string& implementation);
 std::vector<PredictionCheck> check_predictions(const std::vector<Measurement>& records, const ImplProfile& p);
 
 struct Calibration {
@@ -50,7 +53,8 @@ struct Calibration {
 
 // Fits the efficiencies of one implementation on one hardware profile to its records (all must share
 // both). Time: eff_dense (= eff_expert), eff_attn, block_overhead_s, dp_block_overhead_s (when a record has DP > 1); memory:
-// act_scale, act_quadratic_bytes (eager attention only), fixed_gib. Never more parameters than records.
+// act_scale, act_quadratic_bytes (eager attention only), fixed_gib. Never more parameters than records; the
+// held_parameters() of the implementation are not fitted.
 Calibration calibrate(const std::vector<Measurement>& records, const ImplProfile& prior);
 nlohmann::json calibration_to_json(const Calibration& c);
 

@@ -147,9 +147,13 @@ TEST(DecoderCache, GrowsByCompressedEntriesNotTokens) {
       EXPECT_EQ(k.floats, fixed + (S / m) * c + (csa ? (S / m) * cI : 0)) << "layer " << l;
       expect_growth += (S / m - len_prev / m) * (c + (csa ? cI : 0));
     }
-    if (len_prev > 0) EXPECT_EQ(seq->floats() - floats_prev, expect_growth);
+    if (len_prev > 0) {
+      EXPECT_EQ(seq->floats() - floats_prev, expect_growth);
+    }
     // Never O(S): the whole cache is below what one raw K=V row per token per layer would need.
-    if (S >= 333) EXPECT_LT(seq->floats(), S * cfg.head_dim * cfg.n_layers);
+    if (S >= 333) {
+      EXPECT_LT(seq->floats(), S * cfg.head_dim * cfg.n_layers);
+    }
     floats_prev = seq->floats(), len_prev = S;
   }
 }

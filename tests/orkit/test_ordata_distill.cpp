@@ -3,7 +3,6 @@
 // and for data.json and CSV attachments), answer cleaning, and the self-distillation loop against a mock
 // OpenAI-compatible teacher on 127.0.0.1 that answers some items correctly and some wrongly.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <filesystem>
@@ -62,7 +61,9 @@ json make_sample(const Spec& s, int index) {
   return j;
 }
 
-std::string assistant(const json& sample) { return sample["messages"].back()["content"].get<std::string>(); }
+std::string assistant(const json& sample) {
+  return sample["messages"].back()["content"].get<std::string>();
+}
 
 // Why the Python side cannot run here, or "" when it can.
 std::string python_side_missing() {
@@ -88,11 +89,13 @@ DistillOptions run_options() {
 }  // namespace
 
 TEST(OrdataAnswers, CleanAnswerNormalisesTags) {
-  const auto a = clean_answer("Sure! Let me help.\n<THINK>\nplan it\n</THINK>\n<Model>\nmax x\n</Model>\n<python>\n"
-                              "```python\nprint(1)\n```\n</python>\nHope this helps.");
+  const auto a = clean_answer(
+      "Sure! Let me help.\n<THINK>\nplan it\n</THINK>\n<Model>\nmax x\n</Model>\n<python>\n"
+      "```python\nprint(1)\n```\n</python>\nHope this helps.");
   ASSERT_TRUE(a);
   EXPECT_EQ(a->text(), "<think>\nplan it\n</think>\n<model>\nmax x\n</model>\n<python>\nprint(1)\n</python>");
-  const auto b = clean_answer("reasoning only</think>\nHere:\n```python\nimport gurobipy\nmodel = 1\n```\nDone.");
+  const auto b =
+      clean_answer("reasoning only</think>\nHere:\n```python\nimport gurobipy\nmodel = 1\n```\nDone.");
   ASSERT_TRUE(b);
   EXPECT_EQ(b->think, "reasoning only");
   EXPECT_EQ(b->code, "import gurobipy\nmodel = 1");
@@ -180,17 +183,21 @@ class MockTeacher {
           std::string shouty = good;
           for (const char* t : {"think>", "model>"}) {
             const std::string up = std::string(t) == "think>" ? "THINK>" : "MODEL>";
-            for (size_t p = shouty.find(t); p != std::string::npos; p = shouty.find(t, p + 1)) shouty.replace(p, 6, up);
+            for (size_t p = shouty.find(t); p != std::string::npos; p = shouty.find(t, p + 1))
+              shouty.replace(p, 6, up);
           }
-          content = "Sure! Here is a careful answer.\n\n" + shouty + "\n\nLet me know if you need anything else.";
+          content =
+              "Sure! Here is a careful answer.\n\n" + shouty + "\n\nLet me know if you need anything else.";
           break;
         }
         case 1:
-          content = "<think>\nA quick model.\n</think>\n<python>\nimport gurobipy as gp\nfrom gurobipy import GRB\n"
-                    "model = gp.Model()\nx = model.addVar(lb=0, ub=1, name=\"x\")\n"
-                    "model.setObjective(x + 12345.5, GRB.MAXIMIZE)\nmodel.optimize()\n</python>";
+          content =
+              "<think>\nA quick model.\n</think>\n<python>\nimport gurobipy as gp\nfrom gurobipy import GRB\n"
+              "model = gp.Model()\nx = model.addVar(lb=0, ub=1, name=\"x\")\n"
+              "model.setObjective(x + 12345.5, GRB.MAXIMIZE)\nmodel.optimize()\n</python>";
           break;
-        default: content = seen == 1 ? "I am not able to write code for this." : good;
+        default:
+          content = seen == 1 ? "I am not able to write code for this." : good;
       }
       json out{{"id", "mock"},
                {"choices", json::array({{{"index", 0},
@@ -252,8 +259,8 @@ TEST(OrdataDistill, MockTeacherRejectionSampling) {
   o.max_attempts = 1;
   const DistillSummary s = distill(o);
   EXPECT_EQ(s.items, 6);
-  EXPECT_EQ(s.kept, 4);                   // items 0, 2, 3, 5
-  EXPECT_EQ(teacher.requests(), 10);      // 1 + 2 + 2 + 1 + 2 + 2: the loop stops at the first pass
+  EXPECT_EQ(s.kept, 4);               // items 0, 2, 3, 5
+  EXPECT_EQ(teacher.requests(), 10);  // 1 + 2 + 2 + 1 + 2 + 2: the loop stops at the first pass
   EXPECT_EQ(s.rejected.at("objective_mismatch"), 4);
   EXPECT_EQ(s.rejected.at("no_code"), 2);
   std::ifstream f(tmp / "out" / "sft.jsonl");

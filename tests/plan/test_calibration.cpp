@@ -82,3 +82,26 @@ TEST(PlanCalibration, BadRecordsAreRefusedWithTheirLine) {
   EXPECT_THROW(append_measurement(path.string(), nlohmann::json{{"id", "y"}}), trex::Error);
   std::filesystem::remove(path);
 }
+
+TEST(PlanCalibration, TrexH200FitHoldsTheMeasuredAttentionEfficiency) {
+  // T-Rex's first two H200 runs (docs/performance.md): two step times fit two time parameters; eff_attn comes
+  // from the measured attention sections, not from the fit.
+  std::vector<Measurement> trex_h200;
+  for (auto& r : all_records())
+    if (r.implementation == "trex" && r.hardware == "nvidia-h200") trex_h200.push_back(std::move(r));
+  ASSERT_GE(trex_h200.size(), 2u);
+  Calibration cal = calibrate(trex_h200, prior_for("trex"));
+  size_t n_time = 0;
+  for (const auto& name : cal.fitted) {
+    EXPECT_NE(name, "eff_attn");
+    n_time += name == "eff_dense" || name == "block_overhead_s" || name == "dp_block_overhead_s";
+  }
+  EXPECT_LE(n_time, trex_h200.size());
+  EXPECT_DOUBLE_EQ(cal.profile.eff_attn, prior_for("trex").eff_attn);
+  EXPECT_LT(cal.profile.eff_attn, 0.05);  // fp32 CUDA-core sparse attention: ~1% of the bf16 peak
+  EXPECT_LE(cal.max_time_err, 0.15);
+  EXPECT_LE(cal.max_mem_err, 0.10);
+  // Known weakness (docs/planner.md): with eff_attn held, the fit drives eff_dense to its bound (1.0) because
+  // the planner's elementwise/HBM terms already over-predict the non-attention time; not asserted physical here.
+  EXPECT_GT(cal.profile.eff_dense, 0.01);
+}

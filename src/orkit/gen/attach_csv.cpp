@@ -1,8 +1,8 @@
 #include "orkit/gen/attach_csv.h"
 
-#include <map>
-
 #include <fmt/format.h>
+
+#include <map>
 
 #include "core/error.h"
 #include "orkit/gen/text.h"
@@ -99,7 +99,8 @@ std::vector<CsvFile> csv_files(const Instance& inst) {
         break;
       }
       case Kind::IndexedSets: {
-        CsvFile f{k + ".csv", "key1,name\n", fmt::format("columns key1, name (one row per member); {}", what)};
+        CsvFile f{k + ".csv", "key1,name\n",
+                  fmt::format("columns key1, name (one row per member); {}", what)};
         for (auto s = v.begin(); s != v.end(); ++s)
           for (const auto& e : *s) f.text += cell(s.key()) + "," + cell(e.get<std::string>()) + "\n";
         files.push_back(std::move(f));
@@ -115,7 +116,8 @@ std::string csv_loader_python(const json& data) {
   std::string py =
       "import csv\n\n\ndef read_rows(path):\n    with open(path, newline=\"\") as f:\n"
       "        return list(csv.DictReader(f))\n\n\n"
-      "def number(text):\n    value = float(text)\n    return int(value) if value.is_integer() and \"e\" not in text "
+      "def number(text):\n    value = float(text)\n    return int(value) if value.is_integer() and \"e\" not "
+      "in text "
       "and \".\" not in text else value\n\n\n"
       "def nested(rows, depth):\n    out = {}\n    for r in rows:\n        level = out\n"
       "        for i in range(1, depth):\n            level = level.setdefault(r[f\"key{i}\"], {})\n"
@@ -128,18 +130,26 @@ std::string csv_loader_python(const json& data) {
     const std::string& k = it.key();
     const std::string file = k + ".csv";
     switch (kind_of(k, *it)) {
-      case Kind::Scalar: py += fmt::format("data[\"{0}\"] = params[\"{0}\"]\n", k); break;
-      case Kind::Names: py += fmt::format("data[\"{}\"] = [r[\"name\"] for r in read_rows(\"{}\")]\n", k, file); break;
+      case Kind::Scalar:
+        py += fmt::format("data[\"{0}\"] = params[\"{0}\"]\n", k);
+        break;
+      case Kind::Names:
+        py += fmt::format("data[\"{}\"] = [r[\"name\"] for r in read_rows(\"{}\")]\n", k, file);
+        break;
       case Kind::Tuples: {
         std::vector<std::string> cols;
         for (size_t i = 1; i <= (*it)[0].size(); ++i) cols.push_back(fmt::format("r[\"c{}\"]", i));
         py += fmt::format("data[\"{}\"] = [[{}] for r in read_rows(\"{}\")]\n", k, join(cols, ", "), file);
         break;
       }
-      case Kind::Nested: py += fmt::format("data[\"{}\"] = nested(read_rows(\"{}\"), {})\n", k, file, depth_of(k, *it)); break;
+      case Kind::Nested:
+        py += fmt::format("data[\"{}\"] = nested(read_rows(\"{}\"), {})\n", k, file, depth_of(k, *it));
+        break;
       case Kind::IndexedSets:
-        py += fmt::format("data[\"{}\"] = {{}}\nfor r in read_rows(\"{}\"):\n    data[\"{}\"].setdefault(r[\"key1\"], []).append(r[\"name\"])\n",
-                          k, file, k);
+        py += fmt::format(
+            "data[\"{}\"] = {{}}\nfor r in read_rows(\"{}\"):\n    data[\"{}\"].setdefault(r[\"key1\"], "
+            "[]).append(r[\"name\"])\n",
+            k, file, k);
         break;
     }
   }

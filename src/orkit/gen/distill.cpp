@@ -1,5 +1,6 @@
 #include "orkit/gen/distill.h"
 
+#include <fmt/format.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -10,8 +11,6 @@
 #include <fstream>
 #include <mutex>
 #include <thread>
-
-#include <fmt/format.h>
 
 #include "core/error.h"
 #include "core/files.h"
@@ -87,7 +86,7 @@ bool status_agrees(const std::string& got, const std::string& want) {
 }
 
 struct ItemResult {
-  json kept;                // null when nothing passed
+  json kept;  // null when nothing passed
   std::vector<json> rejections;
 };
 
@@ -139,8 +138,13 @@ json run_python_answer(const std::string& code, const json& files, const Distill
         write_text_atomic(dir / it.key(), it->get<std::string>());
       }
     const fs::path result = dir / ".trex_result.json";
-    std::vector<std::string> argv{eval::find_python(opts.python), "-B", "-s", (pkg / "_trex_run.py").string(),
-                                  "answer.py", result.string(), "objective"};
+    std::vector<std::string> argv{eval::find_python(opts.python),
+                                  "-B",
+                                  "-s",
+                                  (pkg / "_trex_run.py").string(),
+                                  "answer.py",
+                                  result.string(),
+                                  "objective"};
     eval::SandboxLimits lim;
     lim.wall_seconds = opts.exec_timeout_s;
     lim.slot = slot;
@@ -149,7 +153,8 @@ json run_python_answer(const std::string& code, const json& files, const Distill
       out["status"] = "timeout";
       out["message"] = r.describe();
     } else if (r.end != eval::SandboxEnd::Exited || !fs::exists(result)) {
-      out["message"] = r.describe() + ": " + r.output.substr(r.output.size() > 1500 ? r.output.size() - 1500 : 0);
+      out["message"] =
+          r.describe() + ": " + r.output.substr(r.output.size() > 1500 ? r.output.size() - 1500 : 0);
     } else {
       const json j = json::parse(read_text_file(result));
       const std::string st = j.value("status", "error");
@@ -190,16 +195,20 @@ json run_lp_answer(const std::string& lp) {
   return out;
 }
 
-ItemResult distill_item(const json& sample, const DistillOptions& o, const eval::OpenAIClient& client, int slot) {
+ItemResult distill_item(const json& sample, const DistillOptions& o, const eval::OpenAIClient& client,
+                        int slot) {
   ItemResult res;
   std::vector<eval::ChatMessage> prompt;
   for (const auto& m : sample.at("messages"))
-    if (m.at("role") != "assistant") prompt.push_back({m.at("role").get<std::string>(), m.at("content").get<std::string>()});
+    if (m.at("role") != "assistant")
+      prompt.push_back({m.at("role").get<std::string>(), m.at("content").get<std::string>()});
   const std::string want = sample.at("status").get<std::string>();
   const bool lp_task = sample.value("category", "") == "lp_structure";
   for (int k = 0; k < o.samples; ++k) {
     auto reject = [&](const std::string& reason, const std::string& detail) {
-      res.rejections.push_back({{"id", sample.value("id", "?")}, {"answer", k}, {"reason", reason},
+      res.rejections.push_back({{"id", sample.value("id", "?")},
+                                {"answer", k},
+                                {"reason", reason},
                                 {"detail", detail.substr(0, 500)}});
     };
     eval::SamplingParams sp;
@@ -225,8 +234,9 @@ ItemResult distill_item(const json& sample, const DistillOptions& o, const eval:
       reject("wrong_format", lp_task ? "an LP file was asked for" : "a Python program was asked for");
       continue;
     }
-    const json run = clean->lp ? run_lp_answer(clean->code)
-                               : run_python_answer(clean->code, sample.value("files", json::object()), o, slot);
+    const json run = clean->lp
+                         ? run_lp_answer(clean->code)
+                         : run_python_answer(clean->code, sample.value("files", json::object()), o, slot);
     const std::string got = run["status"];
     if (got == "error" || got == "timeout") {
       reject(got == "timeout" ? "timeout" : "program_error", run.value("message", ""));
@@ -238,7 +248,8 @@ ItemResult distill_item(const json& sample, const DistillOptions& o, const eval:
     }
     if (want == "optimal") {
       const double ref = sample.at("objective").get<double>();
-      if (!run["objective"].is_number() || !objectives_agree(run["objective"].get<double>(), ref, o.rel_tol)) {
+      if (!run["objective"].is_number() ||
+          !objectives_agree(run["objective"].get<double>(), ref, o.rel_tol)) {
         reject("objective_mismatch", fmt::format("objective {} but the verified objective is {:.12g}",
                                                  run["objective"].dump(), ref));
         continue;
@@ -251,8 +262,11 @@ ItemResult distill_item(const json& sample, const DistillOptions& o, const eval:
     msgs.push_back({{"role", "assistant"}, {"content", clean->text()}});
     kept["messages"] = msgs;
     kept["id"] = sample.value("id", "?") + "-distill";
-    kept["distill"] = {{"teacher", o.model}, {"answer", k}, {"finish_reason", cr.finish_reason},
-                       {"objective", run["objective"]}, {"status", got}};
+    kept["distill"] = {{"teacher", o.model},
+                       {"answer", k},
+                       {"finish_reason", cr.finish_reason},
+                       {"objective", run["objective"]},
+                       {"status", got}};
     res.kept = std::move(kept);
     break;
   }
@@ -285,7 +299,8 @@ DistillSummary distill(const DistillOptions& opts) {
         trex::fail("{}:{}: not JSON: {}", o.in.string(), lineno, e.what());
       }
       TREX_CHECK(j.contains("messages") && j.contains("status") && j.contains("objective"),
-                 "{}:{}: not an ordata SFT sample (needs messages, status, objective)", o.in.string(), lineno);
+                 "{}:{}: not an ordata SFT sample (needs messages, status, objective)", o.in.string(),
+                 lineno);
       items.push_back(std::move(j));
       if (o.limit > 0 && static_cast<int64_t>(items.size()) >= o.limit) break;
     }
@@ -309,7 +324,9 @@ DistillSummary distill(const DistillOptions& opts) {
       try {
         results[i] = distill_item(items[i], o, client, slot);
       } catch (const std::exception& e) {
-        results[i].rejections.push_back({{"id", items[i].value("id", "?")}, {"answer", -1}, {"reason", "exception"},
+        results[i].rejections.push_back({{"id", items[i].value("id", "?")},
+                                         {"answer", -1},
+                                         {"reason", "exception"},
                                          {"detail", std::string(e.what()).substr(0, 500)}});
       }
       if (!results[i].kept.is_null()) ++kept_so_far;
@@ -344,9 +361,11 @@ DistillSummary distill(const DistillOptions& opts) {
   write_text_atomic(o.out / "sft.jsonl", kept_text);
   write_text_atomic(o.out / "rejections.jsonl", rej_text);
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  json stats = {{"input", o.in.string()}, {"teacher", o.model},   {"base_url", o.base_url},
-                {"samples_per_item", o.samples}, {"items", s.items}, {"answers", s.answers},
-                {"kept", s.kept},                {"rel_tol", o.rel_tol}, {"seconds", s.seconds}};
+  json stats = {{"input", o.in.string()}, {"teacher", o.model},
+                {"base_url", o.base_url}, {"samples_per_item", o.samples},
+                {"items", s.items},       {"answers", s.answers},
+                {"kept", s.kept},         {"rel_tol", o.rel_tol},
+                {"seconds", s.seconds}};
   stats["rejected_by_reason"] = json::object();
   for (const auto& [k, v] : s.rejected) stats["rejected_by_reason"][k] = v;
   stats["kept_by"] = json::object();

@@ -19,14 +19,14 @@ struct DistillOptions {
   std::filesystem::path in;   // sft.jsonl from `trex ordata generate`
   std::filesystem::path out;  // sft.jsonl (kept), rejections.jsonl, distill_stats.json
   std::string base_url, model;
-  int samples = 1;        // teacher answers drawn per item; the first that passes is kept
-  int64_t limit = 0;      // items to use (0: all)
-  int workers = 2;        // concurrent items
+  int samples = 1;    // teacher answers drawn per item; the first that passes is kept
+  int64_t limit = 0;  // items to use (0: all)
+  int workers = 2;    // concurrent items
   double temperature = 0.7, top_p = 0.95;
   int max_tokens = 4096;
   int seed = 1;
   double request_timeout_s = 600, exec_timeout_s = 60;
-  int max_attempts = 4;   // HTTP attempts per request (client retries)
+  int max_attempts = 4;  // HTTP attempts per request (client retries)
   double backoff_s = 1.0;
   double rel_tol = 1e-6;
   std::filesystem::path trex_bin;    // for `trex solve` inside trex_solvers; empty: this executable
@@ -53,7 +53,6 @@ std::optional<CleanAnswer> clean_answer(const std::string& response);
 
 // Runs a Python answer in a fresh sandboxed directory holding `files` (name -> text) and returns
 // {"status": optimal|infeasible|unbounded|infeasible_or_unbounded|error, "objective", "message"}.
-json run_python_answer(const std::string& code, const json& files, const DistillOptions& opts,
-                                 int slot);
+json run_python_answer(const std::string& code, const json& files, const DistillOptions& opts, int slot);
 
 }  // namespace trex::orkit::gen

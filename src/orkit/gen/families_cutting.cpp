@@ -2,12 +2,12 @@
 // widths. The generator enumerates every maximal cutting pattern (few, since pieces are at least a sixth
 // of the roll) and states them as data; the model chooses how many rolls to cut with each pattern.
 // Route 2 re-checks in MathProg that every pattern fits the roll before solving.
-#include <cmath>
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <map>
-
-#include <fmt/format.h>
 
 #include "orkit/gen/builder.h"
 #include "orkit/gen/registry.h"
@@ -16,7 +16,9 @@
 namespace trex::orkit::gen {
 namespace {
 
-double g(const json& j) { return j.get<double>(); }
+double g(const json& j) {
+  return j.get<double>();
+}
 
 // All patterns (piece counts) that fit `width` and leave less than the narrowest piece unused.
 std::vector<std::vector<int>> maximal_patterns(const std::vector<int>& w, int width) {
@@ -76,16 +78,19 @@ Instance cutting_stock(Rng& rng, const GenRequest& req) {
       if (pats[p][k] > 0) d["pieces"][P.back()][I[k]] = pats[p][k];
   }
   d["patterns"] = P;
-  in.story = fmt::format(fmt::runtime(rng.pick(std::vector<std::string>{
-                             "{firm_cap} cuts {stock}s {W} {unit} wide into narrower {piece}s to fill customer "
-                             "orders. Each {stock} is cut according to one cutting pattern; the leftover is scrap.",
-                             "Orders at {firm} call for {piece}s of {m} widths, all cut from standard {stock}s of "
-                             "width {W} {unit}. The planner has listed every efficient cutting pattern."})),
-                         fmt::arg("firm_cap", capitalize(th.firm)), fmt::arg("firm", th.firm), fmt::arg("stock", th.stock),
-                         fmt::arg("W", width), fmt::arg("unit", th.unit), fmt::arg("piece", th.piece), fmt::arg("m", m));
+  in.story = fmt::format(
+      fmt::runtime(rng.pick(std::vector<std::string>{
+          "{firm_cap} cuts {stock}s {W} {unit} wide into narrower {piece}s to fill customer "
+          "orders. Each {stock} is cut according to one cutting pattern; the leftover is scrap.",
+          "Orders at {firm} call for {piece}s of {m} widths, all cut from standard {stock}s of "
+          "width {W} {unit}. The planner has listed every efficient cutting pattern."})),
+      fmt::arg("firm_cap", capitalize(th.firm)), fmt::arg("firm", th.firm), fmt::arg("stock", th.stock),
+      fmt::arg("W", width), fmt::arg("unit", th.unit), fmt::arg("piece", th.piece), fmt::arg("m", m));
   std::string inl;
   std::vector<std::string> orders;
-  for (int k = 0; k < m; ++k) orders.push_back(fmt::format("{} {}s of width {} {}", num(g(d["demand"][I[k]])), th.piece, w[k], th.unit));
+  for (int k = 0; k < m; ++k)
+    orders.push_back(
+        fmt::format("{} {}s of width {} {}", num(g(d["demand"][I[k]])), th.piece, w[k], th.unit));
   inl += "The orders are " + join_and(orders) + ". The cutting patterns are: ";
   std::vector<std::string> pd;
   for (size_t p = 0; p < pats.size(); ++p) {
@@ -107,12 +112,14 @@ Instance cutting_stock(Rng& rng, const GenRequest& req) {
   }
   in.tables = {t1, t2};
   in.table_lead = fmt::format("Stock {}s are {} {} wide.", th.stock, width, th.unit);
-  in.question = fmt::format("How many {}s should be cut with each pattern so that every order is filled (extra pieces "
-                            "are allowed) using the fewest {}s?",
-                            th.stock, th.stock);
-  in.data_keys = {{"widths", "ordered widths (names)"}, {"width", "width of each ordered piece"},
-                  {"roll_width", "width of a stock roll"}, {"demand", "pieces ordered per width"},
-                  {"patterns", "cutting patterns"}, {"pieces", "pieces[pattern][width]: pieces cut (absent = 0)"}};
+  in.question = fmt::format(
+      "How many {}s should be cut with each pattern so that every order is filled (extra pieces "
+      "are allowed) using the fewest {}s?",
+      th.stock, th.stock);
+  in.data_keys = {
+      {"widths", "ordered widths (names)"},    {"width", "width of each ordered piece"},
+      {"roll_width", "width of a stock roll"}, {"demand", "pieces ordered per width"},
+      {"patterns", "cutting patterns"},        {"pieces", "pieces[pattern][width]: pieces cut (absent = 0)"}};
   ModelBuilder mb("cutting_stock", Sense::Minimize);
   std::vector<int> x;
   for (auto& p : P) {
@@ -151,7 +158,8 @@ for i in I:
 model.optimize()
 )";
   in.reasoning = bullet_reasoning(
-      fmt::format("Pattern-based cutting stock: {} widths, {} maximal patterns, roll width {}.", m, pats.size(), width),
+      fmt::format("Pattern-based cutting stock: {} widths, {} maximal patterns, roll width {}.", m,
+                  pats.size(), width),
       {"Integer x_p = rolls cut with pattern p.", "Minimise the number of rolls.",
        "Each ordered width must be produced at least as often as ordered (over-production is allowed)."});
   return in;

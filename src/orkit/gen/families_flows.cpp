@@ -2,11 +2,11 @@
 // single-commodity min-cost flow with arc capacities, and multi-commodity flow sharing arc capacities.
 // Graph instances carry a "backbone" path (node order) with ample capacity so that feasible instances are
 // feasible by construction; random extra arcs are cheaper and capacitated, so they shape the optimum.
+#include <fmt/format.h>
+
 #include <cmath>
 #include <map>
 #include <set>
-
-#include <fmt/format.h>
 
 #include "orkit/gen/builder.h"
 #include "orkit/gen/registry.h"
@@ -15,12 +15,14 @@
 namespace trex::orkit::gen {
 namespace {
 
-double g(const json& j) { return j.get<double>(); }
+double g(const json& j) {
+  return j.get<double>();
+}
 
 const std::vector<std::string> kPlaces = {
-    "Avon",   "Bexley", "Carlow", "Dover",  "Exeter", "Fulton", "Galway", "Hudson", "Irvine", "Jasper",
+    "Avon",   "Bexley", "Carlow", "Dover",  "Exeter", "Fulton",  "Galway", "Hudson", "Irvine", "Jasper",
     "Kendal", "Leland", "Marion", "Newark", "Oxford", "Preston", "Quincy", "Ripley", "Sutton", "Trenton",
-    "Upton",  "Vernon", "Warren", "Yates",  "Zurich", "Ashby",  "Bolton", "Camden", "Durham", "Elgin"};
+    "Upton",  "Vernon", "Warren", "Yates",  "Zurich", "Ashby",   "Bolton", "Camden", "Durham", "Elgin"};
 
 // Backbone arcs i -> i+1 plus random forward/backward extras without antiparallel duplicates.
 std::vector<std::pair<int, int>> graph_with_backbone(Rng& rng, int n, double density) {
@@ -45,8 +47,8 @@ Instance transshipment(Rng& rng, const GenRequest& req) {
   const int nw = size_for(rng, req.difficulty, 2, 2, 2, 3, 3, 5, 4, 7);
   const int nc = size_for(rng, req.difficulty, 2, 3, 3, 5, 6, 10, 10, 16);
   auto names = rng.sample(kPlaces, np + nw + nc);
-  std::vector<std::string> P(names.begin(), names.begin() + np), W(names.begin() + np, names.begin() + np + nw),
-      C(names.begin() + np + nw, names.end());
+  std::vector<std::string> P(names.begin(), names.begin() + np),
+      W(names.begin() + np, names.begin() + np + nw), C(names.begin() + np + nw, names.end());
   for (auto& p : P) p += "_Plant";
   for (auto& w : W) w += "_Hub";
   const bool integer = rng.chance(0.3);
@@ -64,30 +66,37 @@ Instance transshipment(Rng& rng, const GenRequest& req) {
   const bool infeasible = req.target == Expected::Infeasible;
   const bool hub_short = infeasible && rng.chance(0.5);
   double sup = 0, thr = 0;
-  for (auto& p : P) sup += g(d["supply"][p] = std::ceil(dem * (infeasible && !hub_short ? 0.85 : rng.real(1.1, 1.5, 0.01)) / np));
-  for (auto& w : W) thr += g(d["throughput"][w] = std::ceil(dem * (hub_short ? 0.85 : rng.real(0.5, 1.0, 0.01) * 1.4) / nw));
+  for (auto& p : P)
+    sup += g(d["supply"][p] =
+                 std::ceil(dem * (infeasible && !hub_short ? 0.85 : rng.real(1.1, 1.5, 0.01)) / np));
+  for (auto& w : W)
+    thr += g(d["throughput"][w] = std::ceil(dem * (hub_short ? 0.85 : rng.real(0.5, 1.0, 0.01) * 1.4) / nw));
   if (!infeasible) {
     if (thr < dem) d["throughput"][W[0]] = g(d["throughput"][W[0]]) + dem - thr, thr = dem;
   } else {
     // Keep the shortage the story states: total supply (or hub throughput) below total demand.
     if (!hub_short && sup >= dem) d["supply"][P[0]] = g(d["supply"][P[0]]) - (sup - dem) - 1, sup = dem - 1;
-    if (hub_short && thr >= dem) d["throughput"][W[0]] = g(d["throughput"][W[0]]) - (thr - dem) - 1, thr = dem - 1;
+    if (hub_short && thr >= dem)
+      d["throughput"][W[0]] = g(d["throughput"][W[0]]) - (thr - dem) - 1, thr = dem - 1;
     in.expected = Expected::Infeasible;
-    in.status_reason = hub_short ? fmt::format("customers need {} units but the hubs can handle only {}", num(dem), num(thr))
-                                 : fmt::format("customers need {} units but the plants can supply only {}", num(dem), num(sup));
+    in.status_reason =
+        hub_short
+            ? fmt::format("customers need {} units but the hubs can handle only {}", num(dem), num(thr))
+            : fmt::format("customers need {} units but the plants can supply only {}", num(dem), num(sup));
   }
   for (auto& p : P)
     for (auto& w : W) d["inbound_cost"][p][w] = rng.real(1, 12, 0.5);
   for (auto& w : W)
     for (auto& c : C) d["outbound_cost"][w][c] = rng.real(2, 20, 0.5);
-  in.story = fmt::format(fmt::runtime(rng.pick(std::vector<std::string>{
-                             "A manufacturer ships goods from {np} plants ({P}) through {nw} cross-docking hubs ({W}) to "
-                             "{nc} customers ({C}). Nothing goes directly from a plant to a customer; each hub can "
-                             "handle a limited volume.",
-                             "A two-echelon distribution network: plants {P} send product to hubs {W}, which forward it "
-                             "to customers {C}. Hubs hold no stock, so what enters a hub must leave it."})),
-                         fmt::arg("np", np), fmt::arg("nw", nw), fmt::arg("nc", nc), fmt::arg("P", join_and(P)),
-                         fmt::arg("W", join_and(W)), fmt::arg("C", join_and(C)));
+  in.story = fmt::format(
+      fmt::runtime(rng.pick(std::vector<std::string>{
+          "A manufacturer ships goods from {np} plants ({P}) through {nw} cross-docking hubs ({W}) to "
+          "{nc} customers ({C}). Nothing goes directly from a plant to a customer; each hub can "
+          "handle a limited volume.",
+          "A two-echelon distribution network: plants {P} send product to hubs {W}, which forward it "
+          "to customers {C}. Hubs hold no stock, so what enters a hub must leave it."})),
+      fmt::arg("np", np), fmt::arg("nw", nw), fmt::arg("nc", nc), fmt::arg("P", join_and(P)),
+      fmt::arg("W", join_and(W)), fmt::arg("C", join_and(C)));
   std::string inl;
   for (auto& p : P) inl += fmt::format("{} can supply {} units. ", p, num(g(d["supply"][p])));
   for (auto& w : W) inl += fmt::format("{} can handle {} units. ", w, num(g(d["throughput"][w])));
@@ -128,22 +137,30 @@ Instance transshipment(Rng& rng, const GenRequest& req) {
   in.tables = {t1, t2};
   in.question = integer ? "Shipments are in whole units. Find the minimum-cost shipping plan."
                         : "Find the minimum-cost shipping plan.";
-  in.data_keys = {{"plants", "plants"}, {"hubs", "hubs"}, {"customers", "customers"}, {"supply", "supply per plant"},
-                  {"throughput", "handling capacity per hub"}, {"demand", "demand per customer"},
-                  {"inbound_cost", "inbound_cost[plant][hub] per unit"}, {"outbound_cost", "outbound_cost[hub][customer] per unit"}};
+  in.data_keys = {{"plants", "plants"},
+                  {"hubs", "hubs"},
+                  {"customers", "customers"},
+                  {"supply", "supply per plant"},
+                  {"throughput", "handling capacity per hub"},
+                  {"demand", "demand per customer"},
+                  {"inbound_cost", "inbound_cost[plant][hub] per unit"},
+                  {"outbound_cost", "outbound_cost[hub][customer] per unit"}};
   const VarType vt = integer ? VarType::Integer : VarType::Continuous;
   ModelBuilder mb("transshipment", Sense::Minimize);
   std::map<std::pair<std::string, std::string>, int> a, b;
   for (auto& p : P)
-    for (auto& w : W) mb.obj(a[{p, w}] = mb.var("in_" + p + "_" + w, 0, kInf, vt), g(d["inbound_cost"][p][w]));
+    for (auto& w : W)
+      mb.obj(a[{p, w}] = mb.var("in_" + p + "_" + w, 0, kInf, vt), g(d["inbound_cost"][p][w]));
   for (auto& w : W)
-    for (auto& c : C) mb.obj(b[{w, c}] = mb.var("out_" + w + "_" + c, 0, kInf, vt), g(d["outbound_cost"][w][c]));
+    for (auto& c : C)
+      mb.obj(b[{w, c}] = mb.var("out_" + w + "_" + c, 0, kInf, vt), g(d["outbound_cost"][w][c]));
   for (auto& p : P) {
     const int r = mb.row("supply_" + p, RowSense::LE, g(d["supply"][p]));
     for (auto& w : W) mb.add(r, a[{p, w}], 1);
   }
   for (auto& w : W) {
-    const int r = mb.row("balance_" + w, RowSense::EQ, 0), t = mb.row("throughput_" + w, RowSense::LE, g(d["throughput"][w]));
+    const int r = mb.row("balance_" + w, RowSense::EQ, 0),
+              t = mb.row("throughput_" + w, RowSense::LE, g(d["throughput"][w]));
     for (auto& p : P) mb.add(r, a[{p, w}], 1), mb.add(t, a[{p, w}], 1);
     for (auto& c : C) mb.add(r, b[{w, c}], -1);
   }
@@ -155,8 +172,10 @@ Instance transshipment(Rng& rng, const GenRequest& req) {
   in.mathprog = std::string(R"(set plants; set hubs; set customers;
 param supply{plants}; param throughput{hubs}; param demand{customers};
 param inbound_cost{plants, hubs}; param outbound_cost{hubs, customers};
-var inb{plants, hubs} >= 0)") + (integer ? ", integer" : "") + R"(;
-var outb{hubs, customers} >= 0)" + (integer ? ", integer" : "") + R"(;
+var inb{plants, hubs} >= 0)") +
+                (integer ? ", integer" : "") + R"(;
+var outb{hubs, customers} >= 0)" +
+                (integer ? ", integer" : "") + R"(;
 minimize cost: sum{p in plants, w in hubs} inbound_cost[p,w] * inb[p,w]
   + sum{w in hubs, c in customers} outbound_cost[w,c] * outb[w,c];
 s.t. sup{p in plants}: sum{w in hubs} inb[p,w] <= supply[p];
@@ -195,11 +214,11 @@ for c in C:
 model.optimize()
 )",
                                integer ? "GRB.INTEGER" : "GRB.CONTINUOUS");
-  in.reasoning = bullet_reasoning(
-      fmt::format("Transshipment: {} plants -> {} hubs -> {} customers.", np, nw, nc),
-      {"Flow variables on both legs.", "Hubs conserve flow and have a throughput limit.",
-       "Plants respect supply, customers receive their demand.",
-       fmt::format("Total demand {}, total supply {}.", num(dem), num(sup))});
+  in.reasoning =
+      bullet_reasoning(fmt::format("Transshipment: {} plants -> {} hubs -> {} customers.", np, nw, nc),
+                       {"Flow variables on both legs.", "Hubs conserve flow and have a throughput limit.",
+                        "Plants respect supply, customers receive their demand.",
+                        fmt::format("Total demand {}, total supply {}.", num(dem), num(sup))});
   return in;
 }
 
@@ -272,8 +291,11 @@ Instance min_cost_flow(Rng& rng, const GenRequest& req) {
     t2.rows.push_back({V[i], V[j], num(g(d["cost"][V[i]][V[j]])), num(g(d["capacity"][V[i]][V[j]]))});
   in.tables = {t1, t2};
   in.question = "Find the flow of minimum total cost.";
-  in.data_keys = {{"nodes", "list of nodes"}, {"arcs", "list of [from, to] links"}, {"cost", "cost[from][to] per unit"},
-                  {"capacity", "capacity[from][to]"}, {"supply", "net supply per node (negative: demand)"}};
+  in.data_keys = {{"nodes", "list of nodes"},
+                  {"arcs", "list of [from, to] links"},
+                  {"cost", "cost[from][to] per unit"},
+                  {"capacity", "capacity[from][to]"},
+                  {"supply", "net supply per node (negative: demand)"}};
   ModelBuilder mb("min_cost_flow", Sense::Minimize);
   std::vector<int> x;
   for (auto [i, j] : arcs) {
@@ -335,8 +357,8 @@ Instance multi_commodity_flow(Rng& rng, const GenRequest& req) {
   json& d = in.data;
   d["nodes"] = V;
   std::vector<std::string> Kn;
-  static const std::vector<std::string> goods = {"Electronics", "Produce", "Textiles", "Chemicals", "Furniture",
-                                                 "Paper", "Machinery", "Beverages"};
+  static const std::vector<std::string> goods = {"Electronics", "Produce", "Textiles",  "Chemicals",
+                                                 "Furniture",   "Paper",   "Machinery", "Beverages"};
   Kn = rng.sample(goods, K);
   d["commodities"] = Kn;
   double total = 0;
@@ -372,8 +394,10 @@ Instance multi_commodity_flow(Rng& rng, const GenRequest& req) {
     std::string from, to;
     double amt = 0;
     for (auto& [v, s] : d["supply"][k].items()) {
-      if (g(s) > 0) from = v, amt = g(s);
-      else to = v;
+      if (g(s) > 0)
+        from = v, amt = g(s);
+      else
+        to = v;
     }
     t1.rows.push_back({k, from, to, num(amt)});
   }
@@ -382,9 +406,13 @@ Instance multi_commodity_flow(Rng& rng, const GenRequest& req) {
     t2.rows.push_back({V[i], V[j], num(g(d["cost"][V[i]][V[j]])), num(g(d["capacity"][V[i]][V[j]]))});
   in.tables = {t1, t2};
   in.question = "Route every shipment at minimum total cost. Flows may be split across paths.";
-  in.data_keys = {{"nodes", "terminals"}, {"commodities", "commodities"}, {"arcs", "list of [from, to] links"},
-                  {"cost", "cost[from][to] per unit"}, {"capacity", "joint capacity[from][to]"},
-                  {"supply", "supply[commodity][node]: +units at the origin, -units at the destination, absent = 0"}};
+  in.data_keys = {
+      {"nodes", "terminals"},
+      {"commodities", "commodities"},
+      {"arcs", "list of [from, to] links"},
+      {"cost", "cost[from][to] per unit"},
+      {"capacity", "joint capacity[from][to]"},
+      {"supply", "supply[commodity][node]: +units at the origin, -units at the destination, absent = 0"}};
   ModelBuilder mb("multi_commodity_flow", Sense::Minimize);
   std::map<std::pair<std::string, size_t>, int> x;
   for (auto& k : Kn)

@@ -1,10 +1,10 @@
 // Assignment-type scheduling families: makespan on unrelated parallel machines (jobs with machine
 // eligibility) and staff-to-shift assignment (coverage, one shift per day, workload limits).
+#include <fmt/format.h>
+
 #include <cmath>
 #include <map>
 #include <set>
-
-#include <fmt/format.h>
 
 #include "orkit/gen/builder.h"
 #include "orkit/gen/registry.h"
@@ -13,7 +13,9 @@
 namespace trex::orkit::gen {
 namespace {
 
-double g(const json& j) { return j.get<double>(); }
+double g(const json& j) {
+  return j.get<double>();
+}
 
 // ------------------------------------------------------------------------------------------------
 Instance machine_scheduling(Rng& rng, const GenRequest& req) {
@@ -29,8 +31,10 @@ Instance machine_scheduling(Rng& rng, const GenRequest& req) {
                                             {"a garment workshop", "order", "sewing line", "hours"}};
   const Theme& th = rng.pick(themes);
   std::vector<std::string> J, M;
-  for (int j = 0; j < nj; ++j) J.push_back(fmt::format("{}{}", capitalize(th.job.substr(th.job.rfind(' ') + 1)), j + 1));
-  for (int m = 0; m < nm; ++m) M.push_back(fmt::format("{}_{}", ident(capitalize(th.machine)), static_cast<char>('A' + m)));
+  for (int j = 0; j < nj; ++j)
+    J.push_back(fmt::format("{}{}", capitalize(th.job.substr(th.job.rfind(' ') + 1)), j + 1));
+  for (int m = 0; m < nm; ++m)
+    M.push_back(fmt::format("{}_{}", ident(capitalize(th.machine)), static_cast<char>('A' + m)));
   Instance in;
   in.family = "machine_scheduling";
   in.problem_class = "MILP";
@@ -50,21 +54,23 @@ Instance machine_scheduling(Rng& rng, const GenRequest& req) {
     }
   }
   d["eligible"] = el;
-  in.story = fmt::format(fmt::runtime(rng.pick(std::vector<std::string>{
-                             "{shop_cap} has {nj} {job}s to process today on {nm} {machine}s ({M}). The {machine}s "
-                             "differ, so a job's processing time depends on where it runs, and some jobs cannot run on "
-                             "some {machine}s. Each job runs on one {machine} without interruption.",
-                             "At {shop}, {nj} {job}s must be split among the {machine}s {M}. Every job goes to exactly "
-                             "one {machine}; processing times are {machine}-specific and not every {machine} can do "
-                             "every job."})),
-                         fmt::arg("shop_cap", capitalize(th.shop)), fmt::arg("shop", th.shop), fmt::arg("nj", nj),
-                         fmt::arg("job", th.job), fmt::arg("nm", nm), fmt::arg("machine", th.machine),
-                         fmt::arg("M", join_and(M)));
+  in.story = fmt::format(
+      fmt::runtime(rng.pick(std::vector<std::string>{
+          "{shop_cap} has {nj} {job}s to process today on {nm} {machine}s ({M}). The {machine}s "
+          "differ, so a job's processing time depends on where it runs, and some jobs cannot run on "
+          "some {machine}s. Each job runs on one {machine} without interruption.",
+          "At {shop}, {nj} {job}s must be split among the {machine}s {M}. Every job goes to exactly "
+          "one {machine}; processing times are {machine}-specific and not every {machine} can do "
+          "every job."})),
+      fmt::arg("shop_cap", capitalize(th.shop)), fmt::arg("shop", th.shop), fmt::arg("nj", nj),
+      fmt::arg("job", th.job), fmt::arg("nm", nm), fmt::arg("machine", th.machine),
+      fmt::arg("M", join_and(M)));
   std::string inl;
   for (auto& j : J) {
     std::vector<std::string> v;
     for (auto& m : M)
-      if (d["time"][m].contains(j)) v.push_back(fmt::format("{} {} on {}", num(g(d["time"][m][j])), th.unit, m));
+      if (d["time"][m].contains(j))
+        v.push_back(fmt::format("{} {} on {}", num(g(d["time"][m][j])), th.unit, m));
     inl += fmt::format("{} takes {}. ", j, join_and(v, "or"));
   }
   in.inline_data = inl + "A job cannot run on a machine not listed for it.";
@@ -76,10 +82,13 @@ Instance machine_scheduling(Rng& rng, const GenRequest& req) {
     t.rows.push_back(row);
   }
   in.tables = {t};
-  in.question = fmt::format("Assign the {}s to {}s so that the time at which the last {} finishes (the makespan) is "
-                            "as small as possible. What is the minimum makespan?",
-                            th.job, th.machine, th.machine);
-  in.data_keys = {{"jobs", "jobs"}, {"machines", "machines"}, {"eligible", "list of [machine, job] pairs that are allowed"},
+  in.question = fmt::format(
+      "Assign the {}s to {}s so that the time at which the last {} finishes (the makespan) is "
+      "as small as possible. What is the minimum makespan?",
+      th.job, th.machine, th.machine);
+  in.data_keys = {{"jobs", "jobs"},
+                  {"machines", "machines"},
+                  {"eligible", "list of [machine, job] pairs that are allowed"},
                   {"time", "time[machine][job]: processing time, only for eligible pairs"}};
   ModelBuilder mb("machine_scheduling", Sense::Minimize);
   const int cmax = mb.var("makespan");
@@ -144,9 +153,9 @@ model.optimize()
 
 // ------------------------------------------------------------------------------------------------
 Instance staff_assignment(Rng& rng, const GenRequest& req) {
-  static const std::vector<std::string> people = {"Alice", "Bruno", "Chen",  "Dana",  "Emil",  "Farah", "Goran", "Hiro",
-                                                  "Isla",  "Jonas", "Kemal", "Lina",  "Mateo", "Noor",  "Oskar", "Priya",
-                                                  "Rafa",  "Sofia", "Tomas", "Ulla",  "Vera",  "Wen",   "Yusuf", "Zara"};
+  static const std::vector<std::string> people = {
+      "Alice", "Bruno", "Chen",  "Dana",  "Emil", "Farah", "Goran", "Hiro", "Isla", "Jonas", "Kemal", "Lina",
+      "Mateo", "Noor",  "Oskar", "Priya", "Rafa", "Sofia", "Tomas", "Ulla", "Vera", "Wen",   "Yusuf", "Zara"};
   static const std::vector<std::string> all_days = {"Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"};
   const int ne = size_for(rng, req.difficulty, 3, 4, 5, 7, 8, 12, 12, 18);
   const int nd = size_for(rng, req.difficulty, 2, 2, 2, 3, 3, 5, 5, 7);
@@ -162,7 +171,8 @@ Instance staff_assignment(Rng& rng, const GenRequest& req) {
   d["employees"] = E;
   d["days"] = D;
   for (auto& day : D)
-    for (const char* part : two_shifts ? std::vector<const char*>{"Early", "Late"} : std::vector<const char*>{"Day"}) {
+    for (const char* part :
+         two_shifts ? std::vector<const char*>{"Early", "Late"} : std::vector<const char*>{"Day"}) {
       S.push_back(day + "_" + part);
       d["shifts_on"][day].push_back(S.back());
     }
@@ -177,7 +187,8 @@ Instance staff_assignment(Rng& rng, const GenRequest& req) {
       const std::string sh = s.get<std::string>();
       std::vector<std::string> cand = E;
       rng.shuffle(cand);
-      const int want = rng.integer(1, std::max(1, std::min(3, ne / (2 * static_cast<int>(d["shifts_on"][day].size())))));
+      const int want =
+          rng.integer(1, std::max(1, std::min(3, ne / (2 * static_cast<int>(d["shifts_on"][day].size())))));
       int got = 0;
       for (auto& e : cand) {
         if (got == want) break;
@@ -207,26 +218,28 @@ Instance staff_assignment(Rng& rng, const GenRequest& req) {
       if (p[1] == s) ++count;
     d["required"][s] = count + 1;
     in.expected = Expected::Infeasible;
-    in.status_reason = fmt::format("only {} employees are available for {}, which needs {}", count, s, count + 1);
+    in.status_reason =
+        fmt::format("only {} employees are available for {}, which needs {}", count, s, count + 1);
   }
-  in.story = fmt::format(fmt::runtime(rng.pick(std::vector<std::string>{
-                             "A restaurant manager builds next week's roster for {ne} employees ({E}) over {nd} days, "
-                             "{per}. Employees have told the manager which shifts they can work; each has a limit on "
-                             "shifts per week and nobody works two shifts on the same day. Pay differs by person and "
-                             "shift (seniority, unsocial hours).",
-                             "A small clinic must staff its shifts ({per}) on {nd} days with {ne} people: {E}. Each "
-                             "shift needs a minimum number of staff; people work only shifts they are available for, "
-                             "at most one per day and no more than their weekly maximum."})),
-                         fmt::arg("ne", ne), fmt::arg("E", join_and(E)), fmt::arg("nd", nd),
-                         fmt::arg("per", two_shifts ? "an early and a late shift per day" : "one shift per day"));
+  in.story = fmt::format(
+      fmt::runtime(rng.pick(std::vector<std::string>{
+          "A restaurant manager builds next week's roster for {ne} employees ({E}) over {nd} days, "
+          "{per}. Employees have told the manager which shifts they can work; each has a limit on "
+          "shifts per week and nobody works two shifts on the same day. Pay differs by person and "
+          "shift (seniority, unsocial hours).",
+          "A small clinic must staff its shifts ({per}) on {nd} days with {ne} people: {E}. Each "
+          "shift needs a minimum number of staff; people work only shifts they are available for, "
+          "at most one per day and no more than their weekly maximum."})),
+      fmt::arg("ne", ne), fmt::arg("E", join_and(E)), fmt::arg("nd", nd),
+      fmt::arg("per", two_shifts ? "an early and a late shift per day" : "one shift per day"));
   std::string inl;
   for (auto& s : S) inl += fmt::format("{} needs {} staff. ", s, num(g(d["required"][s])));
   for (auto& e : E) {
     std::vector<std::string> v;
     for (auto& s : S)
       if (avail.count({e, s})) v.push_back(fmt::format("{} ({})", s, money(g(d["cost"][e][s]))));
-    inl += fmt::format("{} can work at most {} shifts and is available for {}. ", e, num(g(d["max_shifts"][e])),
-                       v.empty() ? "no shift" : join_and(v));
+    inl += fmt::format("{} can work at most {} shifts and is available for {}. ", e,
+                       num(g(d["max_shifts"][e])), v.empty() ? "no shift" : join_and(v));
   }
   in.inline_data = inl + "The amount in brackets is the pay for that shift.";
   Table t1{"Pay per shift ($; '-' = not available):", {"Employee"}, {}};
@@ -242,9 +255,13 @@ Instance staff_assignment(Rng& rng, const GenRequest& req) {
   for (auto& s : S) t2.rows.push_back({s, num(g(d["required"][s]))});
   in.tables = {t1, t2};
   in.question = "Which roster covers every shift at minimum total pay?";
-  in.data_keys = {{"employees", "employees"}, {"days", "days"}, {"shifts", "shifts"},
-                  {"shifts_on", "shifts_on[day]: the shifts of that day"}, {"max_shifts", "weekly limit per employee"},
-                  {"required", "staff needed per shift"}, {"available", "list of [employee, shift] pairs allowed"},
+  in.data_keys = {{"employees", "employees"},
+                  {"days", "days"},
+                  {"shifts", "shifts"},
+                  {"shifts_on", "shifts_on[day]: the shifts of that day"},
+                  {"max_shifts", "weekly limit per employee"},
+                  {"required", "staff needed per shift"},
+                  {"available", "list of [employee, shift] pairs allowed"},
                   {"cost", "cost[employee][shift]: pay, only for available pairs"}};
   ModelBuilder mb("staff_assignment", Sense::Minimize);
   std::map<std::pair<std::string, std::string>, int> x;

@@ -1,10 +1,10 @@
 // Mixing families: diet (cheapest menu meeting nutrient bounds) and blending (cheapest blend of raw
 // materials meeting quality specifications). Feasible instances are feasible by construction: the
 // bounds are drawn around a reference plan that the generator knows satisfies them.
+#include <fmt/format.h>
+
 #include <cmath>
 #include <map>
-
-#include <fmt/format.h>
 
 #include "orkit/gen/builder.h"
 #include "orkit/gen/registry.h"
@@ -13,7 +13,9 @@
 namespace trex::orkit::gen {
 namespace {
 
-double g(const json& j) { return j.get<double>(); }
+double g(const json& j) {
+  return j.get<double>();
+}
 
 // ------------------------------------------------------------------------------------------------
 struct Nutrient {
@@ -22,12 +24,13 @@ struct Nutrient {
 };
 
 Instance diet(Rng& rng, const GenRequest& req) {
-  static const std::vector<std::string> foods_pool = {
-      "Oatmeal", "Chicken", "Eggs",    "Milk",     "Rice",    "Beans",   "Broccoli", "Apples", "Bread", "Cheese",
-      "Tofu",    "Salmon",  "Lentils", "Spinach",  "Yogurt",  "Peanuts", "Potatoes", "Carrots", "Pasta", "Bananas"};
+  static const std::vector<std::string> foods_pool = {"Oatmeal", "Chicken",  "Eggs",    "Milk",    "Rice",
+                                                      "Beans",   "Broccoli", "Apples",  "Bread",   "Cheese",
+                                                      "Tofu",    "Salmon",   "Lentils", "Spinach", "Yogurt",
+                                                      "Peanuts", "Potatoes", "Carrots", "Pasta",   "Bananas"};
   static const std::vector<Nutrient> nutr_pool = {
-      {"protein", "g", 0, 30, 1},     {"fat", "g", 0, 20, 1},         {"carbohydrates", "g", 0, 60, 1},
-      {"fibre", "g", 0, 10, 0.5},     {"calcium", "mg", 0, 300, 5},   {"iron", "mg", 0, 5, 0.1},
+      {"protein", "g", 0, 30, 1},   {"fat", "g", 0, 20, 1},       {"carbohydrates", "g", 0, 60, 1},
+      {"fibre", "g", 0, 10, 0.5},   {"calcium", "mg", 0, 300, 5}, {"iron", "mg", 0, 5, 0.1},
       {"vitamin C", "mg", 0, 60, 1}};
   struct Ctx {
     std::string who, eater, period;
@@ -58,8 +61,11 @@ Instance diet(Rng& rng, const GenRequest& req) {
   for (auto& f : F) d["cost"][f] = rng.real(0.2, 3.0, 0.05);
   for (size_t k = 0; k < nutrs.size(); ++k)
     for (auto& f : F)
-      d["content"][N[k]][f] = (k > 0 && rng.chance(0.3)) ? 0.0 : rng.real(std::max(nutrs[k].lo, nutrs[k].step), nutrs[k].hi, nutrs[k].step);
-  std::map<std::string, double> reference, most;  // nutrient totals of a reference menu / of the maximum servings
+      d["content"][N[k]][f] = (k > 0 && rng.chance(0.3)) ? 0.0
+                                                         : rng.real(std::max(nutrs[k].lo, nutrs[k].step),
+                                                                    nutrs[k].hi, nutrs[k].step);
+  std::map<std::string, double> reference,
+      most;  // nutrient totals of a reference menu / of the maximum servings
   for (auto& f : F) {
     d["max_servings"][f] = rng.integer(2, 6);
     const int ref = rng.integer(1, d["max_servings"][f].get<int>());
@@ -84,37 +90,41 @@ Instance diet(Rng& rng, const GenRequest& req) {
     if (d.contains("max_intake")) d["max_intake"].erase(N[k]);
     if (d.contains("max_intake") && d["max_intake"].empty()) d.erase("max_intake");
     in.expected = Expected::Infeasible;
-    in.status_reason = fmt::format("even the maximum servings of every food supply only {} {} of {}, below the "
-                                   "required {}",
-                                   num(most[N[k]]), nutrs[k].unit, N[k], num(need));
+    in.status_reason = fmt::format(
+        "even the maximum servings of every food supply only {} {} of {}, below the "
+        "required {}",
+        num(most[N[k]]), nutrs[k].unit, N[k], num(need));
   }
   auto unit_of = [&](const std::string& nn) {
     for (auto& x : nutrs)
       if (x.name == nn) return x.unit;
     return std::string();
   };
-  in.story = fmt::format(fmt::runtime(rng.pick(std::vector<std::string>{
-                             "{who_cap} plans the menu of {eater} for one {period} from {n} foods ({list}). The menu "
-                             "must meet nutritional targets for {nut} at the lowest food cost.",
-                             "To keep costs down, {who} wants the cheapest combination of {list} that still gives "
-                             "{eater} enough {nut} per {period}.",
-                             "{who_cap} must choose how many servings of each available food ({list}) to serve {eater} "
-                             "in a {period}. Nutritional guidelines cover {nut}."})),
-                         fmt::arg("who_cap", capitalize(cx.who)), fmt::arg("who", cx.who), fmt::arg("eater", cx.eater),
-                         fmt::arg("period", cx.period), fmt::arg("n", n), fmt::arg("list", join_and(F)),
-                         fmt::arg("nut", join_and(N)));
+  in.story = fmt::format(
+      fmt::runtime(rng.pick(std::vector<std::string>{
+          "{who_cap} plans the menu of {eater} for one {period} from {n} foods ({list}). The menu "
+          "must meet nutritional targets for {nut} at the lowest food cost.",
+          "To keep costs down, {who} wants the cheapest combination of {list} that still gives "
+          "{eater} enough {nut} per {period}.",
+          "{who_cap} must choose how many servings of each available food ({list}) to serve {eater} "
+          "in a {period}. Nutritional guidelines cover {nut}."})),
+      fmt::arg("who_cap", capitalize(cx.who)), fmt::arg("who", cx.who), fmt::arg("eater", cx.eater),
+      fmt::arg("period", cx.period), fmt::arg("n", n), fmt::arg("list", join_and(F)),
+      fmt::arg("nut", join_and(N)));
   std::string inl;
   for (auto& f : F) {
     std::vector<std::string> parts;
     for (auto& nn : N)
-      if (g(d["content"][nn][f]) > 0) parts.push_back(fmt::format("{} {} of {}", num(g(d["content"][nn][f])), unit_of(nn), nn));
+      if (g(d["content"][nn][f]) > 0)
+        parts.push_back(fmt::format("{} {} of {}", num(g(d["content"][nn][f])), unit_of(nn), nn));
     inl += fmt::format("A serving of {} costs {} and provides {}; at most {} servings can be served. ", f,
                        money(g(d["cost"][f])), join_and(parts), num(g(d["max_servings"][f])));
   }
   std::vector<std::string> mins, maxs;
   for (auto& nn : N) mins.push_back(fmt::format("{} {} of {}", num(g(d["min_intake"][nn])), unit_of(nn), nn));
   if (d.contains("max_intake"))
-    for (auto& [nn, v] : d["max_intake"].items()) maxs.push_back(fmt::format("{} {} of {}", num(g(v)), unit_of(nn), nn));
+    for (auto& [nn, v] : d["max_intake"].items())
+      maxs.push_back(fmt::format("{} {} of {}", num(g(v)), unit_of(nn), nn));
   std::string limits = fmt::format("The menu must provide at least {}.", join_and(mins));
   if (!maxs.empty()) limits += fmt::format(" It may provide at most {}.", join_and(maxs));
   in.inline_data = inl + limits;
@@ -130,17 +140,21 @@ Instance diet(Rng& rng, const GenRequest& req) {
   Table t2{"Daily requirements:", {"Nutrient", "Minimum", "Maximum"}, {}};
   for (auto& nn : N)
     t2.rows.push_back({nn, num(g(d["min_intake"][nn])) + " " + unit_of(nn),
-                       d.contains("max_intake") && d["max_intake"].contains(nn) ? num(g(d["max_intake"][nn])) + " " + unit_of(nn) : "-"});
+                       d.contains("max_intake") && d["max_intake"].contains(nn)
+                           ? num(g(d["max_intake"][nn])) + " " + unit_of(nn)
+                           : "-"});
   in.tables = {t1, t2};
-  in.question = integer ? "Only whole servings can be served. Which menu minimises the total cost?"
-                        : "Servings may be fractional (portions can be scaled). Which menu minimises the total cost?";
-  in.data_keys = {{"foods", "list of foods"},
-                  {"nutrients", "list of nutrients"},
-                  {"cost", "cost per serving, keyed by food"},
-                  {"content", "content[nutrient][food]: amount of the nutrient in one serving"},
-                  {"max_servings", "largest number of servings of each food"},
-                  {"min_intake", "minimum total amount of each nutrient"},
-                  {"max_intake", "maximum total amount, only for the nutrients that have one (key may be missing)"}};
+  in.question =
+      integer ? "Only whole servings can be served. Which menu minimises the total cost?"
+              : "Servings may be fractional (portions can be scaled). Which menu minimises the total cost?";
+  in.data_keys = {
+      {"foods", "list of foods"},
+      {"nutrients", "list of nutrients"},
+      {"cost", "cost per serving, keyed by food"},
+      {"content", "content[nutrient][food]: amount of the nutrient in one serving"},
+      {"max_servings", "largest number of servings of each food"},
+      {"min_intake", "minimum total amount of each nutrient"},
+      {"max_intake", "maximum total amount, only for the nutrients that have one (key may be missing)"}};
 
   ModelBuilder mb("diet", Sense::Minimize);
   std::map<std::string, int> x;
@@ -161,7 +175,8 @@ Instance diet(Rng& rng, const GenRequest& req) {
   in.mathprog = std::string(R"(set foods; set nutrients;
 param cost{foods}; param content{nutrients, foods} default 0; param max_servings{foods};
 param min_intake{nutrients}; param max_intake{nutrients} default -1;
-var serve{f in foods} >= 0, <= max_servings[f])") + (integer ? ", integer" : "") + R"(;
+var serve{f in foods} >= 0, <= max_servings[f])") +
+                (integer ? ", integer" : "") + R"(;
 minimize total_cost: sum{f in foods} cost[f] * serve[f];
 s.t. enough{k in nutrients}: sum{f in foods} content[k,f] * serve[f] >= min_intake[k];
 s.t. not_too_much{k in nutrients: max_intake[k] >= 0}: sum{f in foods} content[k,f] * serve[f] <= max_intake[k];
@@ -191,11 +206,13 @@ for k, high in data.get("max_intake", {{}}).items():
 model.optimize()
 )",
                                integer ? "GRB.INTEGER" : "GRB.CONTINUOUS");
-  in.reasoning = bullet_reasoning(
-      fmt::format("A diet problem: {} foods, {} nutrients, minimise cost.", n, N.size()),
-      {fmt::format("x_f = servings of food f, {} and bounded by the serving limit.", integer ? "integer" : "continuous"),
-       "Objective: total cost sum c_f x_f.", "One >= row per nutrient minimum.",
-       maxs.empty() ? "No nutrient has a maximum." : fmt::format("{} nutrients also have a <= row.", maxs.size())});
+  in.reasoning =
+      bullet_reasoning(fmt::format("A diet problem: {} foods, {} nutrients, minimise cost.", n, N.size()),
+                       {fmt::format("x_f = servings of food f, {} and bounded by the serving limit.",
+                                    integer ? "integer" : "continuous"),
+                        "Objective: total cost sum c_f x_f.", "One >= row per nutrient minimum.",
+                        maxs.empty() ? "No nutrient has a maximum."
+                                     : fmt::format("{} nutrients also have a <= row.", maxs.size())});
   return in;
 }
 
@@ -209,22 +226,38 @@ struct BlendTheme {
 
 Instance blending(Rng& rng, const GenRequest& req) {
   static const std::vector<BlendTheme> themes = {
-      {"a refinery", "gasoline", "barrels", "component",
+      {"a refinery",
+       "gasoline",
+       "barrels",
+       "component",
        {"Alkylate", "Reformate", "Butane", "Naphtha", "FCC_gasoline", "Isomerate", "Ethanol", "Raffinate"},
        {{"octane", "RON"}, {"sulfur", "ppm"}, {"vapour pressure", "psi"}},
-       5, 100},
-      {"a feed mill", "cattle feed", "tons", "ingredient",
+       5,
+       100},
+      {"a feed mill",
+       "cattle feed",
+       "tons",
+       "ingredient",
        {"Corn", "Soymeal", "Wheat", "Barley", "Fishmeal", "Oats", "Sorghum", "Canola_meal"},
        {{"protein", "%"}, {"fat", "%"}, {"fibre", "%"}},
-       1, 45},
-      {"a steel foundry", "cast iron", "tons", "charge material",
+       1,
+       45},
+      {"a steel foundry",
+       "cast iron",
+       "tons",
+       "charge material",
        {"Pig_iron", "Steel_scrap", "Cast_scrap", "Ferrosilicon", "Returns", "Briquettes", "Turnings"},
        {{"carbon", "%"}, {"silicon", "%"}, {"manganese", "%"}},
-       0.1, 5},
-      {"a paint maker", "primer", "litres", "base",
+       0.1,
+       5},
+      {"a paint maker",
+       "primer",
+       "litres",
+       "base",
        {"Resin_A", "Resin_B", "Solvent", "Pigment_paste", "Filler", "Binder", "Thinner"},
        {{"solids", "%"}, {"viscosity", "cP"}, {"VOC", "g/L"}},
-       5, 90}};
+       5,
+       90}};
   const BlendTheme& th = rng.pick(themes);
   const int n = std::min<int>(th.materials.size(), size_for(rng, req.difficulty, 3, 3, 4, 5, 5, 7, 6, 8));
   const int na = std::min<int>(th.attributes.size(), size_for(rng, req.difficulty, 1, 2, 2, 3, 2, 3, 3, 3));
@@ -266,36 +299,40 @@ Instance blending(Rng& rng, const GenRequest& req) {
     d["min_quality"][a] = need;
     if (d.contains("max_quality") && d["max_quality"].contains(a)) d["max_quality"][a] = need + 5;
     in.expected = Expected::Infeasible;
-    in.status_reason = fmt::format("no {} has a {} above {}, so no blend can reach the required minimum of {}",
-                                   th.material_word, a, num(best), num(need));
+    in.status_reason =
+        fmt::format("no {} has a {} above {}, so no blend can reach the required minimum of {}",
+                    th.material_word, a, num(best), num(need));
   }
   auto unit_of = [&](const std::string& a) {
     for (auto& x : attrs)
       if (x.first == a) return x.second;
     return std::string();
   };
-  in.story = fmt::format(fmt::runtime(rng.pick(std::vector<std::string>{
-                             "{firm_cap} must produce {dem} {unit} of {product} by blending {n} {mw}s ({list}). "
-                             "The blend's {attrs} are the volume-weighted averages of those of its {mw}s and must "
-                             "stay within specification.",
-                             "The blending desk of {firm} needs {dem} {unit} of {product}. Available {mw}s are "
-                             "{list}; each has a cost, a limited stock and known {attrs}, which mix linearly."})),
-                         fmt::arg("firm_cap", capitalize(th.firm)), fmt::arg("firm", th.firm), fmt::arg("dem", num(demand)),
-                         fmt::arg("unit", th.unit), fmt::arg("product", th.product), fmt::arg("n", n),
-                         fmt::arg("mw", th.material_word), fmt::arg("list", join_and(M)), fmt::arg("attrs", join_and(A)));
+  in.story = fmt::format(
+      fmt::runtime(rng.pick(std::vector<std::string>{
+          "{firm_cap} must produce {dem} {unit} of {product} by blending {n} {mw}s ({list}). "
+          "The blend's {attrs} are the volume-weighted averages of those of its {mw}s and must "
+          "stay within specification.",
+          "The blending desk of {firm} needs {dem} {unit} of {product}. Available {mw}s are "
+          "{list}; each has a cost, a limited stock and known {attrs}, which mix linearly."})),
+      fmt::arg("firm_cap", capitalize(th.firm)), fmt::arg("firm", th.firm), fmt::arg("dem", num(demand)),
+      fmt::arg("unit", th.unit), fmt::arg("product", th.product), fmt::arg("n", n),
+      fmt::arg("mw", th.material_word), fmt::arg("list", join_and(M)), fmt::arg("attrs", join_and(A)));
   std::string inl;
   for (auto& mm : M) {
     std::vector<std::string> q;
     for (auto& a : A) q.push_back(fmt::format("{} {} {}", a, num(g(d["quality"][a][mm])), unit_of(a)));
     inl += fmt::format("{} costs {} per {}, {} {} are in stock, and it has {}. ", mm, money(g(d["cost"][mm])),
-                       th.unit.substr(0, th.unit.size() - 1), num(g(d["availability"][mm])), th.unit, join_and(q));
+                       th.unit.substr(0, th.unit.size() - 1), num(g(d["availability"][mm])), th.unit,
+                       join_and(q));
   }
   std::vector<std::string> spec;
   for (auto& a : A) {
     const bool lo = d.contains("min_quality") && d["min_quality"].contains(a);
     const bool hi = d.contains("max_quality") && d["max_quality"].contains(a);
     if (lo && hi)
-      spec.push_back(fmt::format("its {} between {} and {} {}", a, num(g(d["min_quality"][a])), num(g(d["max_quality"][a])), unit_of(a)));
+      spec.push_back(fmt::format("its {} between {} and {} {}", a, num(g(d["min_quality"][a])),
+                                 num(g(d["max_quality"][a])), unit_of(a)));
     else if (lo)
       spec.push_back(fmt::format("its {} at least {} {}", a, num(g(d["min_quality"][a])), unit_of(a)));
     else if (hi)
@@ -303,7 +340,10 @@ Instance blending(Rng& rng, const GenRequest& req) {
   }
   inl += fmt::format("The {} must have {}.", th.product, join_and(spec));
   in.inline_data = inl;
-  Table t1{"Materials:", {capitalize(th.material_word), "Cost ($/" + th.unit.substr(0, th.unit.size() - 1) + ")", "Stock (" + th.unit + ")"}, {}};
+  Table t1{"Materials:",
+           {capitalize(th.material_word), "Cost ($/" + th.unit.substr(0, th.unit.size() - 1) + ")",
+            "Stock (" + th.unit + ")"},
+           {}};
   for (auto& a : A) t1.header.push_back(capitalize(a) + " (" + unit_of(a) + ")");
   for (auto& mm : M) {
     std::vector<std::string> row{mm, num(g(d["cost"][mm])), num(g(d["availability"][mm]))};
@@ -312,20 +352,23 @@ Instance blending(Rng& rng, const GenRequest& req) {
   }
   Table t2{"Specification of the " + th.product + ":", {"Attribute", "Minimum", "Maximum"}, {}};
   for (auto& a : A)
-    t2.rows.push_back({a, d.contains("min_quality") && d["min_quality"].contains(a) ? num(g(d["min_quality"][a])) : "-",
-                       d.contains("max_quality") && d["max_quality"].contains(a) ? num(g(d["max_quality"][a])) : "-"});
+    t2.rows.push_back(
+        {a, d.contains("min_quality") && d["min_quality"].contains(a) ? num(g(d["min_quality"][a])) : "-",
+         d.contains("max_quality") && d["max_quality"].contains(a) ? num(g(d["max_quality"][a])) : "-"});
   in.tables = {t1, t2};
   in.table_lead = fmt::format("Exactly {} {} of {} are needed.", num(demand), th.unit, th.product);
-  in.question = fmt::format("How much of each {} should go into the blend to meet the specification at minimum cost?",
-                            th.material_word);
-  in.data_keys = {{"materials", "list of raw materials"},
-                  {"attributes", "list of quality attributes"},
-                  {"demand", "amount of blend to produce"},
-                  {"cost", "cost per unit, keyed by material"},
-                  {"availability", "stock of each material"},
-                  {"quality", "quality[attribute][material]"},
-                  {"min_quality", "minimum blend quality, for the attributes that have one (key may be missing)"},
-                  {"max_quality", "maximum blend quality, for the attributes that have one (key may be missing)"}};
+  in.question =
+      fmt::format("How much of each {} should go into the blend to meet the specification at minimum cost?",
+                  th.material_word);
+  in.data_keys = {
+      {"materials", "list of raw materials"},
+      {"attributes", "list of quality attributes"},
+      {"demand", "amount of blend to produce"},
+      {"cost", "cost per unit, keyed by material"},
+      {"availability", "stock of each material"},
+      {"quality", "quality[attribute][material]"},
+      {"min_quality", "minimum blend quality, for the attributes that have one (key may be missing)"},
+      {"max_quality", "maximum blend quality, for the attributes that have one (key may be missing)"}};
   // Route 1: quality rows in the "excess over the bound" form sum (q - bound) x >= 0.
   ModelBuilder mb("blending", Sense::Minimize);
   std::map<std::string, int> x;
@@ -381,7 +424,8 @@ for a, high in data.get("max_quality", {}).items():
 model.optimize()
 )";
   in.reasoning = bullet_reasoning(
-      fmt::format("A blending LP: {} materials, {} quality attributes, a fixed output of {} {}.", n, na, num(demand), th.unit),
+      fmt::format("A blending LP: {} materials, {} quality attributes, a fixed output of {} {}.", n, na,
+                  num(demand), th.unit),
       {"Continuous x_m bounded by stock.", "Minimise material cost.",
        "Average quality sum q x / D is linearised by multiplying the bound by D (D is a constant).",
        "One equality fixes the total amount."});

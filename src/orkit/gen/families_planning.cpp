@@ -1,9 +1,9 @@
 // Planning families: crop planning (acreage LP), media/advertising allocation (reach under a budget) and
 // multi-period capacity planning (integer expansion modules with outsourcing).
+#include <fmt/format.h>
+
 #include <cmath>
 #include <map>
-
-#include <fmt/format.h>
 
 #include "orkit/gen/builder.h"
 #include "orkit/gen/registry.h"
@@ -12,12 +12,15 @@
 namespace trex::orkit::gen {
 namespace {
 
-double g(const json& j) { return j.get<double>(); }
+double g(const json& j) {
+  return j.get<double>();
+}
 
 // ------------------------------------------------------------------------------------------------
 Instance crop_planning(Rng& rng, const GenRequest& req) {
-  static const std::vector<std::string> pool = {"Wheat",   "Corn",   "Soybeans", "Barley", "Canola",  "Potatoes",
-                                                "Sunflower", "Oats", "Alfalfa",  "Sugar_beet", "Cotton", "Rice"};
+  static const std::vector<std::string> pool = {"Wheat",   "Corn",       "Soybeans",  "Barley",
+                                                "Canola",  "Potatoes",   "Sunflower", "Oats",
+                                                "Alfalfa", "Sugar_beet", "Cotton",    "Rice"};
   const int n = size_for(rng, req.difficulty, 2, 3, 3, 5, 6, 8, 9, 12);
   auto C = rng.sample(pool, n);
   const bool hectares = rng.chance(0.4);
@@ -56,8 +59,8 @@ Instance crop_planning(Rng& rng, const GenRequest& req) {
     }
     if (d.contains("max_area") && d["max_area"].empty()) d.erase("max_area");
     in.expected = Expected::Infeasible;
-    in.status_reason = fmt::format("the contracted minimum areas add up to {} {}s but the farm has only {}", num(total),
-                                   area, num(land));
+    in.status_reason = fmt::format("the contracted minimum areas add up to {} {}s but the farm has only {}",
+                                   num(total), area, num(land));
   } else {
     // A small contract for one crop: the reference plan (that area of the crop, nothing else) fits the
     // land, water and labour limits.
@@ -69,21 +72,23 @@ Instance crop_planning(Rng& rng, const GenRequest& req) {
       if (a >= 1) d["min_area"][c] = a;
     }
   }
-  in.story = fmt::format(fmt::runtime(rng.pick(std::vector<std::string>{
-                             "A farm cooperative has {land} {area}s to plant next season with {list}. Each crop has a "
-                             "yield, a selling price and a growing cost per {area}, and uses irrigation water and labour, "
-                             "which are limited.",
-                             "A grower is deciding how to split {land} {area}s of farmland among {list}. Water rights and "
-                             "the available seasonal labour limit what can be grown.",
-                             "An agricultural planner must choose the area of each crop ({list}) on {land} {area}s of land "
-                             "to maximise the season's net revenue."})),
-                         fmt::arg("land", num(land)), fmt::arg("area", area), fmt::arg("list", join_and(C)));
+  in.story = fmt::format(
+      fmt::runtime(rng.pick(std::vector<std::string>{
+          "A farm cooperative has {land} {area}s to plant next season with {list}. Each crop has a "
+          "yield, a selling price and a growing cost per {area}, and uses irrigation water and labour, "
+          "which are limited.",
+          "A grower is deciding how to split {land} {area}s of farmland among {list}. Water rights and "
+          "the available seasonal labour limit what can be grown.",
+          "An agricultural planner must choose the area of each crop ({list}) on {land} {area}s of land "
+          "to maximise the season's net revenue."})),
+      fmt::arg("land", num(land)), fmt::arg("area", area), fmt::arg("list", join_and(C)));
   std::string inl;
   for (auto& c : C)
-    inl += fmt::format("{} yields {} tons per {} sold at {} per ton, costs {} per {} to grow, and needs {} "
-                       "acre-inches of water and {} hours of labour per {}. ",
-                       c, num(g(d["yield"][c])), area, money(g(d["price"][c])), money(g(d["cost"][c])), area,
-                       num(g(d["water"][c])), num(g(d["labour"][c])), area);
+    inl += fmt::format(
+        "{} yields {} tons per {} sold at {} per ton, costs {} per {} to grow, and needs {} "
+        "acre-inches of water and {} hours of labour per {}. ",
+        c, num(g(d["yield"][c])), area, money(g(d["price"][c])), money(g(d["cost"][c])), area,
+        num(g(d["water"][c])), num(g(d["labour"][c])), area);
   inl += fmt::format("The farm has {} acre-inches of water and {} labour hours for the season. ",
                      num(g(d["water_available"])), num(g(d["labour_available"])));
   std::string extra;
@@ -94,19 +99,29 @@ Instance crop_planning(Rng& rng, const GenRequest& req) {
     for (auto& [c, v] : d["min_area"].items())
       extra += fmt::format("A contract requires at least {} {}s of {}. ", num(g(v)), area, c);
   in.inline_data = inl + extra;
-  Table t{"Per-" + area + " data:", {"Crop", "Yield (t)", "Price ($/t)", "Cost ($)", "Water (acre-in)", "Labour (h)"}, {}};
+  Table t{"Per-" + area + " data:",
+          {"Crop", "Yield (t)", "Price ($/t)", "Cost ($)", "Water (acre-in)", "Labour (h)"},
+          {}};
   for (auto& c : C)
-    t.rows.push_back({c, num(g(d["yield"][c])), num(g(d["price"][c])), num(g(d["cost"][c])), num(g(d["water"][c])),
-                      num(g(d["labour"][c]))});
+    t.rows.push_back({c, num(g(d["yield"][c])), num(g(d["price"][c])), num(g(d["cost"][c])),
+                      num(g(d["water"][c])), num(g(d["labour"][c]))});
   in.tables = {t};
   in.table_lead = fmt::format("Land: {} {}s; water: {} acre-inches; labour: {} hours. ", num(land), area,
-                              num(g(d["water_available"])), num(g(d["labour_available"]))) + extra;
-  in.question = fmt::format("How many {}s of each crop should be planted to maximise net revenue (revenue minus "
-                            "growing cost)? Land may be left unplanted.", area);
-  in.data_keys = {{"crops", "list of crops"}, {"land", "total area"}, {"yield", "tons per unit area"},
-                  {"price", "selling price per ton"}, {"cost", "growing cost per unit area"},
-                  {"water", "water per unit area"}, {"labour", "labour hours per unit area"},
-                  {"water_available", "water available"}, {"labour_available", "labour hours available"},
+                              num(g(d["water_available"])), num(g(d["labour_available"]))) +
+                  extra;
+  in.question = fmt::format(
+      "How many {}s of each crop should be planted to maximise net revenue (revenue minus "
+      "growing cost)? Land may be left unplanted.",
+      area);
+  in.data_keys = {{"crops", "list of crops"},
+                  {"land", "total area"},
+                  {"yield", "tons per unit area"},
+                  {"price", "selling price per ton"},
+                  {"cost", "growing cost per unit area"},
+                  {"water", "water per unit area"},
+                  {"labour", "labour hours per unit area"},
+                  {"water_available", "water available"},
+                  {"labour_available", "labour hours available"},
                   {"max_area", "rotation limit per crop (key may be missing)"},
                   {"min_area", "contracted minimum per crop (key may be missing)"}};
   ModelBuilder mb("crop_planning", Sense::Maximize);
@@ -117,7 +132,8 @@ Instance crop_planning(Rng& rng, const GenRequest& req) {
     x[c] = mb.var("area_" + c, lo, hi);  // contracts and rotation limits as bounds (route 2 uses rows)
     mb.obj(x[c], g(d["yield"][c]) * g(d["price"][c]) - g(d["cost"][c]));
   }
-  const int rl = mb.row("land", RowSense::LE, land), rw = mb.row("water", RowSense::LE, g(d["water_available"])),
+  const int rl = mb.row("land", RowSense::LE, land),
+            rw = mb.row("water", RowSense::LE, g(d["water_available"])),
             rb = mb.row("labour", RowSense::LE, g(d["labour_available"]));
   for (auto& c : C) {
     mb.add(rl, x[c], 1);
@@ -169,11 +185,12 @@ model.optimize()
 
 // ------------------------------------------------------------------------------------------------
 Instance media_allocation(Rng& rng, const GenRequest& req) {
-  static const std::vector<std::string> pool = {"TV_prime_time", "Radio",          "Newspaper",  "Magazine",
-                                                "Social_media",  "Search_ads",     "Billboards", "Podcasts",
-                                                "Email",         "Streaming_video", "Cinema",    "Influencers"};
-  static const std::vector<std::string> brands = {"a sportswear brand", "a regional bank", "a new streaming service",
-                                                  "a city museum", "an electric-scooter start-up", "a charity drive"};
+  static const std::vector<std::string> pool = {
+      "TV_prime_time", "Radio",    "Newspaper", "Magazine",        "Social_media", "Search_ads",
+      "Billboards",    "Podcasts", "Email",     "Streaming_video", "Cinema",       "Influencers"};
+  static const std::vector<std::string> brands = {"a sportswear brand",           "a regional bank",
+                                                  "a new streaming service",      "a city museum",
+                                                  "an electric-scooter start-up", "a charity drive"};
   const int n = size_for(rng, req.difficulty, 2, 3, 3, 5, 5, 8, 8, 12);
   const bool integer = rng.chance(0.6);
   auto C = rng.sample(pool, n);
@@ -197,28 +214,30 @@ Instance media_allocation(Rng& rng, const GenRequest& req) {
   if (req.target == Expected::Infeasible) {
     double total = 0;
     for (auto& c : C) {
-      d["min_ads"][c] = std::min(g(d["max_ads"][c]), std::ceil(budget * rng.real(1.2, 1.5, 0.01) / n / g(d["cost"][c])));
+      d["min_ads"][c] =
+          std::min(g(d["max_ads"][c]), std::ceil(budget * rng.real(1.2, 1.5, 0.01) / n / g(d["cost"][c])));
       total += g(d["min_ads"][c]) * g(d["cost"][c]);
     }
     if (total <= budget) {  // small budgets next to the ad limits: make the commitments exceed it anyway
       d["budget"] = std::floor(total * 0.8);
     }
     in.expected = Expected::Infeasible;
-    in.status_reason = fmt::format("the minimum ad commitments alone cost {} but the budget is {}", money(total),
-                                   money(g(d["budget"])));
+    in.status_reason = fmt::format("the minimum ad commitments alone cost {} but the budget is {}",
+                                   money(total), money(g(d["budget"])));
   } else if (rng.chance(0.5)) {
     const std::string& c = C[rng.integer(0, n - 1)];
     const double cap = std::floor(std::min(g(d["max_share"]) * budget, budget) / g(d["cost"][c]));
     if (cap >= 1) d["min_ads"][c] = std::min<double>(rng.integer(1, 3), std::min(cap, g(d["max_ads"][c])));
   }
   const std::string brand = rng.pick(brands);
-  in.story = fmt::format(fmt::runtime(rng.pick(std::vector<std::string>{
-                             "The marketing team of {brand} is planning a campaign across {list}. Each ad placement "
-                             "has a cost and an expected audience reach, and each channel sells a limited number of "
-                             "slots.",
-                             "{brand_cap} wants to maximise the total audience exposure of its next campaign. It can "
-                             "buy ads on {list}, within a fixed budget."})),
-                         fmt::arg("brand", brand), fmt::arg("brand_cap", capitalize(brand)), fmt::arg("list", join_and(C)));
+  in.story = fmt::format(
+      fmt::runtime(rng.pick(std::vector<std::string>{
+          "The marketing team of {brand} is planning a campaign across {list}. Each ad placement "
+          "has a cost and an expected audience reach, and each channel sells a limited number of "
+          "slots.",
+          "{brand_cap} wants to maximise the total audience exposure of its next campaign. It can "
+          "buy ads on {list}, within a fixed budget."})),
+      fmt::arg("brand", brand), fmt::arg("brand_cap", capitalize(brand)), fmt::arg("list", join_and(C)));
   std::string inl;
   for (auto& c : C)
     inl += fmt::format("An ad on {} costs {}, reaches {} thousand people, and at most {} can be bought. ", c,
@@ -226,18 +245,23 @@ Instance media_allocation(Rng& rng, const GenRequest& req) {
   std::string rules = fmt::format("The budget is {}, and no single channel may take more than {}% of it. ",
                                   money(g(d["budget"])), num(g(d["max_share"]) * 100));
   if (d.contains("min_ads"))
-    for (auto& [c, v] : d["min_ads"].items()) rules += fmt::format("At least {} ads must run on {}. ", num(g(v)), c);
+    for (auto& [c, v] : d["min_ads"].items())
+      rules += fmt::format("At least {} ads must run on {}. ", num(g(v)), c);
   in.inline_data = inl + rules;
   Table t{"Channels:", {"Channel", "Cost per ad ($)", "Reach per ad (thousand)", "Max ads"}, {}};
   for (auto& c : C)
     t.rows.push_back({c, num(g(d["cost"][c])), num(g(d["reach"][c])), num(g(d["max_ads"][c]))});
   in.tables = {t};
   in.table_lead = rules;
-  in.question = integer ? "Ads are bought whole. How many ads should be placed on each channel to maximise total reach?"
-                        : "Treat the number of ads as continuous (airtime can be split). What allocation maximises "
-                          "total reach?";
-  in.data_keys = {{"channels", "list of channels"}, {"cost", "cost per ad"}, {"reach", "audience per ad (thousands)"},
-                  {"max_ads", "ads available per channel"}, {"budget", "total budget"},
+  in.question =
+      integer ? "Ads are bought whole. How many ads should be placed on each channel to maximise total reach?"
+              : "Treat the number of ads as continuous (airtime can be split). What allocation maximises "
+                "total reach?";
+  in.data_keys = {{"channels", "list of channels"},
+                  {"cost", "cost per ad"},
+                  {"reach", "audience per ad (thousands)"},
+                  {"max_ads", "ads available per channel"},
+                  {"budget", "total budget"},
                   {"max_share", "largest fraction of the budget one channel may use"},
                   {"min_ads", "committed minimum ads per channel (key may be missing)"}};
   ModelBuilder mb("media_allocation", Sense::Maximize);
@@ -258,7 +282,8 @@ Instance media_allocation(Rng& rng, const GenRequest& req) {
   in.mathprog = std::string(R"(set channels;
 param cost{channels}; param reach{channels}; param max_ads{channels};
 param budget; param max_share; param min_ads{channels} default 0;
-var ads{c in channels} >= min_ads[c], <= max_ads[c])") + (integer ? ", integer" : "") + R"(;
+var ads{c in channels} >= min_ads[c], <= max_ads[c])") +
+                (integer ? ", integer" : "") + R"(;
 maximize total_reach: sum{c in channels} reach[c] * ads[c];
 s.t. spend: sum{c in channels} cost[c] * ads[c] <= budget;
 s.t. share{c in channels}: cost[c] * ads[c] <= max_share * budget;
@@ -287,10 +312,12 @@ for c in C:
 model.optimize()
 )",
                                integer ? "GRB.INTEGER" : "GRB.CONTINUOUS");
-  in.reasoning = bullet_reasoning(
-      fmt::format("Media allocation over {} channels: maximise reach within a budget.", n),
-      {fmt::format("x_k = ads on channel k, {}, bounded by availability and commitments.", integer ? "integer" : "continuous"),
-       "One budget row; one diversification row per channel (spend on k at most the share times the budget)."});
+  in.reasoning =
+      bullet_reasoning(fmt::format("Media allocation over {} channels: maximise reach within a budget.", n),
+                       {fmt::format("x_k = ads on channel k, {}, bounded by availability and commitments.",
+                                    integer ? "integer" : "continuous"),
+                        "One budget row; one diversification row per channel (spend on k at most the share "
+                        "times the budget)."});
   return in;
 }
 
@@ -329,7 +356,8 @@ Instance capacity_planning(Rng& rng, const GenRequest& req) {
   d["outsource_cost"] = rng.real(0.8, 2.0, 0.05);
   d["max_outsource"] = std::round(c0 * rng.real(0.1, 0.3, 0.01));
   double peak = g(d["demand"][P[T - 1]]);
-  const double need_modules = std::ceil(std::max(0.0, peak - c0 - g(d["max_outsource"])) / g(d["module_size"]));
+  const double need_modules =
+      std::ceil(std::max(0.0, peak - c0 - g(d["max_outsource"])) / g(d["module_size"]));
   if (req.target == Expected::Infeasible) {
     // The module limit leaves the last quarter short: its demand exceeds everything that can be made.
     const double limit = std::max(0.0, need_modules - 1 - rng.integer(0, 1));
@@ -338,8 +366,8 @@ Instance capacity_planning(Rng& rng, const GenRequest& req) {
     if (peak <= most) d["demand"][P[T - 1]] = peak = most + rng.integer(5, 40);
     in.expected = Expected::Infeasible;
     in.status_reason = fmt::format(
-        "in {} demand is {} but even {} modules give capacity {} plus at most {} outsourced", P[T - 1], num(peak),
-        num(limit), num(c0 + limit * g(d["module_size"])), num(g(d["max_outsource"])));
+        "in {} demand is {} but even {} modules give capacity {} plus at most {} outsourced", P[T - 1],
+        num(peak), num(limit), num(c0 + limit * g(d["module_size"])), num(g(d["max_outsource"])));
   } else {
     d["max_modules"] = need_modules + rng.integer(1, 4);
   }
@@ -349,8 +377,10 @@ Instance capacity_planning(Rng& rng, const GenRequest& req) {
       "capacity cannot cover can be outsourced, up to a limit per quarter, at a higher unit cost.",
       capitalize(th.firm), th.unit, th.module);
   std::string inl = fmt::format(
-      "Current capacity is {} {} per quarter; each {} adds {}. At most {} {}s can be installed over the horizon. "
-      "In-house production costs {} thousand dollars per unit and outsourcing {} thousand dollars per unit, up to "
+      "Current capacity is {} {} per quarter; each {} adds {}. At most {} {}s can be installed over the "
+      "horizon. "
+      "In-house production costs {} thousand dollars per unit and outsourcing {} thousand dollars per unit, "
+      "up to "
       "{} units per quarter. ",
       num(c0), th.unit, th.module, num(g(d["module_size"])), num(g(d["max_modules"])), th.module,
       num(g(d["production_cost"])), num(g(d["outsource_cost"])), num(g(d["max_outsource"])));
@@ -362,17 +392,24 @@ Instance capacity_planning(Rng& rng, const GenRequest& req) {
   for (auto& p : P) t.rows.push_back({p, num(g(d["demand"][p])), num(g(d["module_cost"][p]))});
   in.tables = {t};
   in.table_lead = fmt::format(
-      "Initial capacity {}; module size {}; at most {} modules in total; production cost {} k$/unit; outsourcing "
+      "Initial capacity {}; module size {}; at most {} modules in total; production cost {} k$/unit; "
+      "outsourcing "
       "{} k$/unit, at most {} per quarter.",
       num(c0), num(g(d["module_size"])), num(g(d["max_modules"])), num(g(d["production_cost"])),
       num(g(d["outsource_cost"])), num(g(d["max_outsource"])));
-  in.question = "When should modules be installed, and how much should be outsourced each quarter, to meet demand "
-                "at minimum total cost?";
-  in.data_keys = {{"periods", "quarters in time order"}, {"rank", "position of each quarter (1, 2, ...)"},
-                  {"demand", "demand per quarter"}, {"initial_capacity", "capacity before any expansion"},
-                  {"module_size", "capacity added by one module"}, {"module_cost", "cost of a module by quarter"},
-                  {"max_modules", "most modules over the horizon"}, {"production_cost", "in-house cost per unit"},
-                  {"outsource_cost", "outsourcing cost per unit"}, {"max_outsource", "outsourcing limit per quarter"}};
+  in.question =
+      "When should modules be installed, and how much should be outsourced each quarter, to meet demand "
+      "at minimum total cost?";
+  in.data_keys = {{"periods", "quarters in time order"},
+                  {"rank", "position of each quarter (1, 2, ...)"},
+                  {"demand", "demand per quarter"},
+                  {"initial_capacity", "capacity before any expansion"},
+                  {"module_size", "capacity added by one module"},
+                  {"module_cost", "cost of a module by quarter"},
+                  {"max_modules", "most modules over the horizon"},
+                  {"production_cost", "in-house cost per unit"},
+                  {"outsource_cost", "outsourcing cost per unit"},
+                  {"max_outsource", "outsourcing limit per quarter"}};
   ModelBuilder mb("capacity_planning", Sense::Minimize);
   std::vector<int> y, x, o;
   for (auto& p : P) {

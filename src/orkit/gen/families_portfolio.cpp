@@ -3,12 +3,12 @@
 // term by term from the covariance matrix; route 2 (MathProg is linear only) is a separately built model:
 // the Cholesky factor S = L L' turns the variance into a sum of squares sum_k y_k^2 with y = L' x, and
 // Ipopt solves that model. Both routes must agree within the verification tolerance.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <map>
-
-#include <fmt/format.h>
 
 #include "orkit/gen/builder.h"
 #include "orkit/gen/registry.h"
@@ -17,7 +17,9 @@
 namespace trex::orkit::gen {
 namespace {
 
-double g(const json& j) { return j.get<double>(); }
+double g(const json& j) {
+  return j.get<double>();
+}
 
 // Lower-triangular Cholesky factor of the covariance in the data; fails when it is not positive definite.
 std::vector<std::vector<double>> cholesky(const std::vector<std::vector<double>>& s) {
@@ -39,9 +41,9 @@ std::vector<std::vector<double>> cholesky(const std::vector<std::vector<double>>
 
 Instance portfolio(Rng& rng, const GenRequest& req) {
   static const std::vector<std::string> pool = {
-      "ACME", "BOLT", "CRUX", "DYNA", "EVER", "FLUX", "GRID", "HALO", "IONX", "JADE", "KILN", "LUMA", "MINT",
-      "NOVA", "ORCA", "PIKE", "QUAD", "RUNE", "SAGE", "TIDE", "UNIX", "VOLT", "WAVE", "XENO", "YARN", "ZEST",
-      "ARCH", "BRIX", "CORE", "DUNE", "ECHO", "FERN"};
+      "ACME", "BOLT", "CRUX", "DYNA", "EVER", "FLUX", "GRID", "HALO", "IONX", "JADE", "KILN",
+      "LUMA", "MINT", "NOVA", "ORCA", "PIKE", "QUAD", "RUNE", "SAGE", "TIDE", "UNIX", "VOLT",
+      "WAVE", "XENO", "YARN", "ZEST", "ARCH", "BRIX", "CORE", "DUNE", "ECHO", "FERN"};
   const int n = size_for(rng, req.difficulty, 3, 4, 5, 8, 10, 15, 20, 30);
   auto A = rng.sample(pool, n);
   Instance in;
@@ -81,18 +83,22 @@ Instance portfolio(Rng& rng, const GenRequest& req) {
   if (req.target == Expected::Infeasible) {
     d["target_return"] = std::ceil((best + rng.real(0.3, 2.0, 0.1)) * 10) / 10;
     in.expected = Expected::Infeasible;
-    in.status_reason = fmt::format("with at most {}% in any asset the highest attainable expected return is {}%, "
-                                   "below the {}% target",
-                                   num(cap * 100), num(std::round(best * 1000) / 1000), num(g(d["target_return"])));
+    in.status_reason = fmt::format(
+        "with at most {}% in any asset the highest attainable expected return is {}%, "
+        "below the {}% target",
+        num(cap * 100), num(std::round(best * 1000) / 1000), num(g(d["target_return"])));
   } else {
     d["target_return"] = std::floor((avg + rng.real(0.1, 0.7, 0.01) * (best - avg)) * 10) / 10;
   }
   static const std::vector<std::string> who = {"A pension fund", "A family office", "A university endowment",
                                                "A robo-adviser", "An insurance company's treasury"};
   in.story = fmt::format(
-      "{} invests in {} assets ({}). It wants the long-only, fully invested portfolio with the smallest variance of "
-      "annual return (Markowitz) whose expected return reaches a target, with no more than a fixed share of the "
-      "capital in any single asset. Returns are in percent per year and the covariance matrix in squared percent.",
+      "{} invests in {} assets ({}). It wants the long-only, fully invested portfolio with the smallest "
+      "variance of "
+      "annual return (Markowitz) whose expected return reaches a target, with no more than a fixed share of "
+      "the "
+      "capital in any single asset. Returns are in percent per year and the covariance matrix in squared "
+      "percent.",
       rng.pick(who), n, join_and(A));
   std::string inl;
   std::vector<std::string> rets;
@@ -101,8 +107,9 @@ Instance portfolio(Rng& rng, const GenRequest& req) {
   for (int i = 0; i < n; ++i) {
     std::vector<std::string> row;
     for (int j = i; j < n; ++j)
-      row.push_back(j == i ? fmt::format("variance of {} is {}", A[i], num(g(d["covariance"][A[i]][A[j]])))
-                           : fmt::format("covariance with {} is {}", A[j], num(g(d["covariance"][A[i]][A[j]]))));
+      row.push_back(j == i
+                        ? fmt::format("variance of {} is {}", A[i], num(g(d["covariance"][A[i]][A[j]])))
+                        : fmt::format("covariance with {} is {}", A[j], num(g(d["covariance"][A[i]][A[j]]))));
     inl += capitalize(join_and(row)) + ". ";
   }
   inl += fmt::format("The target expected return is {}% and at most {}% may go into any one asset.",
@@ -118,10 +125,11 @@ Instance portfolio(Rng& rng, const GenRequest& req) {
     t2.rows.push_back(row);
   }
   in.tables = {t1, t2};
-  in.table_lead = fmt::format("Target expected return: {}%. Maximum weight per asset: {}.", num(g(d["target_return"])),
-                              num(cap));
+  in.table_lead = fmt::format("Target expected return: {}%. Maximum weight per asset: {}.",
+                              num(g(d["target_return"])), num(cap));
   in.question = "Which portfolio weights minimise the variance? Report the minimum variance.";
-  in.data_keys = {{"assets", "list of assets"}, {"expected_return", "expected annual return in percent"},
+  in.data_keys = {{"assets", "list of assets"},
+                  {"expected_return", "expected annual return in percent"},
                   {"covariance", "covariance[a][b] in squared percent (symmetric)"},
                   {"target_return", "minimum expected return of the portfolio (percent)"},
                   {"max_weight", "largest fraction of capital in one asset"}};
@@ -150,7 +158,8 @@ Instance portfolio(Rng& rng, const GenRequest& req) {
     Model m2;
     m2.name = "portfolio_factor";
     m2.sense = Sense::Minimize;
-    for (int i = 0; i < n; ++i) m2.vars.push_back({"x" + std::to_string(i), 0.0, g(d["max_weight"]), VarType::Continuous});
+    for (int i = 0; i < n; ++i)
+      m2.vars.push_back({"x" + std::to_string(i), 0.0, g(d["max_weight"]), VarType::Continuous});
     for (int k = 0; k < n; ++k) {
       const int yk = static_cast<int>(m2.vars.size());
       m2.vars.push_back({"y" + std::to_string(k), -kInf, kInf, VarType::Continuous});
@@ -159,7 +168,8 @@ Instance portfolio(Rng& rng, const GenRequest& req) {
       for (int i = k; i < n; ++i) r.lin.push_back({i, l[i][k]});  // y_k = sum_i L_ik x_i
       m2.rows.push_back(std::move(r));
     }
-    Constraint sum{"invest", {}, {}, RowSense::EQ, 1.0}, ret{"return", {}, {}, RowSense::GE, g(d["target_return"])};
+    Constraint sum{"invest", {}, {}, RowSense::EQ, 1.0},
+        ret{"return", {}, {}, RowSense::GE, g(d["target_return"])};
     for (int i = 0; i < n; ++i) {
       sum.lin.push_back({i, 1.0});
       ret.lin.push_back({i, g(d["expected_return"][A[i]])});

@@ -2,11 +2,11 @@
 // salesman problem with Miller-Tucker-Zemlin subtour elimination, and a capacitated vehicle routing
 // problem. Route 1 and route 2 use different (equivalent) formulations: TSP MTZ orders in [1, n-1] vs
 // [2, n]; CVRP MTZ load variables (route 1) vs a single-commodity flow model (route 2).
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <map>
-
-#include <fmt/format.h>
 
 #include "orkit/gen/builder.h"
 #include "orkit/gen/registry.h"
@@ -15,10 +15,13 @@
 namespace trex::orkit::gen {
 namespace {
 
-double g(const json& j) { return j.get<double>(); }
+double g(const json& j) {
+  return j.get<double>();
+}
 
-const std::vector<std::string> kTowns = {"Alder", "Birch", "Cedar", "Dogwood", "Elm",   "Fir",    "Ginkgo", "Hazel",
-                                         "Ivy",   "Juniper", "Kapok", "Larch", "Maple", "Nutmeg", "Olive", "Poplar"};
+const std::vector<std::string> kTowns = {"Alder",  "Birch",  "Cedar", "Dogwood", "Elm",   "Fir",
+                                         "Ginkgo", "Hazel",  "Ivy",   "Juniper", "Kapok", "Larch",
+                                         "Maple",  "Nutmeg", "Olive", "Poplar"};
 
 // Rounded Euclidean distances between random points of a 100 x 100 map (symmetric, integers).
 void random_distances(Rng& rng, const std::vector<std::string>& nodes, json& dist) {
@@ -27,7 +30,8 @@ void random_distances(Rng& rng, const std::vector<std::string>& nodes, json& dis
   for (size_t i = 0; i < nodes.size(); ++i)
     for (size_t j = 0; j < nodes.size(); ++j)
       if (i != j)
-        dist[nodes[i]][nodes[j]] = std::max(1.0, std::round(std::hypot(xy[i].first - xy[j].first, xy[i].second - xy[j].second)));
+        dist[nodes[i]][nodes[j]] =
+            std::max(1.0, std::round(std::hypot(xy[i].first - xy[j].first, xy[i].second - xy[j].second)));
 }
 
 Table distance_table(const std::vector<std::string>& nodes, const json& dist, const std::string& caption) {
@@ -45,7 +49,8 @@ std::string distance_prose(const std::vector<std::string>& nodes, const json& di
   std::string s;
   for (size_t i = 0; i < nodes.size(); ++i) {
     std::vector<std::string> v;
-    for (size_t j = i + 1; j < nodes.size(); ++j) v.push_back(fmt::format("{} {} to {}", num(g(dist[nodes[i]][nodes[j]])), unit, nodes[j]));
+    for (size_t j = i + 1; j < nodes.size(); ++j)
+      v.push_back(fmt::format("{} {} to {}", num(g(dist[nodes[i]][nodes[j]])), unit, nodes[j]));
     if (!v.empty()) s += fmt::format("From {} it is {}. ", nodes[i], join_and(v));
   }
   return s + "Distances are the same in both directions.";
@@ -55,8 +60,9 @@ std::string distance_prose(const std::vector<std::string>& nodes, const json& di
 Instance tsp(Rng& rng, const GenRequest& req) {
   const int n = size_for(rng, req.difficulty, 4, 5, 6, 7, 8, 9, 10, 11);
   auto V = rng.sample(kTowns, n);
-  static const std::vector<std::string> who = {"A sales representative", "A technician on a maintenance round",
-                                               "A delivery drone", "A tour bus", "A mobile library"};
+  static const std::vector<std::string> who = {"A sales representative",
+                                               "A technician on a maintenance round", "A delivery drone",
+                                               "A tour bus", "A mobile library"};
   Instance in;
   in.family = "tsp";
   in.problem_class = "MILP";
@@ -66,8 +72,9 @@ Instance tsp(Rng& rng, const GenRequest& req) {
   d["cities"] = V;
   for (int i = 0; i < n; ++i) d["rank"][V[i]] = i + 1;
   random_distances(rng, V, d["distance"]);
-  in.story = fmt::format("{} starts in {}, must visit each of {} exactly once and return to {}.", rng.pick(who), V[0],
-                         join_and(std::vector<std::string>(V.begin() + 1, V.end())), V[0]);
+  in.story =
+      fmt::format("{} starts in {}, must visit each of {} exactly once and return to {}.", rng.pick(who),
+                  V[0], join_and(std::vector<std::string>(V.begin() + 1, V.end())), V[0]);
   in.inline_data = distance_prose(V, d["distance"], "km");
   in.tables = {distance_table(V, d["distance"], "Road distances (km):")};
   in.question = "What is the shortest round trip? Give its length.";
@@ -135,16 +142,18 @@ for (i, j) in A:
 model.optimize()
 )";
   in.reasoning = bullet_reasoning(
-      fmt::format("A symmetric TSP on {} cities written as an asymmetric assignment model plus MTZ constraints.", n),
+      fmt::format(
+          "A symmetric TSP on {} cities written as an asymmetric assignment model plus MTZ constraints.", n),
       {"Binary arc variables x_(i,j), one in and one out per city.",
        "Degree constraints alone allow subtours; MTZ order variables u_i forbid them.",
-       fmt::format("{} binaries and {} MTZ rows: small enough for branch and bound.", n * (n - 1), (n - 1) * (n - 2))});
+       fmt::format("{} binaries and {} MTZ rows: small enough for branch and bound.", n * (n - 1),
+                   (n - 1) * (n - 2))});
   return in;
 }
 
 // ------------------------------------------------------------------------------------------------
 Instance vrp(Rng& rng, const GenRequest& req) {
-  const int nc = size_for(rng, req.difficulty, 3, 4, 4, 5, 5, 6, 6, 7);
+  const int nc = size_for(rng, req.difficulty, 3, 4, 4, 5, 5, 5, 5, 6);  // 7 customers: up to ~10 s per solve
   auto names = rng.sample(kTowns, nc + 1);
   const std::string depot = names[0] + "_Depot";
   std::vector<std::string> C(names.begin() + 1, names.end()), V{depot};
@@ -172,8 +181,10 @@ Instance vrp(Rng& rng, const GenRequest& req) {
   std::sort(dems.rbegin(), dems.rend());
   for (double q : dems) {
     auto it = std::find_if(loads.begin(), loads.end(), [&](double l) { return l + q <= cap; });
-    if (it == loads.end()) loads.push_back(q);
-    else *it += q;
+    if (it == loads.end())
+      loads.push_back(q);
+    else
+      *it += q;
   }
   const int packed = static_cast<int>(loads.size());
   const bool infeasible = req.target == Expected::Infeasible && need >= 2;
@@ -181,11 +192,12 @@ Instance vrp(Rng& rng, const GenRequest& req) {
   random_distances(rng, V, d["distance"]);
   if (infeasible) {
     in.expected = Expected::Infeasible;
-    in.status_reason = fmt::format("the customers need {} kg in total but {} vans of {} kg carry at most {}", num(total),
-                                   num(g(d["vehicles"])), num(cap), num(g(d["vehicles"]) * cap));
+    in.status_reason = fmt::format("the customers need {} kg in total but {} vans of {} kg carry at most {}",
+                                   num(total), num(g(d["vehicles"])), num(cap), num(g(d["vehicles"]) * cap));
   }
   in.story = fmt::format(
-      "A bakery delivers from {} to {} shops ({}). It has {} identical vans of {} kg capacity; each van used leaves "
+      "A bakery delivers from {} to {} shops ({}). It has {} identical vans of {} kg capacity; each van used "
+      "leaves "
       "the depot once, serves some shops and comes back. Every shop is served by exactly one van.",
       depot, nc, join_and(C), num(g(d["vehicles"])), num(cap));
   std::vector<std::string> dem;
@@ -196,9 +208,9 @@ Instance vrp(Rng& rng, const GenRequest& req) {
   in.tables = {t1, distance_table(V, d["distance"], "Distances (km):")};
   in.table_lead = fmt::format("Vans available: {}, capacity {} kg each.", num(g(d["vehicles"])), num(cap));
   in.question = "Plan the routes that minimise the total distance driven.";
-  in.data_keys = {{"nodes", "depot (first) and shops"}, {"customers", "shops"}, {"demand", "demand per shop (kg)"},
-                  {"capacity", "van capacity (kg)"}, {"vehicles", "number of vans"},
-                  {"distance", "distance[a][b] in km (symmetric)"}};
+  in.data_keys = {{"nodes", "depot (first) and shops"}, {"customers", "shops"},
+                  {"demand", "demand per shop (kg)"},   {"capacity", "van capacity (kg)"},
+                  {"vehicles", "number of vans"},       {"distance", "distance[a][b] in km (symmetric)"}};
   // Route 1: two-index model with MTZ load variables.
   ModelBuilder mb("vrp", Sense::Minimize);
   const int n = static_cast<int>(V.size());
@@ -213,7 +225,8 @@ Instance vrp(Rng& rng, const GenRequest& req) {
     for (int j = 0; j < n; ++j)
       if (i != j) mb.add(ro, x[{i, j}], 1), mb.add(ri, x[{j, i}], 1);
   }
-  const int rk = mb.row("fleet", RowSense::LE, g(d["vehicles"])), rb = mb.row("depot_balance", RowSense::EQ, 0);
+  const int rk = mb.row("fleet", RowSense::LE, g(d["vehicles"])),
+            rb = mb.row("depot_balance", RowSense::EQ, 0);
   for (int j = 1; j < n; ++j) mb.add(rk, x[{0, j}], 1), mb.add(rb, x[{0, j}], 1), mb.add(rb, x[{j, 0}], -1);
   for (int i = 1; i < n; ++i)
     for (int j = 1; j < n; ++j)
@@ -270,7 +283,8 @@ for (i, j) in A:
 model.optimize()
 )";
   in.reasoning = bullet_reasoning(
-      fmt::format("A capacitated VRP: {} customers, {} vans of capacity {}.", nc, num(g(d["vehicles"])), num(cap)),
+      fmt::format("A capacitated VRP: {} customers, {} vans of capacity {}.", nc, num(g(d["vehicles"])),
+                  num(cap)),
       {"Binary arc variables; every customer has in- and out-degree 1.",
        "At most K routes leave the depot, and as many return.",
        "Cumulative load variables l_c in [q_c, Q] with MTZ-type rows enforce capacity and remove subtours.",
