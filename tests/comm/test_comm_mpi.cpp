@@ -28,7 +28,7 @@ RunResult run(const std::string& cmd) {
 
 std::string mpirun(int np) {
   // Root in CI; oversubscribe the 2-core machine; no CMA single-copy (not allowed in containers).
-  return "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1 "
+  return "env OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1 "
          "mpirun --allow-run-as-root --oversubscribe --bind-to none -np " +
          std::to_string(np) + " " + TREX_BINARY + " comm test";
 }

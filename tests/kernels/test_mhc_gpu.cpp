@@ -8,7 +8,7 @@
 
 #include "gpu_test_util.h"
 #include "kernels/cuda/mhc.h"
-#include "model/dsv4/mhc.cpp"  // the CPU reference, compiled here (this test binary does not link trex_model)
+#include "model/dsv4/mhc.h"  // the CPU reference (trex_model)
 
 using trex::cuda::bf16;
 using trex::cuda::DeviceBuffer;

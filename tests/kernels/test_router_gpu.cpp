@@ -9,7 +9,7 @@
 
 #include "gpu_test_util.h"
 #include "kernels/cuda/router.h"
-#include "model/dsv4/moe.cpp"  // the CPU reference, compiled here (this test binary does not link trex_model)
+#include "model/dsv4/moe.h"  // the CPU reference (trex_model)
 
 using trex::cuda::bf16;
 using trex::cuda::DeviceBuffer;

@@ -1,8 +1,8 @@
 // `trex ordata generate`: draws attempts (family, category, representation, difficulty, target status) from
 // per-index seeds, generates, verifies through two routes, decontaminates and renders them in a pool of
 // forked worker processes, keeps the first N that pass in index order (so the output depends only on the
-// seed and the options, never on the number of workers), then writes sft.jsonl, cpt.jsonl, stats.json, timing.json (not deterministic) and
-// report.html.
+// seed and the options, never on the number of workers), then writes sft.jsonl, cpt.jsonl, stats.json,
+// report.html and timing.json (verification seconds per family; the one output that varies between runs).
 #pragma once
 #include <cstdint>
 #include <filesystem>
