@@ -18,6 +18,14 @@ SEED=1234
 HELDOUT_SEED=987654    # a separate run: its problem instance is not in the training corpus
 D=demo
 mkdir -p "$D"
+# Decontamination against the OR benchmarks needs ../shared/benchmarks (or $TREX_SHARED/benchmarks); on a machine
+# without them the corpus is still made and verified, only that check is skipped (and said so).
+SHARED=${TREX_SHARED:-../shared}
+DECONTAM=()
+if [ ! -d "$SHARED/benchmarks" ]; then
+  DECONTAM=(--benchmarks none)
+  echo "demo: $SHARED/benchmarks not found: benchmark decontamination of the demo corpus is skipped" >&2
+fi
 t_all=$SECONDS
 stage() { printf '\n== %s\n' "$*"; }
 took() { printf -- '-- %s: %d s\n' "$1" $((SECONDS - $2)); }
@@ -25,13 +33,13 @@ took() { printf -- '-- %s: %d s\n' "$1" $((SECONDS - $2)); }
 t=$SECONDS
 if [ ! -s "$D/data/sft.jsonl" ] || [ ! -s "$D/data/cpt.jsonl" ]; then
   stage "OR corpus: $N_SAMPLES solver-verified samples (seed $SEED) -> $D/data"
-  "$TREX" ordata generate --profile demo --n "$N_SAMPLES" --seed "$SEED" --out "$D/data" --no-progress
+  "$TREX" ordata generate --profile demo --n "$N_SAMPLES" --seed "$SEED" --out "$D/data" --no-progress "${DECONTAM[@]}"
 else
   stage "OR corpus: $D/data exists, kept"
 fi
 if [ ! -s "$D/heldout/question.txt" ]; then
   stage "held-out question (seed $HELDOUT_SEED) -> $D/heldout"
-  "$TREX" ordata generate --profile demo --n 1 --seed "$HELDOUT_SEED" --out "$D/heldout" --no-progress >/dev/null
+  "$TREX" ordata generate --profile demo --n 1 --seed "$HELDOUT_SEED" --out "$D/heldout" --no-progress "${DECONTAM[@]}" >/dev/null
   "$PY" - "$D/heldout/sft.jsonl" "$D/heldout/question.txt" <<'PYEOF'
 import json, sys
 sample = json.loads(open(sys.argv[1]).readline())
