@@ -1,4 +1,6 @@
 #include "bench_train.h"
+#include "model/dsv4/config.h"
+#include "train/dsv4_trainable.h"
 
 #include <fmt/format.h>
 
@@ -26,59 +28,11 @@ namespace {
 
 constexpr double kH200Bf16Peak = 989.4e12;
 
-nlohmann::json read_json(const std::string& path) {
-  std::ifstream f(path);
-  TREX_CHECK(f.good(), "bench train: cannot open config {}", path);
-  try {
-    return nlohmann::json::parse(f);
-  } catch (const std::exception& e) {
-    fail("bench train: {} is not valid JSON: {}", path, e.what());
-  }
-}
-
 }  // namespace
 
 double model_flops_per_token(const std::string& path, int64_t seq) {
-  const nlohmann::json c = read_json(path);
-  auto I = [&](const char* k) { return c.at(k).get<double>(); };
-  const double d = I("hidden_size"), nh = I("num_attention_heads"), hd = I("head_dim");
-  const double qr = I("q_lora_rank"), g = I("o_groups"), dg = I("o_lora_rank");
-  const double E = I("n_routed_experts"), K = I("num_experts_per_tok"), f = I("moe_intermediate_size");
-  const double ns = c.value("n_shared_experts", 1.0);
-  const double nI = I("index_n_heads"), cI = I("index_head_dim"), ksel = I("index_topk"), win = I("sliding_window");
-  const double hc = I("hc_mult"), V = I("vocab_size");
-  const int64_t L = c.at("num_hidden_layers").get<int64_t>();
-  std::vector<int64_t> ratios = c.at("compress_ratios").get<std::vector<int64_t>>();
-  ratios.resize(size_t(L));
-  const double attn = d * qr + qr * nh * hd + d * hd + nh * hd * dg + g * dg * d;
-  const double mhc = 2 * (2 + hc) * hc * hc * d;
-  const double moe = E * d + (K + ns) * 3 * f * d;
-  double p_mm = 0, keys = 0, idx = 0, wsum = 0;
-  for (int64_t t = 0; t < seq; ++t) wsum += double(std::min<int64_t>(t + 1, int64_t(win)));
-  const double wbar = wsum / double(seq);
-  for (int64_t r : ratios) {
-    p_mm += attn + mhc + moe;
-    if (r == 0) {
-      keys += wbar;
-    } else if (r <= 8) {
-      p_mm += 2 * d * 2 * hd + 2 * d * 2 * cI + qr * nI * cI + d * nI;
-      double sel = 0, vis = 0;
-      for (int64_t t = 0; t < seq; ++t) {
-        sel += double(std::min<int64_t>(int64_t(ksel), (t + 1) / r));
-        vis += double((t + 1) / r);
-      }
-      keys += wbar + sel / double(seq);
-      idx += nI * (2 * cI + 2) * vis / double(seq);
-    } else {
-      p_mm += 2 * d * hd;
-      double vis = 0;
-      for (int64_t t = 0; t < seq; ++t) vis += double((t + 1) / r);
-      keys += wbar + vis / double(seq);
-    }
-  }
-  p_mm += hc * hc * d + V * d;
-  const double fwd = 2 * p_mm + 4 * nh * hd * keys + idx;
-  return 3 * fwd;
+  // One formula for the project (model_flops.py's convention): the trainer's, on the parsed config.
+  return trex::train::dsv4_flops_per_token(trex::dsv4::load_model_config(path), seq);
 }
 
 void bench_train(const TrainBenchArgs& a) {

@@ -13,53 +13,11 @@
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/gpu_test_util.h"
 
 using trex::cuda::DeviceBuffer;
 
-namespace {
-
-struct Bf16Data {
-  std::vector<uint16_t> bits;
-  std::vector<float> values;  // the exact values the bits hold
-};
-
-Bf16Data random_bf16(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> d(0.f, scale);
-  Bf16Data r;
-  r.bits.resize(n);
-  r.values.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    r.bits[i] = trex::f32_to_bf16(d(g));
-    r.values[i] = trex::bf16_to_f32(r.bits[i]);
-  }
-  return r;
-}
-
-std::vector<float> to_f32(const std::vector<uint16_t>& bits) {
-  std::vector<float> v(bits.size());
-  for (size_t i = 0; i < v.size(); ++i) v[i] = trex::bf16_to_f32(bits[i]);
-  return v;
-}
-
-double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    num += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
-    den += double(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
-
-template <typename T>
-DeviceBuffer poisoned(size_t count) {
-  DeviceBuffer b(count * sizeof(T));
-  TREX_CUDA(cudaMemset(b.as(), 0xff, b.bytes()));  // NaN in bf16/fp32: unwritten outputs fail
-  return b;
-}
-
-}  // namespace
+using namespace trex::gpu_test;
 
 TEST(GpuOps, GemmBf16MatchesCpuAllTransposes) {
   trex::cuda::Gemm gemm;
