@@ -5,7 +5,8 @@
 #include <random>
 #include <vector>
 
-#include "optim/load_balance.h"
+#include "model/dsv4/balance.h"
+#include "model/dsv4/moe.h"
 #include "optim/optimizer.h"
 #include "optim/param_groups.h"
 #include "optim/schedule.h"
@@ -228,13 +229,15 @@ TEST(Schedule, WarmupThenCosineLinearConstant) {
 }
 
 TEST(LoadBalance, RouterBiasMovesTowardsMeanLoad) {
-  std::vector<float> bias = {0, 0, 0, 0}, load = {10, 2, 4, 4};  // mean 5
-  update_router_bias(bias.data(), load.data(), 4, 0.001);
+  // The model's update (dsv4::router_bias_update), which the trainer calls after each optimiser step.
+  std::vector<float> bias = {0, 0, 0, 0};
+  std::vector<int64_t> load = {10, 2, 4, 4};  // mean 5
+  dsv4::router_bias_update(bias.data(), load.data(), 4, 0.001);
   EXPECT_FLOAT_EQ(bias[0], -0.001f);
   EXPECT_FLOAT_EQ(bias[1], 0.001f);
   EXPECT_FLOAT_EQ(bias[2], 0.001f);
-  std::vector<float> even = {5, 5};
-  update_router_bias(bias.data(), even.data(), 2, 0.001);
+  std::vector<int64_t> even = {5, 5};
+  dsv4::router_bias_update(bias.data(), even.data(), 2, 0.001);
   EXPECT_FLOAT_EQ(bias[0], -0.001f);  // exactly at the mean: unchanged
 }
 
@@ -252,13 +255,13 @@ TEST(LoadBalance, SequenceLossValueAndGradientByFiniteDifferences) {
   double expect = 0;
   for (int e = 0; e < E; ++e) expect += 1e-4 * f[e] * p[e];
   std::vector<float> grad(T * E, 0.0f);
-  EXPECT_NEAR(seq_balance_loss(s.data(), sel.data(), T, E, K, 1e-4, grad.data()), expect, 1e-12);
+  EXPECT_NEAR(dsv4::balance_loss<float>(s.data(), sel.data(), 1, T, E, K, 1e-4, grad.data()), expect, 1e-12);
   for (int i = 0; i < T * E; ++i) {
     auto sp = s, sm = s;
     const float h = 1e-2f;
     sp[i] += h, sm[i] -= h;
-    double fd = (seq_balance_loss(sp.data(), sel.data(), T, E, K, 1.0, nullptr) -
-                 seq_balance_loss(sm.data(), sel.data(), T, E, K, 1.0, nullptr)) / (2 * h);
+    double fd = (dsv4::balance_loss<float>(sp.data(), sel.data(), 1, T, E, K, 1.0, nullptr) -
+                 dsv4::balance_loss<float>(sm.data(), sel.data(), 1, T, E, K, 1.0, nullptr)) / (2 * h);
     EXPECT_NEAR(grad[i] / 1e-4, fd, 1e-3 * std::max(1.0, std::abs(fd))) << i;
   }
 }
