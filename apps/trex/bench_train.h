@@ -13,6 +13,13 @@ struct TrainBenchArgs {
   int steps = 5, warmup = 2;
   bool sections = false;  // add a per-section breakdown (CUDA events) to the JSON line
   uint64_t seed = 1;
+  // Multi-GPU layout, e.g. "dp=2" (data parallel, ZeRO-1), "pp=2,micro_batches=8", "ep=2"; empty = one GPU.
+  // Pipeline: --batch sequences per step in micro_batches micro-batches (1F1B), "stage_layers=3+1" sets the layer
+  // split (default: even, the remainder on the first stages).
+  // Launched by mpirun / srun / torchrun, one process per GPU; rank 0 prints the JSON line. With dp = D each rank
+  // trains on its own `batch` sequences of a global batch of D x batch (the same tokens one GPU gets with
+  // --batch D x batch, so the losses compare).
+  std::string mesh;
 };
 
 void bench_train(const TrainBenchArgs& a);

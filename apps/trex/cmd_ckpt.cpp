@@ -1,5 +1,6 @@
 // trex ckpt inspect PATH           tensors (dtype, shape, bytes) and the config summary of a checkpoint
 // trex ckpt convert --in --out     re-export a DeepSeek-V4 checkpoint in the other naming / dtype
+// trex ckpt consolidate DIR --out ROOT   a (sharded) training checkpoint as one process's state checkpoint
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -11,6 +12,7 @@
 #include "model/dsv4/checkpoint.h"
 #include "model/dsv4/config.h"
 #include "model/dsv4/naming.h"
+#include "train/sharded_checkpoint.h"
 
 namespace trex::cli {
 namespace {
@@ -142,6 +144,16 @@ const bool registered = register_command(
                      o->in.c_str(), o->out.c_str(), written.size(), written.files().size(),
                      human_bytes(double(written.total_bytes())).c_str(), o->naming.c_str(), o->dtype.c_str(),
                      secs);
+       });
+
+       auto* cons = sub.add_subcommand(
+           "consolidate", "Write a training checkpoint (sharded, any layout) as a one-process checkpoint");
+       auto cin = std::make_shared<std::string>(), cout = std::make_shared<std::string>();
+       cons->add_option("dir", *cin, "a checkpoint step directory (manifest.json or state.json)")->required();
+       cons->add_option("--out", *cout, "directory to write step_NNNNNNNN into (e.g. RUN/checkpoints)")->required();
+       cons->callback([cin, cout] {
+         const fs::path written = train::consolidate_checkpoint(*cin, *cout);
+         std::printf("{\"checkpoint\": \"%s\", \"out\": \"%s\"}\n", cin->c_str(), written.string().c_str());
        });
      }});
 

@@ -1,4 +1,4 @@
-// `trex generate`: decode with the CPU incremental decoder. With a tokenizer, text in and out (optionally the
+// `trex generate`: decode with the CPU incremental decoder or, with --device cuda, the GPU engine. With a tokenizer, text in and out (optionally the
 // DeepSeek-V4 chat format, thinking on or off); without one, token ids in and out.
 #include <cstdio>
 #include <filesystem>
@@ -9,6 +9,7 @@
 #include "data/chat.h"
 #include "data/tokenizer.h"
 #include "infer/decoder.h"
+#include "infer/engine.h"
 #include "infer/generate.h"
 #include "infer/model_loader.h"
 
@@ -18,7 +19,7 @@ namespace fs = std::filesystem;
 using namespace trex;
 
 struct GenerateArgs {
-  std::string model, prompt, prompt_ids, tokenizer;
+  std::string model, prompt, prompt_ids, tokenizer, device = "cpu";
   int64_t max_new_tokens = 64, max_context = 0, batch = 1, prefill_chunk = 0;
   double temperature = 0.0, top_p = 1.0;
   uint64_t seed = 0;
@@ -71,7 +72,21 @@ void run(const GenerateArgs& a) {
       tok->encode_append(a.prompt, prompt, /*allow_special=*/true);
     }
   }
-  infer::Decoder dec(*model, a.max_context);
+  TREX_CHECK(a.device == "cpu" || a.device == "cuda", "--device must be cpu or cuda, got '{}'", a.device);
+  std::unique_ptr<infer::Engine> engine;
+  std::unique_ptr<infer::Decoder> dec;
+  if (a.device == "cuda") {
+#ifdef TREX_HAVE_CUDA
+    infer::CudaEngineOptions eo;
+    eo.slots = a.batch;
+    eo.max_context = a.max_context;
+    engine = infer::make_cuda_engine(model->config(), &model->params(), eo);
+#else
+    fail("--device cuda: this trex was built without CUDA (configure with -DTREX_CUDA=ON)");
+#endif
+  } else {
+    dec = std::make_unique<infer::Decoder>(*model, a.max_context);
+  }
   infer::GenerateOptions go;
   go.max_new_tokens = a.max_new_tokens;
   go.min_new_tokens = a.ignore_eos ? a.max_new_tokens : 0;
@@ -99,7 +114,8 @@ void run(const GenerateArgs& a) {
     (void)i;
   };
   infer::GenerateStats st;
-  const auto out = infer::generate(dec, prompts, go, on_token, &st);
+  const auto out = engine ? infer::generate(*engine, prompts, go, on_token, &st)
+                         : infer::generate(*dec, prompts, go, on_token, &st);
   for (size_t i = 0; i < out.size(); ++i) {
     if (a.batch == 1 && tok) {
       const std::string text = tok->decode(shown);
@@ -128,7 +144,7 @@ void run(const GenerateArgs& a) {
 }
 
 const bool registered = trex::cli::register_command(
-    {"generate", "generate text (or token ids) with a DeepSeek-V4 model on the CPU", [](CLI::App& app) {
+    {"generate", "generate text (or token ids) with a DeepSeek-V4 model (CPU or GPU)", [](CLI::App& app) {
        auto a = std::make_shared<GenerateArgs>();
        app.add_option("--model", a->model, "model directory (config.json + safetensors)")->required();
        app.add_option("--prompt", a->prompt, "prompt text (needs a tokenizer)");
@@ -150,6 +166,7 @@ const bool registered = trex::cli::register_command(
        app.add_option("--prefill-chunk", a->prefill_chunk,
                       "prefill at most this many tokens per step (0 = all)");
        app.add_flag("--ignore-eos", a->ignore_eos, "always generate --max-new-tokens tokens");
+       app.add_option("--device", a->device, "cpu (fp32 decoder) or cuda (bf16 GPU engine)")->capture_default_str();
        app.callback([a] { run(*a); });
      }});
 

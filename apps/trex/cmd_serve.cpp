@@ -1,4 +1,4 @@
-// `trex serve`: an OpenAI-compatible chat completion server over the CPU engine with continuous batching
+// `trex serve`: an OpenAI-compatible chat completion server over the CPU or GPU engine with continuous batching
 // (src/infer/chat_server.h documents the endpoints and request fields).
 #include <csignal>
 #include <cstdio>
@@ -20,7 +20,8 @@ namespace fs = std::filesystem;
 using namespace trex;
 
 struct ServeArgs {
-  std::string model, tokenizer, host = "127.0.0.1", name;
+  std::string model, config, tokenizer, host = "127.0.0.1", name, device = "cpu";
+  uint64_t seed = 0;
   int port = 8000;
   int64_t max_batch = 8, max_context = 0, max_queue = 256, prefill_chunk = 512, default_max_tokens = 256;
 };
@@ -36,18 +37,40 @@ void run(const ServeArgs& a) {
   TREX_CHECK(a.max_batch >= 1, "--max-batch must be >= 1");
   std::unique_ptr<data::Tokenizer> tok;
   std::string tok_path = a.tokenizer;
-  if (tok_path.empty() && fs::exists(fs::path(a.model) / "tokenizer.json"))
+  if (tok_path.empty() && !a.model.empty() && fs::exists(fs::path(a.model) / "tokenizer.json"))
     tok_path = (fs::path(a.model) / "tokenizer.json").string();
   if (!tok_path.empty()) tok = std::make_unique<data::Tokenizer>(data::Tokenizer::load(tok_path));
-  std::shared_ptr<dsv4::Model<float>> model = infer::load_inference_model(a.model);
+  TREX_CHECK(a.model.empty() != a.config.empty(), "give exactly one of --model DIR and --config FILE");
+  TREX_CHECK(a.device == "cpu" || a.device == "cuda", "--device must be cpu or cuda, got '{}'", a.device);
+  TREX_CHECK(a.config.empty() || a.device == "cuda", "--config (random weights) needs --device cuda");
+  std::unique_ptr<infer::Engine> engine;
+  if (a.device == "cuda") {
+#ifdef TREX_HAVE_CUDA
+    infer::CudaEngineOptions eo;
+    eo.slots = a.max_batch;
+    eo.max_context = a.max_context;
+    eo.seed = a.seed;
+    if (!a.config.empty()) {
+      engine = infer::make_cuda_engine(dsv4::load_model_config(a.config), nullptr, eo);
+    } else {
+      std::unique_ptr<dsv4::Model<float>> cpu = infer::load_inference_model(a.model);
+      engine = infer::make_cuda_engine(cpu->config(), &cpu->params(), eo);
+    }
+#else
+    fail("--device cuda: this trex was built without CUDA (configure with -DTREX_CUDA=ON)");
+#endif
+  } else {
+    std::shared_ptr<dsv4::Model<float>> model = infer::load_inference_model(a.model);
+    engine = infer::make_cpu_engine(model, a.max_batch, a.max_context);
+  }
   infer::SchedulerOptions so;
   so.max_queue = a.max_queue;
   so.prefill_chunk = a.prefill_chunk;
-  infer::Scheduler sched(infer::make_cpu_engine(model, a.max_batch, a.max_context), so);
+  infer::Scheduler sched(std::move(engine), so);
   infer::ServerOptions o;
   o.host = a.host;
   o.port = a.port;
-  o.model_name = a.name.empty() ? fs::path(a.model).filename().string() : a.name;
+  o.model_name = a.name.empty() ? fs::path(a.model.empty() ? a.config : a.model).stem().string() : a.name;
   if (o.model_name.empty()) o.model_name = "deepseek-v4";
   o.default_max_tokens = a.default_max_tokens;
   infer::ChatServer server(sched, tok.get(), o);
@@ -58,8 +81,8 @@ void run(const ServeArgs& a) {
     while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     server.stop();
   });
-  std::printf("serving %s on http://%s:%d (engine cpu, %lld slots, context %lld, tokenizer %s)\n",
-              o.model_name.c_str(), a.host.c_str(), port, (long long)a.max_batch,
+  std::printf("serving %s on http://%s:%d (engine %s, %lld slots, context %lld, tokenizer %s)\n",
+              o.model_name.c_str(), a.host.c_str(), port, sched.engine().name().c_str(), (long long)a.max_batch,
               (long long)sched.engine().max_context(),
               tok ? tok_path.c_str() : "none: prompt_token_ids only");
   std::fflush(stdout);
@@ -71,10 +94,13 @@ void run(const ServeArgs& a) {
 }
 
 const bool registered = trex::cli::register_command(
-    {"serve", "OpenAI-compatible chat completion server (CPU engine, continuous batching)",
+    {"serve", "OpenAI-compatible chat completion server (CPU or GPU engine, continuous batching)",
      [](CLI::App& app) {
        auto a = std::make_shared<ServeArgs>();
-       app.add_option("--model", a->model, "model directory (config.json + safetensors)")->required();
+       app.add_option("--model", a->model, "model directory (config.json + safetensors)");
+       app.add_option("--config", a->config, "config.json only: random bf16 weights (benchmarks; --device cuda)");
+       app.add_option("--seed", a->seed, "seed of the random weights (--config)")->capture_default_str();
+       app.add_option("--device", a->device, "cpu (fp32 decoder) or cuda (bf16 GPU engine)")->capture_default_str();
        app.add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: the model directory's, if any)");
        app.add_option("--host", a->host, "address to listen on")->capture_default_str();
        app.add_option("--port", a->port, "port (0 = any free port; the chosen one is printed)")

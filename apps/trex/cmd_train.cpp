@@ -1,8 +1,10 @@
 // trex train CONFIG --out DIR [--max-steps N]: CPT/SFT training; re-running with the same DIR resumes.
+// Under mpirun / srun (or with a `parallel:` section) it runs the distributed trainer; rank 0 prints the result.
 // trex export-hf RUN --out DIR: a run's newest checkpoint as a Hugging Face model directory.
 #include <fmt/format.h>
 
 #include "command.h"
+#include "comm/launch_env.h"
 #include "core/error.h"
 #include "train/export_hf.h"
 #include "train/run.h"
@@ -27,6 +29,7 @@ void setup(CLI::App& app) {
     o.max_steps = a->max_steps;
     o.show_progress = !a->no_progress;
     auto r = trex::train::run_training(a->config, a->out, o);
+    if (trex::comm::detect_launch_env().rank != 0) return;  // one result line per job, from rank 0
     fmt::print("{{\"start_step\": {}, \"end_step\": {}, \"resumed\": {}, \"first_loss\": {:.6f}, \"last_loss\": {:.6f}, "
                "\"spikes\": {}, \"rollbacks\": {}, \"out\": \"{}\"}}\n",
                r.start_step, r.end_step, r.resumed, r.first_loss, r.last_loss, r.spikes, r.rollbacks, a->out);

@@ -31,10 +31,39 @@ class Engine {
   // One step: logits [feeds.size(), vocab] of each feed's last token. Throws trex::Error before changing
   // any slot when a feed is invalid (slot out of range, context overflow, bad token id).
   virtual void forward(const std::vector<EngineFeed>& feeds, std::vector<float>& logits) = 0;
+  // The same step, returning each feed's greedy token (argmax of its logits, the lowest id on ties, as
+  // Sampler at temperature 0) instead of the logits: the CUDA engine picks them on the device and copies back
+  // one id per feed. Default: forward + a host argmax.
+  virtual void forward_greedy(const std::vector<EngineFeed>& feeds, std::vector<int32_t>& tokens) {
+    std::vector<float> logits;
+    forward(feeds, logits);
+    const int64_t V = config().vocab_size;
+    tokens.assign(feeds.size(), 0);
+    for (size_t k = 0; k < feeds.size(); ++k) {
+      const float* row = logits.data() + int64_t(k) * V;
+      int64_t best = 0;
+      for (int64_t i = 1; i < V; ++i)
+        if (row[i] > row[best]) best = i;
+      tokens[k] = int32_t(best);
+    }
+  }
   virtual int64_t cache_bytes() const = 0;  // all slots' caches
 };
 
 std::unique_ptr<Engine> make_cpu_engine(std::shared_ptr<dsv4::Model<float>> model, int64_t slots,
                                         int64_t max_context = 0);
+
+// The CUDA engine (src/infer/cuda_engine_cuda.cpp; only in builds with TREX_CUDA, where TREX_HAVE_CUDA is
+// defined): bf16 weights on the GPU, copied from `weights` (a CPU parameter table with the official names) or,
+// when it is null, random by `seed` (GpuModel::init_random). Its caches are allocated for max_context tokens
+// per slot up front (0 = min(config max_position, 16384)).
+struct CudaEngineOptions {
+  int64_t slots = 8;
+  int64_t max_context = 0;
+  uint64_t seed = 0;
+  bool moe_grouped_gemm = false;  // GpuModelOptions::moe_grouped_gemm (no host read of the expert counts)
+};
+std::unique_ptr<Engine> make_cuda_engine(const dsv4::ModelConfig& cfg, const dsv4::ParamTable<float>* weights,
+                                         const CudaEngineOptions& opts);
 
 }  // namespace trex::infer

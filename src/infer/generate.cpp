@@ -12,29 +12,67 @@ namespace {
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
+
+// The Decoder as an Engine: one caller-owned decoder, one sequence per slot (so both entry points share one loop).
+class DecoderEngine final : public Engine {
+ public:
+  DecoderEngine(Decoder& d, int64_t slots) : d_(d) {
+    for (int64_t i = 0; i < slots; ++i) seqs_.push_back(d_.new_sequence());
+  }
+  std::string name() const override { return "cpu"; }
+  const dsv4::ModelConfig& config() const override { return d_.config(); }
+  int64_t slots() const override { return int64_t(seqs_.size()); }
+  int64_t max_context() const override { return d_.max_context(); }
+  int64_t slot_length(int64_t slot) const override { return seqs_.at(size_t(slot))->length(); }
+  void reset(int64_t slot) override { seqs_.at(size_t(slot)) = d_.new_sequence(); }
+  void forward(const std::vector<EngineFeed>& feeds, std::vector<float>& logits) override {
+    std::vector<StepItem> items;
+    for (const EngineFeed& f : feeds) items.push_back(StepItem{seqs_.at(size_t(f.slot)).get(), f.ids, f.n, false});
+    d_.step(items, logits);
+  }
+  int64_t cache_bytes() const override {
+    int64_t b = 0;
+    for (const auto& q : seqs_) b += int64_t(q->bytes());
+    return b;
+  }
+
+ private:
+  Decoder& d_;
+  std::vector<std::unique_ptr<SequenceCache>> seqs_;
+};
+
 }  // namespace
 
 std::vector<GenerateResult> generate(Decoder& decoder, const std::vector<std::vector<int32_t>>& prompts,
                                      const GenerateOptions& opts,
                                      const std::function<void(size_t, int32_t)>& on_token,
                                      GenerateStats* stats) {
+  DecoderEngine e(decoder, std::max<int64_t>(int64_t(prompts.size()), 1));
+  return generate(e, prompts, opts, on_token, stats);
+}
+
+std::vector<GenerateResult> generate(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                                     const GenerateOptions& opts,
+                                     const std::function<void(size_t, int32_t)>& on_token,
+                                     GenerateStats* stats) {
   validate(opts.sampling);
   TREX_CHECK(opts.max_new_tokens >= 0, "generate: max_new_tokens must be >= 0, got {}", opts.max_new_tokens);
   const size_t B = prompts.size();
-  const int64_t V = decoder.vocab();
+  TREX_CHECK(int64_t(B) <= engine.slots(), "generate: {} prompts but the {} engine has {} slots", B, engine.name(),
+             engine.slots());
+  const int64_t V = engine.config().vocab_size;
   std::vector<int32_t> stop = opts.stop_ids;
-  if (stop.empty()) stop.push_back(int32_t(decoder.config().eos_token_id));
+  if (stop.empty()) stop.push_back(int32_t(engine.config().eos_token_id));
   for (size_t i = 0; i < B; ++i) {
     TREX_CHECK(!prompts[i].empty(), "generate: prompt {} is empty", i);
-    TREX_CHECK(int64_t(prompts[i].size()) + opts.max_new_tokens <= decoder.max_context(),
+    TREX_CHECK(int64_t(prompts[i].size()) + opts.max_new_tokens <= engine.max_context(),
                "generate: prompt {} has {} tokens; with max_new_tokens {} it exceeds the context limit of {}",
-               i, prompts[i].size(), opts.max_new_tokens, decoder.max_context());
+               i, prompts[i].size(), opts.max_new_tokens, engine.max_context());
   }
-  std::vector<std::unique_ptr<SequenceCache>> seqs;
   std::vector<Sampler> samplers;
   std::vector<GenerateResult> out(B);
   for (size_t i = 0; i < B; ++i) {
-    seqs.push_back(decoder.new_sequence());
+    engine.reset(int64_t(i));
     SamplingParams sp = opts.sampling;
     sp.seed += i;
     samplers.emplace_back(sp);
@@ -68,18 +106,18 @@ std::vector<GenerateResult> generate(Decoder& decoder, const std::vector<std::ve
   const int64_t chunk = opts.prefill_chunk > 0 ? opts.prefill_chunk : std::numeric_limits<int64_t>::max();
   std::vector<int64_t> fed(B, 0);
   for (;;) {
-    std::vector<StepItem> items;
+    std::vector<EngineFeed> items;
     std::vector<size_t> who;
     for (size_t i = 0; i < B; ++i) {
       const int64_t left = int64_t(prompts[i].size()) - fed[i];
       if (left <= 0) continue;
       const int64_t n = std::min(left, chunk);
-      items.push_back(StepItem{seqs[i].get(), prompts[i].data() + fed[i], n, false});
+      items.push_back(EngineFeed{int64_t(i), prompts[i].data() + fed[i], n});
       who.push_back(i);
       fed[i] += n;
     }
     if (items.empty()) break;
-    decoder.step(items, logits);
+    engine.forward(items, logits);
     for (size_t k = 0; k < who.size(); ++k) {
       st.prefill_tokens += items[k].n;
       if (fed[who[k]] == int64_t(prompts[who[k]].size()) && !done[who[k]])
@@ -90,15 +128,15 @@ std::vector<GenerateResult> generate(Decoder& decoder, const std::vector<std::ve
 
   t0 = std::chrono::steady_clock::now();
   for (;;) {
-    std::vector<StepItem> items;
+    std::vector<EngineFeed> items;
     std::vector<size_t> who;
     for (size_t i = 0; i < B; ++i)
       if (!done[i]) {
-        items.push_back(StepItem{seqs[i].get(), &next[i], 1, false});
+        items.push_back(EngineFeed{int64_t(i), &next[i], 1});
         who.push_back(i);
       }
     if (items.empty()) break;
-    decoder.step(items, logits);
+    engine.forward(items, logits);
     ++st.decode_steps;
     st.decode_tokens += int64_t(items.size());
     for (size_t k = 0; k < who.size(); ++k) pick(who[k], logits.data() + k * V);

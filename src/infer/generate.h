@@ -1,4 +1,4 @@
-// Batched generation on the CPU decoder: one prefill step for all prompts, then one decode step per new
+// Batched generation on the CPU decoder or any Engine: one prefill step for all prompts, then one decode step per new
 // token over every unfinished sequence. Stops a sequence at a stop token (EOS by default; the stop token is
 // not returned) or after max_new_tokens.
 #pragma once
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "infer/decoder.h"
+#include "infer/engine.h"
 #include "infer/sampler.h"
 
 namespace trex::infer {
@@ -33,6 +34,11 @@ struct GenerateStats {
 
 // on_token(sequence index, token) is called for every returned token as soon as it is sampled.
 std::vector<GenerateResult> generate(Decoder& decoder, const std::vector<std::vector<int32_t>>& prompts,
+                                     const GenerateOptions& opts,
+                                     const std::function<void(size_t, int32_t)>& on_token = {},
+                                     GenerateStats* stats = nullptr);
+// The same on any engine (slots 0 .. prompts-1 are reset and used; the engine needs that many slots).
+std::vector<GenerateResult> generate(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
                                      const GenerateOptions& opts,
                                      const std::function<void(size_t, int32_t)>& on_token = {},
                                      GenerateStats* stats = nullptr);

@@ -161,11 +161,18 @@ void Scheduler::step_once(std::vector<std::shared_ptr<Request>>& active) {
       feeds.push_back({r->slot_, &r->last_, 1});
     }
   }
+  // All-greedy steps let the engine pick the tokens (on the device for the CUDA engine: no logits copy).
+  bool greedy = true;
+  for (const auto& r : active) greedy = greedy && r->spec_.sampling.temperature == 0.0;
   std::vector<float> logits;
+  std::vector<int32_t> picked;
   const auto t0 = std::chrono::steady_clock::now();
   std::string error;
   try {
-    engine_->forward(feeds, logits);
+    if (greedy)
+      engine_->forward_greedy(feeds, picked);
+    else
+      engine_->forward(feeds, logits);
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -192,7 +199,7 @@ void Scheduler::step_once(std::vector<std::shared_ptr<Request>>& active) {
       new_prompt += feeds[k].n;
       if (r.fed_ < n) continue;  // more prompt chunks to go
     }
-    const int32_t t = r.sampler_.sample(logits.data() + int64_t(k) * V, V);
+    const int32_t t = greedy ? picked[k] : r.sampler_.sample(logits.data() + int64_t(k) * V, V);
     const auto& stop = r.spec_.stop_ids;
     if (std::find(stop.begin(), stop.end(), t) != stop.end()) {
       out[k].finish = "stop";

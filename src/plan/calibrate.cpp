@@ -171,18 +171,20 @@ ImplProfile prior_for(const std::string& implementation) {
   ImplProfile p;
   p.name = implementation;
   if (implementation == "trex") {
-    // Not fitted: measured directly. docs/performance.md's --sections breakdown of T-Rex's first H200 runs puts
-    // core attention + indexer at 68.1 ms (small-s6 @4096) and 322.9 ms (flash-l4 @8192) per step; the planner's
-    // sparse-attention FLOPs for those steps (0.69 and 3.60 TFLOP) give 10.1 and 11.1 TFLOP/s, i.e. 1.02% and
-    // 1.13% of the 989.4 TFLOP/s peak (fp32 CUDA-core kernels). Two step times cannot separate attention from
-    // GEMM efficiency, so the fit holds this and spends its parameters on eff_dense and block_overhead_s.
-    p.eff_attn = 0.0107;
+    // The fit's start value, from direct measurement: docs/performance.md's --sections breakdown of the session-2 runs
+    // (tensor-core sparse attention + indexer, 2026-11-29 22:45) puts the attention sub-layers at 109.1 ms
+    // (flash-l4 @8192) and 36.0 ms (small-s6 @4096) per step; the planner's sparse-attention + indexer FLOPs
+    // for those steps (3.60 and 0.69 TFLOP) give 33.0 and 19.2 TFLOP/s, i.e. 3.3% and 1.9% of the 989.4 TFLOP/s
+    // peak (the sections also hold the attention's small projections, so this is a lower bound on the
+    // kernels' own rate). The records now span 1- and 2-GPU layouts, so eff_attn is fitted from here
+    // (session 1 held it: its two single-GPU records could not separate attention from GEMM efficiency).
+    p.eff_attn = 0.0333;
   }
   return p;
 }
 
 std::vector<std::string> held_parameters(const std::string& implementation) {
-  if (implementation == "trex") return {"eff_attn"};
+  (void)implementation;  // none at present: every implementation's records span enough layouts
   return {};
 }
 

@@ -39,7 +39,7 @@ struct PredictionCheck {
 // The prior profile an implementation's fit starts from ("hf_baseline" -> hf_baseline-prior, else trex).
 ImplProfile prior_for(const std::string& implementation);
 // Time parameters the fitter holds at prior_for()'s value because they were measured directly
-// ("trex": eff_attn, from docs/performance.md's per-section step breakdown).
+// (none at present; session 1 held T-Rex's eff_attn while it had only two single-GPU records).
 std::vector<std::string> held_parameters(const std::string& implementation);
 std::vector<PredictionCheck> check_predictions(const std::vector<Measurement>& records, const ImplProfile& p);
 

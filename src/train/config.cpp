@@ -1,5 +1,7 @@
 #include "train/config.h"
 
+#include <fmt/format.h>
+
 #include "core/error.h"
 #include "train/yaml.h"
 
@@ -31,7 +33,8 @@ TrainConfig parse_train_config(const json& j, const std::string& where) {
   TrainConfig c;
   c.where = where;
   c.raw = j;
-  only_keys(j, {"seed", "model", "data", "optimizer", "schedule", "freeze", "train", "checkpoint", "spike", "logging"},
+  only_keys(j, {"seed", "model", "data", "optimizer", "schedule", "freeze", "train", "checkpoint", "spike", "logging",
+             "parallel"},
             where, "top level");
   get(j, "seed", c.seed, where, "top");
   TREX_CHECK(j.contains("model"), "{}: missing 'model' section", where);
@@ -97,12 +100,59 @@ TrainConfig parse_train_config(const json& j, const std::string& where) {
     TREX_CHECK(c.spike.action == "skip" || c.spike.action == "rollback" || c.spike.action == "none",
                "{}: spike.action '{}' (expected skip, rollback or none)", where, c.spike.action);
   }
+  if (j.contains("parallel")) {
+    const json& p = j["parallel"];
+    only_keys(p, {"pp", "dp", "ep", "vpp", "schedule", "micro_batches", "comm", "timeout_s"}, where, "parallel");
+    ParallelConfig& pc = c.parallel;
+    pc.present = true;
+    get(p, "pp", pc.mesh.pp, where, "parallel");
+    get(p, "dp", pc.mesh.dp, where, "parallel");
+    get(p, "ep", pc.mesh.ep, where, "parallel");
+    get(p, "vpp", pc.mesh.vpp, where, "parallel");
+    std::string kind = pc.mesh.vpp > 1 ? "interleaved" : "1f1b";
+    get(p, "schedule", kind, where, "parallel");
+    try {
+      pc.schedule = parallel::parse_schedule_kind(kind);
+    } catch (const Error& e) {
+      fail("{}: parallel.schedule: {}", where, e.what());
+    }
+    get(p, "micro_batches", pc.micro_batches, where, "parallel");
+    get(p, "comm", pc.comm, where, "parallel");
+    get(p, "timeout_s", pc.timeout_s, where, "parallel");
+    TREX_CHECK(pc.mesh.pp >= 1 && pc.mesh.dp >= 1 && pc.mesh.ep >= 1 && pc.mesh.vpp >= 1,
+               "{}: parallel.pp, dp, ep and vpp must be >= 1", where);
+    TREX_CHECK(pc.micro_batches >= 0, "{}: parallel.micro_batches must be >= 1 (or left out)", where);
+    TREX_CHECK(pc.comm == "auto" || pc.comm == "mpi" || pc.comm == "local",
+               "{}: parallel.comm '{}' (expected auto, mpi or local)", where, pc.comm);
+    TREX_CHECK(pc.timeout_s > 0, "{}: parallel.timeout_s must be > 0", where);
+    if (pc.micro_batches > 0) {
+      const int64_t accum = pc.micro_batches * pc.mesh.dp;
+      TREX_CHECK(!(j["data"].contains("grad_accum")) || c.grad_accum == accum,
+                 "{}: data.grad_accum {} but parallel.micro_batches {} x dp {} = {} micro-batches per step", where,
+                 c.grad_accum, pc.micro_batches, pc.mesh.dp, accum);
+      c.grad_accum = accum;
+    }
+  }
   if (j.contains("logging")) {
     only_keys(j["logging"], {"peak_flops", "plot"}, where, "logging");
     get(j["logging"], "peak_flops", c.peak_flops, where, "logging");
     get(j["logging"], "plot", c.plot, where, "logging");
   }
   return c;
+}
+
+std::string check_parallel_config(const TrainConfig& c, int world_size, const parallel::ModelShape& model) {
+  const ParallelConfig& p = c.parallel;
+  std::string why = parallel::check_mesh(p.mesh, world_size, model);
+  if (!why.empty()) return why;
+  if (c.grad_accum % p.mesh.dp != 0)
+    return fmt::format("data.grad_accum {} micro-batches per step cannot be dealt evenly to dp={} ranks", c.grad_accum,
+                       p.mesh.dp);
+  parallel::ScheduleSpec s{p.mesh.pp, p.mesh.vpp, c.grad_accum / p.mesh.dp, p.schedule};
+  if (p.mesh.vpp > 1 && p.schedule == parallel::ScheduleKind::OneFOneB)
+    return fmt::format("vpp={} needs the interleaved schedule (parallel.schedule: interleaved)", p.mesh.vpp);
+  why = parallel::check_schedule_spec(s);
+  return why;
 }
 
 TrainConfig load_train_config(const std::filesystem::path& path) {

@@ -10,6 +10,8 @@
 
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
+#include "parallel/mesh.h"
+#include "parallel/pipeline_schedule.h"
 
 namespace trex::train {
 
@@ -19,6 +21,19 @@ struct SpikeConfig {
   double min_ratio = 1.2;       // ... and loss > min_ratio * mean (ignores tiny-variance noise)
   int64_t window = 50, min_history = 20;
   int64_t max_rollbacks = 3;    // then the run stops with an error
+};
+
+// The device mesh of a distributed run (`parallel:` section). The step's global batch is the same as in one
+// process (grad_accum micro-batches of batch_size rows): its micro-batches are dealt to the DP ranks, each
+// DP rank runs grad_accum / dp of them through the pipeline. micro_batches (optional) is that per-DP-rank
+// count; when given, grad_accum = micro_batches x dp (a data.grad_accum that disagrees is an error).
+struct ParallelConfig {
+  bool present = false;  // the config has a parallel section
+  parallel::MeshSpec mesh;
+  parallel::ScheduleKind schedule = parallel::ScheduleKind::OneFOneB;
+  int64_t micro_batches = 0;  // per DP rank per step; 0 = grad_accum / dp
+  std::string comm = "auto";  // communicator backend: auto | mpi | local
+  double timeout_s = 600;     // a peer that does not answer within this stops the job (naming rank and op)
 };
 
 struct TrainConfig {
@@ -41,10 +56,15 @@ struct TrainConfig {
   SpikeConfig spike;
   double peak_flops = 989.4e12;  // MFU denominator (H200 dense bf16, ../shared/bench convention)
   bool plot = true;
+  ParallelConfig parallel;
   nlohmann::json raw;
 };
 
 TrainConfig parse_train_config(const nlohmann::json& j, const std::string& where);
 TrainConfig load_train_config(const std::filesystem::path& path);
+
+// Empty when the parallel section fits `world_size` processes and the model (check_mesh's reason, or
+// the batch / micro-batch arithmetic that does not divide), else why.
+std::string check_parallel_config(const TrainConfig& c, int world_size, const parallel::ModelShape& model);
 
 }  // namespace trex::train

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/error.h"
 #include "data/sampler.h"
@@ -29,28 +30,38 @@ static double normal(uint64_t& s) {
 // scale 1, attention sinks 0, compressor ape 0, router bias 0; tid2eid a fixed random table of K distinct
 // experts per token (the official hash is unpublished).
 void Dsv4Trainable::init_weights(uint64_t seed) {
-  auto& table = model_->params();
+  init_dsv4_weights(model_->params(), cfg_, opts_.model, opts_.init_std, seed);
+}
+
+void init_dsv4_weights(dsv4::ParamTable<float>& table, const dsv4::ModelConfig& cfg, const dsv4::ModelOptions& mopts,
+                       double init_std, uint64_t seed) {
+  const dsv4::ParamTable<float> whole = dsv4::Model<float>::declared_params(cfg, mopts);
   uint64_t s = seed;
-  for (const auto& e : table.entries()) {
-    float* v = table.arena_value(e);
+  for (const auto& e : whole.entries()) {
     const std::string& n = e.name;
     auto ends = [&](const char* suf) {
       const size_t l = std::strlen(suf);
       return n.size() >= l && n.compare(n.size() - l, l, suf) == 0;
     };
+    float* v = table.has(n) ? table.value(n) : nullptr;
     if (ends("norm.weight") || (n.find("hc_") != std::string::npos && ends("_scale"))) {
-      std::fill(v, v + e.numel, 1.0f);
+      if (v) std::fill(v, v + e.numel, 1.0f);
     } else if ((n.find("hc_") != std::string::npos && ends("_base")) || ends("attn_sink") || ends(".ape")) {
-      std::fill(v, v + e.numel, 0.0f);
+      if (v) std::fill(v, v + e.numel, 0.0f);
+    } else if (v) {
+      for (int64_t i = 0; i < e.numel; ++i) v[i] = float(init_std * normal(s));
     } else {
-      for (int64_t i = 0; i < e.numel; ++i) v[i] = float(opts_.init_std * normal(s));
+      s += uint64_t(2 * e.numel) * 0x9E3779B97F4A7C15ull;  // skip the 2 splitmix64 draws of each value
     }
   }
   for (auto& [name, b] : table.bias) std::fill(b.begin(), b.end(), 0.0f);
-  for (auto& [name, t] : table.tid2eid) {
-    const int64_t K = cfg_.topk, E = cfg_.n_routed_experts;
-    TREX_CHECK(K <= E, "config: topk {} > n_routed_experts {}", K, E);
-    for (int64_t tok = 0; tok < cfg_.vocab_size; ++tok)
+  const int64_t K = cfg.topk, E = cfg.n_routed_experts;
+  TREX_CHECK(K <= E, "config: topk {} > n_routed_experts {}", K, E);
+  std::vector<int32_t> scratch(size_t(cfg.vocab_size * K));
+  for (const auto& [name, unused] : whole.tid2eid) {
+    auto it = table.tid2eid.find(name);
+    std::vector<int32_t>& t = it != table.tid2eid.end() ? it->second : scratch;  // rejection sampling: replay it
+    for (int64_t tok = 0; tok < cfg.vocab_size; ++tok)
       for (int64_t k = 0; k < K; ++k) {
         int32_t e;
         bool dup;
@@ -62,6 +73,23 @@ void Dsv4Trainable::init_weights(uint64_t seed) {
         t[size_t(tok * K + k)] = e;
       }
   }
+}
+
+dsv4::SeqLayout batch_layout(const data::Batch& b) {
+  dsv4::SeqLayout layout;
+  layout.B = b.batch, layout.T = b.seq;
+  layout.pos.resize(size_t(b.batch * b.seq));
+  layout.doc_start.resize(size_t(b.batch * b.seq));
+  for (int64_t r = 0; r < b.batch; ++r) {
+    int64_t start = 0;
+    for (int64_t t = 0; t < b.seq; ++t) {
+      const size_t i = size_t(r * b.seq + t);
+      if (b.doc_start[i] || t == 0) start = t;
+      layout.pos[i] = b.pos[i];
+      layout.doc_start[i] = start;
+    }
+  }
+  return layout;
 }
 
 void Dsv4Trainable::load_pretrained(const std::filesystem::path& dir) {
@@ -85,19 +113,7 @@ void Dsv4Trainable::zero_grads() {
 }
 
 StepStats Dsv4Trainable::forward_backward(const data::Batch& b) {
-  dsv4::SeqLayout layout;
-  layout.B = b.batch, layout.T = b.seq;
-  layout.pos.resize(size_t(b.batch * b.seq));
-  layout.doc_start.resize(size_t(b.batch * b.seq));
-  for (int64_t r = 0; r < b.batch; ++r) {
-    int64_t start = 0;
-    for (int64_t t = 0; t < b.seq; ++t) {
-      const size_t i = size_t(r * b.seq + t);
-      if (b.doc_start[i] || t == 0) start = t;
-      layout.pos[i] = b.pos[i];
-      layout.doc_start[i] = start;
-    }
-  }
+  const dsv4::SeqLayout layout = batch_layout(b);
   StepStats s;
   s.loss = model_->forward(b.input_ids.data(), b.labels.data(), layout);
   model_->backward();

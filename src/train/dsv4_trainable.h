@@ -35,6 +35,9 @@ class Dsv4Trainable : public Trainable {
   std::string describe() const override;
 
   dsv4::Model<float>& model() { return *model_; }
+  // Tokens routed to each expert, per block, summed over the step's micro-batches; data parallelism sums
+  // them over the DP ranks (parallel::all_reduce_expert_loads) before after_optimizer_step().
+  std::vector<std::vector<int64_t>>& expert_load_sums() { return load_sum_; }
 
  private:
   void init_weights(uint64_t seed);
@@ -43,6 +46,14 @@ class Dsv4Trainable : public Trainable {
   std::unique_ptr<dsv4::Model<float>> model_;
   std::vector<std::vector<int64_t>> load_sum_;  // per block, summed over the step's micro-batches
 };
+
+// Design §5 initialisation of the tensors and buffers `table` holds, `table` being the whole model's or one
+// stage's (Model with a ModelPartition): it walks the WHOLE model's tensor list in declaration order with one
+// random stream, skipping what the table lacks, so every partition gets the values the whole model gets.
+void init_dsv4_weights(dsv4::ParamTable<float>& table, const dsv4::ModelConfig& cfg, const dsv4::ModelOptions& mopts,
+                       double init_std, uint64_t seed);
+// The packed-document layout of a batch (positions and row-local document starts from its flags).
+dsv4::SeqLayout batch_layout(const data::Batch& b);
 
 // The ../shared/bench convention (model_flops.py): 3 x forward matmul FLOPs of the weights one token
 // touches (activated experts only, LM head included) + core attention over the keys each position sees.

@@ -8,6 +8,7 @@
 #include "model/dsv4/checkpoint.h"
 #include "train/config.h"
 #include "train/dsv4_trainable.h"
+#include "train/sharded_checkpoint.h"
 #include "train/state_checkpoint.h"
 
 namespace trex::train {
@@ -28,14 +29,11 @@ fs::path export_hf(const fs::path& run_dir, const fs::path& out_dir, DType dtype
   Dsv4TrainOptions o;
   Dsv4Trainable model(mc, o, cfg.seed);  // same seed: the same tid2eid table the run trained with
   if (m.contains("init_from")) model.load_pretrained(m["init_from"].get<std::string>());
-  ckpt::SafetensorsReader r(*last / "model.safetensors");
+  CheckpointReader r(*last);  // a one-process checkpoint, or a sharded one of any layout
   dsv4::StateDict sd;
   for (const auto& p : model.params()) {
-    TensorView v = r.view(p.name);
-    TREX_CHECK(v.shape == p.shape && v.dtype == DType::F32, "{}: '{}' is {}, expected F32 {}", last->string(), p.name,
-               shape_str(v.shape), shape_str(p.shape));
     HostTensor t(DType::F32, p.shape);
-    std::memcpy(t.view.data, v.data, v.nbytes());
+    r.read_param(p.name, p.shape, t.view.as<float>());
     sd.emplace(p.name, std::move(t));
   }
   for (auto& [name, table] : model.model().params().tid2eid) {

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "comm/launch_env.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "ckpt/safetensors.h"
@@ -11,6 +12,7 @@
 #include "data/tokenizer.h"
 #include "model/dsv4/config.h"
 #include "train/dsv4_trainable.h"
+#include "train/sharded_checkpoint.h"
 #include "train/toy_model.h"
 #include "train/yaml.h"
 
@@ -23,22 +25,18 @@ namespace fs = std::filesystem;
 static void init_from_run(Trainable& model, const fs::path& run_dir, const std::string& where) {
   auto last = latest_checkpoint(run_dir / "checkpoints");
   TREX_CHECK(last.has_value(), "{}: init_from_run: no checkpoint in {}", where, (run_dir / "checkpoints").string());
-  ckpt::SafetensorsReader r(*last / "model.safetensors");
+  CheckpointReader r(*last);  // a one-process or a sharded checkpoint (sharded_checkpoint.h)
   for (const auto& p : model.params()) {
-    TensorView v;
     try {
-      v = r.view(p.name);
-    } catch (const Error&) {
-      fail("{}: init_from_run: {} lacks '{}'", where, last->string(), p.name);
+      r.read_param(p.name, p.shape, p.value);
+    } catch (const Error& e) {
+      fail("{}: init_from_run: {}", where, e.what());
     }
-    TREX_CHECK(v.dtype == DType::F32 && v.shape == p.shape, "{}: init_from_run: '{}' is {} in {}, the model needs {}",
-               where, p.name, shape_str(v.shape), last->string(), shape_str(p.shape));
-    std::memcpy(p.value, v.data, v.nbytes());
   }
   log::info("initialised from {}", last->string());
 }
 
-static std::unique_ptr<Trainable> make_model(const TrainConfig& cfg, const data::Tokenizer& tok) {
+std::unique_ptr<Trainable> make_model(const TrainConfig& cfg, const data::Tokenizer& tok) {
   const json& m = cfg.model;
   const std::string where = cfg.where + ": model";
   auto allowed = [&](std::initializer_list<const char*> keys) {
@@ -54,8 +52,26 @@ static std::unique_ptr<Trainable> make_model(const TrainConfig& cfg, const data:
     if (m.contains("init_from_run")) init_from_run(*model, m["init_from_run"].get<std::string>(), where);
     return model;
   }
-  allowed({"type", "config", "dsv4", "init_std", "init_from", "bias_update_speed", "balance_alpha", "use_mtp",
-           "init_from_run"});
+  dsv4::ModelConfig mc;
+  Dsv4TrainOptions o;
+  dsv4_model_setup(cfg, tok, &mc, &o);
+  auto model = std::make_unique<Dsv4Trainable>(mc, o, cfg.seed);
+  if (m.contains("init_from")) model->load_pretrained(m["init_from"].get<std::string>());
+  if (m.contains("init_from_run")) init_from_run(*model, m["init_from_run"].get<std::string>(), where);
+  return model;
+}
+
+void dsv4_model_setup(const TrainConfig& cfg, const data::Tokenizer& tok, dsv4::ModelConfig* mc_out,
+                      Dsv4TrainOptions* opts_out) {
+  const json& m = cfg.model;
+  const std::string where = cfg.where + ": model";
+  for (auto it = m.begin(); it != m.end(); ++it) {
+    bool ok = false;
+    for (const char* k : {"type", "config", "dsv4", "init_std", "init_from", "bias_update_speed", "balance_alpha",
+                          "use_mtp", "init_from_run"})
+      ok |= it.key() == k;
+    TREX_CHECK(ok, "{}: unknown key '{}' for model type {}", where, it.key(), cfg.model_type);
+  }
   dsv4::ModelConfig mc;
   if (m.contains("config")) {
     mc = dsv4::load_model_config(m["config"].get<std::string>());
@@ -71,14 +87,12 @@ static std::unique_ptr<Trainable> make_model(const TrainConfig& cfg, const data:
   o.model.balance_alpha = m.value("balance_alpha", 1e-4);
   o.model.use_mtp = m.value("use_mtp", true);
   o.model.mtp_weight = cfg.schedule.mtp_weight;
-  auto model = std::make_unique<Dsv4Trainable>(mc, o, cfg.seed);
-  if (m.contains("init_from")) model->load_pretrained(m["init_from"].get<std::string>());
-  if (m.contains("init_from_run")) init_from_run(*model, m["init_from_run"].get<std::string>(), where);
-  return model;
+  *mc_out = mc;
+  *opts_out = o;
 }
 
-TrainResult run_training(const fs::path& config, const fs::path& out_dir, const RunOptions& opts) {
-  TrainConfig cfg = load_train_config(config);
+fs::path prepare_run(const TrainConfig& cfg, const fs::path& config, const fs::path& out_dir, const RunOptions& opts,
+                     const data::Tokenizer& tok) {
   fs::create_directories(out_dir);
   const fs::path saved = out_dir / "config.json";
   if (fs::exists(saved)) {
@@ -90,7 +104,6 @@ TrainResult run_training(const fs::path& config, const fs::path& out_dir, const 
   }
   write_json_atomic(saved, cfg.raw);
 
-  data::Tokenizer tok = data::Tokenizer::load(cfg.tokenizer);
   fs::path shards = cfg.shards;
   if (shards.empty()) {
     shards = out_dir / "data";
@@ -104,12 +117,27 @@ TrainResult run_training(const fs::path& config, const fs::path& out_dir, const 
       log::info("prepared {} documents into {} rows ({} target tokens)", st.documents, st.rows, st.target_tokens);
     }
   }
-  data::ShardDataset ds(shards);
+  return shards;
+}
+
+void check_dataset(const TrainConfig& cfg, const fs::path& config, const fs::path& shards, const data::ShardDataset& ds,
+                   const data::Tokenizer& tok) {
   TREX_CHECK(ds.seq_len() == cfg.seq_len, "{}: shards in {} have seq_len {}, the config says {}", config.string(),
              shards.string(), ds.seq_len(), cfg.seq_len);
   TREX_CHECK(ds.index().value("vocab_size", int64_t(0)) == tok.vocab_size(),
              "{}: shards in {} were made with a tokenizer of {} tokens, this one has {}", config.string(),
              shards.string(), ds.index().value("vocab_size", int64_t(0)), tok.vocab_size());
+}
+
+TrainResult run_training(const fs::path& config, const fs::path& out_dir, const RunOptions& opts) {
+  TrainConfig cfg = load_train_config(config);
+  // Several processes, or a parallel section: the distributed trainer (distributed_run.cpp).
+  if (comm::detect_launch_env().world_size > 1 || cfg.parallel.present)
+    return run_distributed_training(cfg, config, out_dir, opts);
+  data::Tokenizer tok = data::Tokenizer::load(cfg.tokenizer);
+  const fs::path shards = prepare_run(cfg, config, out_dir, opts, tok);
+  data::ShardDataset ds(shards);
+  check_dataset(cfg, config, shards, ds, tok);
   auto model = make_model(cfg, tok);
   TrainerOptions to;
   to.stop_at = opts.max_steps;

@@ -5,7 +5,11 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 
+#include "data/shards.h"
+#include "data/tokenizer.h"
+#include "train/dsv4_trainable.h"
 #include "train/trainer.h"
 
 namespace trex::train {
@@ -15,7 +19,25 @@ struct RunOptions {
   bool show_progress = true;
 };
 
+// One process without a `parallel:` section: the Trainer; otherwise run_distributed_training.
 TrainResult run_training(const std::filesystem::path& config, const std::filesystem::path& out_dir,
                          const RunOptions& opts = {});
+
+// The distributed trainer (distributed_run.cpp): the world communicator from the launcher (mpirun, srun,
+// torchrun), the mesh of the config's parallel section (pure data parallelism over every process when
+// there is none), this rank's part of the model, DistributedTrainer. Rank 0 prepares the run directory.
+TrainResult run_distributed_training(const TrainConfig& cfg, const std::filesystem::path& config,
+                                     const std::filesystem::path& out_dir, const RunOptions& opts);
+
+// Shared by both: the model of the config (dsv4 or toy, initialised from the seed); the run directory's
+// recorded config and prepared data (returns the shards directory); the dataset's agreement with the config.
+std::unique_ptr<Trainable> make_model(const TrainConfig& cfg, const data::Tokenizer& tok);
+// The DeepSeek-V4 model config and training options of a dsv4 run config (checks its keys).
+void dsv4_model_setup(const TrainConfig& cfg, const data::Tokenizer& tok, dsv4::ModelConfig* mc, Dsv4TrainOptions* opts);
+std::filesystem::path prepare_run(const TrainConfig& cfg, const std::filesystem::path& config,
+                                  const std::filesystem::path& out_dir, const RunOptions& opts,
+                                  const data::Tokenizer& tok);
+void check_dataset(const TrainConfig& cfg, const std::filesystem::path& config, const std::filesystem::path& shards,
+                   const data::ShardDataset& ds, const data::Tokenizer& tok);
 
 }  // namespace trex::train

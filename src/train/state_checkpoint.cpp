@@ -10,6 +10,7 @@
 #include "ckpt/safetensors.h"
 #include "core/error.h"
 #include "core/files.h"
+#include "train/sharded_checkpoint.h"
 
 namespace trex::train {
 
@@ -38,14 +39,15 @@ TrainState TrainState::from_json(const json& j, const std::string& where) {
 
 static std::string step_dir_name(int64_t step) { return fmt::format("step_{:08d}", step); }
 
-static std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& root) {
+std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& root) {
   std::vector<std::pair<int64_t, fs::path>> out;
   if (!fs::exists(root)) return out;
   static const std::regex re("step_([0-9]{8})");
   for (const auto& e : fs::directory_iterator(root)) {
     std::smatch m;
     const std::string name = e.path().filename().string();
-    if (e.is_directory() && std::regex_match(name, m, re) && fs::exists(e.path() / "state.json"))
+    if (e.is_directory() && std::regex_match(name, m, re) &&
+        (fs::exists(e.path() / "state.json") || fs::exists(e.path() / "manifest.json")))
       out.emplace_back(std::stoll(m[1].str()), e.path());
   }
   std::sort(out.begin(), out.end());
@@ -119,6 +121,7 @@ static void load_into(const ckpt::SafetensorsReader& r, const std::string& name,
 }
 
 TrainState load_checkpoint(const fs::path& dir, const std::vector<optim::ParamRef>& params, optim::Optimizer& opt) {
+  if (fs::exists(dir / "manifest.json")) return load_into_optimizer(dir, params, opt);  // a sharded checkpoint
   const json state = read_json_file(dir / "state.json");
   TrainState st = TrainState::from_json(state, (dir / "state.json").string());
   {

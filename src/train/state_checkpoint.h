@@ -36,8 +36,12 @@ using FaultHook = std::function<void(std::string_view stage)>;
 std::filesystem::path save_checkpoint(const std::filesystem::path& root, const TrainState& st,
                                       const std::vector<optim::ParamRef>& params, optim::Optimizer& opt,
                                       int64_t keep_last, const FaultHook& fault = nullptr);
+// Complete checkpoints under root, oldest first: step_NNNNNNNN directories with state.json (this format) or
+// manifest.json (a sharded checkpoint, sharded_checkpoint.h).
+std::vector<std::pair<int64_t, std::filesystem::path>> list_checkpoints(const std::filesystem::path& root);
 std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& root);
-// Loads into the given params and optimiser; every tensor must be present with its shape.
+// Loads into the given params and optimiser; every tensor must be present with its shape. A sharded
+// checkpoint (manifest.json) of any layout is read by name (sharded_checkpoint.h load_into_optimizer).
 TrainState load_checkpoint(const std::filesystem::path& dir, const std::vector<optim::ParamRef>& params,
                            optim::Optimizer& opt);
 

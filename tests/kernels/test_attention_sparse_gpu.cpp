@@ -1,6 +1,9 @@
-// The CUDA sparse attention (forward and backward) against trex::cpu::sparse_attention_* in fp32 on the same
-// bf16-rounded inputs: packed documents, a sliding window, CSA selections with empty (-1) slots, HCA ranges,
-// a head count that is not a multiple of the 16 heads a block serves.
+// The CUDA sparse attention (forward and backward), both implementations (tensor cores, the default, and the
+// fp32 CUDA-core kernels), against trex::cpu::sparse_attention_* in fp32 on the same bf16-rounded inputs:
+// packed documents, a sliding window, CSA selections with empty (-1) slots, HCA ranges, head counts that are
+// not a multiple of the heads a block serves (16 for CUDA cores; 16, 32 or 64 for tensor cores), V4's
+// c = 512 x 64 heads, and key counts that are not a multiple of the 32- or 64-key tiles (every forward tiling
+// of the tensor-core kernel is checked).
 // Tolerances (relative L2): o, dq 1e-2 (bf16 outputs: 2^-9 rounding, fp32 sums in another order);
 // lse 1e-5 (fp32); dkv, dcmp, dsink 1e-2 (fp32 sums over bf16 o, whose rounding enters D = dO . O).
 #include <gtest/gtest.h>
@@ -10,6 +13,7 @@
 #include "gpu_test_util.h"
 #include "kernels/cpu/attention_sparse.h"
 #include "kernels/cuda/attention_sparse.h"
+#include "kernels/cuda/attention_sparse_mma.h"
 
 using trex::cuda::bf16;
 using trex::cuda::DeviceBuffer;
@@ -23,7 +27,9 @@ struct Case {
   uint32_t seed;
 };
 
-void run_case(const Case& cs) {
+using trex::cuda::SparseAttnKernel;
+
+void run_case(const Case& cs, SparseAttnKernel kernel) {
   const int64_t N = cs.N, H = cs.H, c = cs.c, E = cs.E;
   std::mt19937 g(cs.seed);
   // Two packed documents; the window stays inside its document.
@@ -83,32 +89,90 @@ void run_case(const Case& cs) {
   auto g_dkv = zeroed<float>(N * c), g_dcmp = zeroed<float>(E * c), g_dsink = zeroed<float>(H);
   auto scratch = poisoned<float>(trex::cuda::sparse_attention_bwd_scratch(N, H));
   trex::cuda::sparse_attention_fwd(d_q.as<bf16>(), d_kv.as<bf16>(), d_cmp.as<bf16>(), d_sink.as<float>(), N,
-                                   H, c, gk, g_o.as<bf16>(), g_lse.as<float>());
+                                   H, c, gk, g_o.as<bf16>(), g_lse.as<float>(), nullptr, kernel);
   trex::cuda::sparse_attention_bwd(d_q.as<bf16>(), d_kv.as<bf16>(), d_cmp.as<bf16>(), d_sink.as<float>(), N,
                                    E, H, c, gk, g_o.as<bf16>(), g_lse.as<float>(), d_do.as<bf16>(),
                                    g_dq.as<bf16>(), g_dkv.as<float>(), g_dcmp.as<float>(),
-                                   g_dsink.as<float>(), scratch.as<float>());
+                                   g_dsink.as<float>(), scratch.as<float>(), nullptr, kernel);
   TREX_CUDA(cudaDeviceSynchronize());
-  const std::string what =
-      std::string(cs.csa ? "CSA" : "HCA") + " c=" + std::to_string(c) + " H=" + std::to_string(H);
+  const std::string what = std::string(cs.csa ? "CSA" : "HCA") + " c=" + std::to_string(c) +
+                           " H=" + std::to_string(H) +
+                           (kernel == SparseAttnKernel::CudaCore ? " (CUDA cores)" : " (tensor cores)");
   EXPECT_LT(rel_err(to_f32(g_o.to_host<uint16_t>()), o), 1e-2) << what;
   EXPECT_LT(rel_err(g_lse.to_host<float>(), lse), 1e-5) << what;
   EXPECT_LT(rel_err(to_f32(g_dq.to_host<uint16_t>()), dq), 1e-2) << what;
   EXPECT_LT(rel_err(g_dkv.to_host<float>(), dkv), 1e-2) << what;
   EXPECT_LT(rel_err(g_dcmp.to_host<float>(), dcmp), 1e-2) << what;
   EXPECT_LT(rel_err(g_dsink.to_host<float>(), dsink), 1e-2) << what;
+  if (kernel != SparseAttnKernel::TensorCore) return;
+  // The other forward tilings of the tensor-core kernel (the default is Keys32).
+  using trex::cuda::mma_attn::FwdTiling;
+  for (FwdTiling tiling : {FwdTiling::Keys64, FwdTiling::Keys64Warps4, FwdTiling::MultiQuery}) {
+    auto t_o = poisoned<uint16_t>(N * H * c), t_lse = poisoned<float>(N * H);
+    trex::cuda::mma_attn::fwd(d_q.as<bf16>(), d_kv.as<bf16>(), d_cmp.as<bf16>(), d_sink.as<float>(), N, H, c, gk,
+                              t_o.as<bf16>(), t_lse.as<float>(), nullptr, tiling);
+    TREX_CUDA(cudaDeviceSynchronize());
+    const std::string tw = what + (tiling == FwdTiling::Keys64         ? " tiling Keys64"
+                                   : tiling == FwdTiling::Keys64Warps4 ? " tiling Keys64Warps4"
+                                                                       : " tiling MultiQuery");
+    EXPECT_LT(rel_err(to_f32(t_o.to_host<uint16_t>()), o), 1e-2) << tw;
+    EXPECT_LT(rel_err(t_lse.to_host<float>(), lse), 1e-5) << tw;
+  }
+  // The multi-query backward (blocks of floor(64 / H) queries when H <= 32; else the default), from the CPU o / lse
+  // rounded as the GPU keeps them. dsink from its per-(query, head) partials summed here.
+  {
+    std::vector<uint16_t> o_bits(o.size());
+    for (size_t k = 0; k < o.size(); ++k) o_bits[k] = trex::f32_to_bf16(o[k]);
+    auto m_o = DeviceBuffer::from_host(o_bits), m_lse = DeviceBuffer::from_host(lse);
+    auto m_dq = poisoned<uint16_t>(N * H * c), m_part = poisoned<float>(N * H);
+    auto m_dkv = zeroed<float>(N * c), m_dcmp = zeroed<float>(E * c);
+    trex::cuda::mma_attn::bwd(d_q.as<bf16>(), d_kv.as<bf16>(), d_cmp.as<bf16>(), d_sink.as<float>(), N, H, c, gk,
+                              m_o.as<bf16>(), m_lse.as<float>(), d_do.as<bf16>(), m_dq.as<bf16>(), m_dkv.as<float>(),
+                              m_dcmp.as<float>(), m_part.as<float>(), nullptr, /*multi_query=*/true);
+    TREX_CUDA(cudaDeviceSynchronize());
+    const std::vector<float> part = m_part.to_host<float>();
+    std::vector<float> m_dsink(H, 0.f);
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t h = 0; h < H; ++h) m_dsink[h] += part[size_t(i * H + h)];
+    const std::string tw = what + " multi-query backward";
+    EXPECT_LT(rel_err(to_f32(m_dq.to_host<uint16_t>()), dq), 1e-2) << tw;
+    EXPECT_LT(rel_err(m_dkv.to_host<float>(), dkv), 1e-2) << tw;
+    EXPECT_LT(rel_err(m_dcmp.to_host<float>(), dcmp), 1e-2) << tw;
+    EXPECT_LT(rel_err(m_dsink, dsink), 1e-2) << tw;
+  }
 }
 
 }  // namespace
 
+void run_both(const Case& cs) {
+  run_case(cs, SparseAttnKernel::TensorCore);
+  run_case(cs, SparseAttnKernel::CudaCore);
+}
+
 TEST(GpuSparseAttention, CsaSelectionWithEmptySlotsMatchesCpu) {
-  run_case({/*N=*/150, /*H=*/20, /*c=*/512, /*E=*/40, /*window=*/40, /*k_sel=*/37, true, 11});
+  run_both({/*N=*/150, /*H=*/20, /*c=*/512, /*E=*/40, /*window=*/40, /*k_sel=*/37, true, 11});
 }
 
 TEST(GpuSparseAttention, HcaRangesMatchCpu) {
-  run_case({/*N=*/131, /*H=*/16, /*c=*/256, /*E=*/34, /*window=*/64, /*k_sel=*/0, false, 21});
+  run_both({/*N=*/131, /*H=*/16, /*c=*/256, /*E=*/34, /*window=*/64, /*k_sel=*/0, false, 21});
 }
 
 TEST(GpuSparseAttention, WindowOnlyManyHeadsMatchesCpu) {
-  run_case({/*N=*/70, /*H=*/64, /*c=*/512, /*E=*/0, /*window=*/128, /*k_sel=*/0, false, 31});
+  run_both({/*N=*/70, /*H=*/64, /*c=*/512, /*E=*/0, /*window=*/128, /*k_sel=*/0, false, 31});
+}
+
+// V4 (flash) shapes: c = 512, 64 heads, a 128-row window and 100 selected slots (not a multiple of 32).
+TEST(GpuSparseAttention, CsaV4HeadsMatchesCpu) {
+  run_both({/*N=*/200, /*H=*/64, /*c=*/512, /*E=*/50, /*window=*/128, /*k_sel=*/100, true, 41});
+}
+
+TEST(GpuSparseAttention, HcaV4HeadsMatchesCpu) {
+  run_both({/*N=*/180, /*H=*/64, /*c=*/512, /*E=*/90, /*window=*/128, /*k_sel=*/0, false, 51});
+}
+
+// 48 heads: the tensor-core kernel pads a 64-head block; 24 heads: a 32-head block; c = 256 with 64 heads.
+TEST(GpuSparseAttention, PaddedHeadBlocksMatchCpu) {
+  run_both({/*N=*/97, /*H=*/48, /*c=*/512, /*E=*/30, /*window=*/50, /*k_sel=*/45, true, 61});
+  run_both({/*N=*/97, /*H=*/24, /*c=*/512, /*E=*/30, /*window=*/50, /*k_sel=*/0, false, 71});
+  run_both({/*N=*/97, /*H=*/64, /*c=*/256, /*E=*/30, /*window=*/50, /*k_sel=*/33, true, 81});
 }

@@ -1,6 +1,10 @@
 // The CUDA mHC site (mixing, Sinkhorn, collapse), expand and their backward passes against
 // trex::dsv4::mhc_* (src/model/dsv4/mhc.cpp, compiled into this test as the reference) in fp32 on the same
-// bf16 streams. N is not a multiple of the 8 tokens a block serves.
+// bf16 streams. N is not a multiple of the 8 tokens a block serves; the second case's stream width (4d = 1056)
+// is not a multiple of the 64 columns a weight-gradient block owns, and every accumulated gradient (dX, dy, dfn,
+// dbase, dscale) starts from random values on both sides. The backward runs twice on the GPU: bitwise equal
+// results (no atomics, fixed reduction order). The third case has enough tokens (1030) for the dfn reduction to
+// split the tokens into two ranges (partials in scratch, summed in order).
 // Tolerances (relative L2): mix, rstd, pre, post, comb 1e-5 (fp32 both sides, other summation order);
 // collapsed and Xout 1e-2 (bf16 outputs); expand backward 1e-5; site backward (dX, dfn, dbase, dscale) 1e-4
 // (fp32 through 39 recomputed Sinkhorn steps against the CPU's fp32-with-fp64-sums).
@@ -14,8 +18,14 @@ using trex::cuda::bf16;
 using trex::cuda::DeviceBuffer;
 using namespace trex::gpu_test;
 
-TEST(GpuMhc, SiteExpandForwardBackwardMatchCpu) {
-  const int64_t N = 37, n = 4, d = 256, M = 24, D = n * d;
+namespace {
+
+std::vector<float> start_values(size_t n, uint32_t seed, bool random) {
+  return random ? random_f32(n, seed, 0.5f) : std::vector<float>(n, 0.f);
+}
+
+void check_mhc(int64_t N, int64_t d, bool accumulate) {
+  const int64_t n = 4, M = 24, D = n * d;
   trex::dsv4::MhcShape cs;
   cs.n_tok = N;
   cs.n_hc = n;
@@ -30,10 +40,13 @@ TEST(GpuMhc, SiteExpandForwardBackwardMatchCpu) {
   trex::dsv4::MhcSiteActs<float> acts{mix.data(), rstd.data(), pre.data(), post.data(), comb.data()};
   trex::dsv4::mhc_site_fwd(cs, X.values.data(), fn.data(), base.data(), scale.data(), acts, col.data());
   trex::dsv4::mhc_expand_fwd(cs, X.values.data(), y.values.data(), post.data(), comb.data(), Xout.data());
-  std::vector<float> dX_exp(N * D, 0.f), dy(N * d, 0.f), dpost(N * n), dcomb(N * n * n);
+  const std::vector<float> dX_exp0 = start_values(N * D, 97, accumulate), dy0 = start_values(N * d, 98, accumulate),
+                           dX0 = start_values(N * D, 99, accumulate), dfn0 = start_values(M * D, 100, accumulate),
+                           dbase0 = start_values(M, 101, accumulate), dscale0 = start_values(3, 102, accumulate);
+  std::vector<float> dX_exp = dX_exp0, dy = dy0, dpost(N * n), dcomb(N * n * n);
   trex::dsv4::mhc_expand_bwd(cs, X.values.data(), y.values.data(), post.data(), comb.data(), dXout.data(),
                              dX_exp.data(), dy.data(), dpost.data(), dcomb.data());
-  std::vector<float> dX(N * D, 0.f), dfn(M * D, 0.f), dbase(M, 0.f), dscale(3, 0.f), scratch(N * M);
+  std::vector<float> dX = dX0, dfn = dfn0, dbase = dbase0, dscale = dscale0, scratch(N * M);
   trex::dsv4::mhc_site_bwd(cs, X.values.data(), fn.data(), base.data(), scale.data(), acts,
                            dcol.values.data(), dpost.data(), dcomb.data(), dX.data(), dfn.data(),
                            dbase.data(), dscale.data(), scratch.data());
@@ -50,8 +63,9 @@ TEST(GpuMhc, SiteExpandForwardBackwardMatchCpu) {
        g_post = poisoned<float>(N * n), g_comb = poisoned<float>(N * n * n),
        g_col = poisoned<uint16_t>(N * d), g_Xout = poisoned<uint16_t>(N * D),
        g_dpost = poisoned<float>(N * n), g_dcomb = poisoned<float>(N * n * n);
-  auto g_dXe = zeroed<float>(N * D), g_dy = zeroed<float>(N * d), g_dX = zeroed<float>(N * D),
-       g_dfn = zeroed<float>(M * D), g_dbase = zeroed<float>(M), g_dscale = zeroed<float>(3);
+  auto g_dXe = DeviceBuffer::from_host(dX_exp0), g_dy = DeviceBuffer::from_host(dy0),
+       g_dX = DeviceBuffer::from_host(dX0), g_dfn = DeviceBuffer::from_host(dfn0),
+       g_dbase = DeviceBuffer::from_host(dbase0), g_dscale = DeviceBuffer::from_host(dscale0);
   auto g_scratch = poisoned<float>(trex::cuda::mhc_site_bwd_scratch(gs));
   trex::cuda::MhcActs ga{g_mix.as<float>(), g_rstd.as<float>(), g_pre.as<float>(), g_post.as<float>(),
                          g_comb.as<float>()};
@@ -82,4 +96,37 @@ TEST(GpuMhc, SiteExpandForwardBackwardMatchCpu) {
   EXPECT_LT(rel_err(g_dfn.to_host<float>(), dfn), 1e-4);
   EXPECT_LT(rel_err(g_dbase.to_host<float>(), dbase), 1e-4);
   EXPECT_LT(rel_err(g_dscale.to_host<float>(), dscale), 1e-4);
+
+  // Same backward again from the same start: bitwise equal.
+  auto h_dXe = DeviceBuffer::from_host(dX_exp0), h_dy = DeviceBuffer::from_host(dy0),
+       h_dX = DeviceBuffer::from_host(dX0), h_dfn = DeviceBuffer::from_host(dfn0),
+       h_dbase = DeviceBuffer::from_host(dbase0), h_dscale = DeviceBuffer::from_host(dscale0);
+  trex::cuda::mhc_expand_bwd(gs, d_X.as<bf16>(), d_y.as<bf16>(), g_post.as<float>(), g_comb.as<float>(),
+                             d_dXout.as<float>(), h_dXe.as<float>(), h_dy.as<float>(), g_dpost.as<float>(),
+                             g_dcomb.as<float>());
+  trex::cuda::mhc_site_bwd(gs, d_X.as<bf16>(), d_fn.as<float>(), d_base.as<float>(), d_scale.as<float>(), ga,
+                           d_dcol.as<bf16>(), g_dpost.as<float>(), g_dcomb.as<float>(), h_dX.as<float>(),
+                           h_dfn.as<float>(), h_dbase.as<float>(), h_dscale.as<float>(),
+                           g_scratch.as<float>());
+  TREX_CUDA(cudaDeviceSynchronize());
+  EXPECT_EQ(h_dXe.to_host<float>(), g_dXe.to_host<float>());
+  EXPECT_EQ(h_dy.to_host<float>(), g_dy.to_host<float>());
+  EXPECT_EQ(h_dX.to_host<float>(), g_dX.to_host<float>());
+  EXPECT_EQ(h_dfn.to_host<float>(), g_dfn.to_host<float>());
+  EXPECT_EQ(h_dbase.to_host<float>(), g_dbase.to_host<float>());
+  EXPECT_EQ(h_dscale.to_host<float>(), g_dscale.to_host<float>());
+}
+
+}  // namespace
+
+TEST(GpuMhc, SiteExpandForwardBackwardMatchCpu) {
+  check_mhc(37, 256, false);
+}
+
+TEST(GpuMhc, BackwardAccumulatesOddWidthDeterministic) {
+  check_mhc(45, 264, true);
+}
+
+TEST(GpuMhc, BackwardTokenSplitWeightGradMatchesCpu) {
+  check_mhc(1030, 64, true);
 }

@@ -1,4 +1,6 @@
 #include "kernels/cuda/attention_sparse.h"
+
+#include "kernels/cuda/attention_sparse_mma.h"
 #include "kernels/cuda/cuda_check.h"
 
 namespace trex::cuda {
@@ -399,9 +401,19 @@ void check_args(int64_t N, int64_t H, int64_t c, const SparseKeySets& keys) {
 
 void sparse_attention_fwd(const bf16* q, const bf16* kv, const bf16* cmp, const float* sink, int64_t N,
                           int64_t H, int64_t c, const SparseKeySets& keys, bf16* o, float* lse,
-                          cudaStream_t s) {
+                          cudaStream_t s, SparseAttnKernel kernel) {
   if (N == 0) return;
   check_args(N, H, c, keys);
+  if (kernel != SparseAttnKernel::CudaCore && mma_attn::supported(c)) {
+    // Tiling by measured shape (dev/attention, H200, docs/performance.md): with few heads (H <= 32) the
+    // multi-query blocks win for the window and HCA keys (2.0-2.3x) but not for CSA's scattered selections;
+    // with 64 heads 4-warp 64-key tiles win for CSA (+14%) and lose for the short window / HCA key lists.
+    const bool csa = keys.cmp_sel != nullptr;
+    mma_attn::FwdTiling tiling = mma_attn::FwdTiling::Keys32;
+    if (H <= 32 && !csa) tiling = mma_attn::FwdTiling::MultiQuery;
+    if (H > 32 && csa) tiling = mma_attn::FwdTiling::Keys64Warps4;
+    return mma_attn::fwd(q, kv, cmp, sink, N, H, c, keys, o, lse, s, tiling);
+  }
   switch (c) {
     case 256:
       return launch_fwd<256>(q, kv, cmp, sink, N, H, keys, o, lse, s);
@@ -417,17 +429,22 @@ int64_t sparse_attention_bwd_scratch(int64_t N, int64_t H) {
 void sparse_attention_bwd(const bf16* q, const bf16* kv, const bf16* cmp, const float* sink, int64_t N,
                           int64_t E, int64_t H, int64_t c, const SparseKeySets& keys, const bf16* o,
                           const float* lse, const bf16* do_, bf16* dq, float* dkv, float* dcmp, float* dsink,
-                          float* scratch, cudaStream_t s) {
+                          float* scratch, cudaStream_t s, SparseAttnKernel kernel) {
   if (N == 0) return;
   check_args(N, H, c, keys);
   TREX_CHECK(E == 0 || dcmp, "sparse attention bwd (CUDA): {} compressed entries but dcmp is null", E);
-  switch (c) {
-    case 256:
-      launch_bwd<256>(q, kv, cmp, sink, N, H, keys, o, lse, do_, dq, dkv, dcmp, scratch, s);
-      break;
-    default:
-      launch_bwd<512>(q, kv, cmp, sink, N, H, keys, o, lse, do_, dq, dkv, dcmp, scratch, s);
-      break;
+  if (kernel != SparseAttnKernel::CudaCore && mma_attn::supported(c)) {
+    // Multi-query backward blocks win for every key kind when H <= 32 (CSA 1.25x, window 2.7x, HCA 3.2x).
+    mma_attn::bwd(q, kv, cmp, sink, N, H, c, keys, o, lse, do_, dq, dkv, dcmp, scratch, s, /*multi_query=*/H <= 32);
+  } else {
+    switch (c) {
+      case 256:
+        launch_bwd<256>(q, kv, cmp, sink, N, H, keys, o, lse, do_, dq, dkv, dcmp, scratch, s);
+        break;
+      default:
+        launch_bwd<512>(q, kv, cmp, sink, N, H, keys, o, lse, do_, dq, dkv, dcmp, scratch, s);
+        break;
+    }
   }
   dsink_reduce_kernel<<<unsigned(H), kThreads, 0, s>>>(dsink, scratch, N, H);
   TREX_CUDA_LAUNCHED();

@@ -3,7 +3,9 @@
 // order: window rows first, then compressed slots; -1 slots are empty; the sink adds exp(sink[h]) to the
 // denominator). bf16 q / kv / cmp, fp32 sink, lse and accumulation. One block serves kSparseAttnHeadsPerBlock
 // heads of one query, so every key row it loads is reused by all those heads. Head dim c must be 256 or 512
-// (V4: 512).
+// (V4: 512). Two implementations: TensorCore (attention_sparse_mma.cu: bf16 mma.sync, heads as the M dimension,
+// the default) and CudaCore (this file's fp32 kernels, kept as the reference the benchmark in dev/attention/
+// compares against).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -15,6 +17,9 @@ namespace trex::cuda {
 using bf16 = __nv_bfloat16;
 
 constexpr int kSparseAttnHeadsPerBlock = 16;
+
+// Which implementation serves a call: Auto = TensorCore (every supported c); CudaCore = the fp32 kernels.
+enum class SparseAttnKernel { Auto, CudaCore, TensorCore };
 
 // Device pointers; the same meaning as trex::cpu::SparseKeySets.
 struct SparseKeySets {
@@ -29,17 +34,19 @@ struct SparseKeySets {
 // lse [N, H] (fp32, log of the denominator including the sink).
 void sparse_attention_fwd(const bf16* q, const bf16* kv, const bf16* cmp, const float* sink, int64_t N,
                           int64_t H, int64_t c, const SparseKeySets& keys, bf16* o, float* lse,
-                          cudaStream_t s = nullptr);
+                          cudaStream_t s = nullptr, SparseAttnKernel kernel = SparseAttnKernel::Auto);
 
 // fp32 elements of scratch sparse_attention_bwd needs (per-query sink partials, reduced in a fixed order).
 int64_t sparse_attention_bwd_scratch(int64_t N, int64_t H);
 
 // do_ [N, H, c]. Writes dq [N, H, c] (bf16). ACCUMULATES dkv [N, c], dcmp [E, c] (fp32; dcmp may be null when
-// E = 0) with fp32 atomics (order-dependent rounding: not bitwise deterministic) and dsink [H] (fp32,
+// E = 0) with fp32 atomics, one per key row and block after summing over the block's heads (16 on CUDA cores,
+// up to 64 on tensor cores; order-dependent rounding: not bitwise deterministic) and dsink [H] (fp32,
 // deterministic). K = V: each key row gets dK + dV.
 void sparse_attention_bwd(const bf16* q, const bf16* kv, const bf16* cmp, const float* sink, int64_t N,
                           int64_t E, int64_t H, int64_t c, const SparseKeySets& keys, const bf16* o,
                           const float* lse, const bf16* do_, bf16* dq, float* dkv, float* dcmp, float* dsink,
-                          float* scratch, cudaStream_t s = nullptr);
+                          float* scratch, cudaStream_t s = nullptr,
+                          SparseAttnKernel kernel = SparseAttnKernel::Auto);
 
 }  // namespace trex::cuda

@@ -1,5 +1,6 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/hc_head.h"
+#include "kernels/cuda/token_weight_grad.cuh"
 
 namespace trex::cuda {
 
@@ -104,18 +105,6 @@ __global__ void hc_head_bwd_kernel(float* dX, float* dz_out, float* dmixr_out, c
   }
 }
 
-// dfn[k][j] += sum_t dmixr[t][k] X[t][j]: one thread per column j, tokens in order (deterministic).
-__global__ void hc_head_dfn_kernel(float* dfn, const float* dmixr, const bf16* X, int64_t N, int64_t D) {
-  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (j >= D) return;
-  float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
-  for (int64_t t = 0; t < N; ++t) {
-    const float xv = __bfloat162float(X[t * D + j]);
-    a0 += dmixr[t * 4] * xv, a1 += dmixr[t * 4 + 1] * xv, a2 += dmixr[t * 4 + 2] * xv, a3 += dmixr[t * 4 + 3] * xv;
-  }
-  dfn[j] += a0, dfn[D + j] += a1, dfn[2 * D + j] += a2, dfn[3 * D + j] += a3;
-}
-
 __global__ void hc_head_small_grads_kernel(float* dbase, float* dscale, const float* dz, const float* mix,
                                            int64_t N) {
   __shared__ float shared[5 * 32];
@@ -146,12 +135,14 @@ void hc_head_bwd(float* dX, float* dfn, float* dbase, float* dscale, const bf16*
                  const float* fn, const float* base, const float* scale, const float* mix, const float* rstd,
                  const float* w, int64_t N, int64_t d, float* scratch, cudaStream_t s) {
   if (N == 0) return;
+  TREX_CHECK(reinterpret_cast<uintptr_t>(scratch) % 16 == 0,
+             "hc_head_bwd (CUDA): scratch must be 16-byte aligned (float4 rows of dmix)");
   float* dz = scratch;
   float* dmixr = scratch + 4 * N;
   hc_head_bwd_kernel<<<unsigned(N), kThreads, 0, s>>>(dX, dz, dmixr, dy, X, fn, base, scale, mix, rstd, w, d);
   TREX_CUDA_LAUNCHED();
   if (dfn) {
-    hc_head_dfn_kernel<<<unsigned((4 * d + 255) / 256), 256, 0, s>>>(dfn, dmixr, X, N, 4 * d);
+    token_weight_grad<4>(N, 4 * d, X, dmixr, dfn, nullptr, s);
     TREX_CUDA_LAUNCHED();
   }
   if (dbase || dscale) {

@@ -2,6 +2,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/indexer.h"
+#include "kernels/cuda/mma_ptx.cuh"
 
 namespace trex::cuda {
 
@@ -9,7 +10,32 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Shared: q [NI][cI] bf16, w [NI] fp32, scores [P] fp32, index [P] int32 (P = power of two >= max visible).
+// Bitonic sort of sc / ix [P] (descending by score, ties by ascending index; padding: -inf with the largest
+// indices), then the best min(k_sel, nv) entries of query t as global indices vb + ix, the remaining slots -1.
+__device__ void sort_and_select(int64_t* sel, float* sc, int* ix, int P, int64_t t, int64_t vb, int nv,
+                                int64_t k_sel) {
+  for (int size = 2; size <= P; size <<= 1)
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int i = threadIdx.x; i < P; i += blockDim.x) {
+        const int j = i ^ stride;
+        if (j > i) {
+          const bool desc = (i & size) == 0;
+          const float si = sc[i], sj = sc[j];
+          const int ii = ix[i], ij = ix[j];
+          const bool i_first = si > sj || (si == sj && ii < ij);
+          if (i_first != desc) {
+            sc[i] = sj, sc[j] = si;
+            ix[i] = ij, ix[j] = ii;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  const int take = nv < k_sel ? nv : int(k_sel);
+  for (int s = threadIdx.x; s < k_sel; s += blockDim.x) sel[t * k_sel + s] = s < take ? vb + ix[s] : -1;
+}
+
+// CUDA cores. Shared: q [NI][cI] bf16, w [NI] fp32, scores [P] fp32, index [P] int32 (P = power of two >= max visible).
 template <int NI>
 __global__ void indexer_topk_kernel(int64_t* sel, const bf16* q, const float* w, const bf16* keys,
                                     IndexerTopkArgs a, int P) {
@@ -56,26 +82,7 @@ __global__ void indexer_topk_kernel(int64_t* sel, const bf16* q, const float* w,
     ix[s] = s;
   }
   __syncthreads();
-  // Bitonic sort, descending by score, ties by ascending index (padding: -inf with the largest indices).
-  for (int size = 2; size <= P; size <<= 1)
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      for (int i = threadIdx.x; i < P; i += blockDim.x) {
-        const int j = i ^ stride;
-        if (j > i) {
-          const bool desc = (i & size) == 0;
-          const float si = sc[i], sj = sc[j];
-          const int ii = ix[i], ij = ix[j];
-          const bool i_first = si > sj || (si == sj && ii < ij);
-          if (i_first != desc) {
-            sc[i] = sj, sc[j] = si;
-            ix[i] = ij, ix[j] = ii;
-          }
-        }
-      }
-      __syncthreads();
-    }
-  const int take = nv < a.k_sel ? nv : int(a.k_sel);
-  for (int s = threadIdx.x; s < a.k_sel; s += blockDim.x) sel[t * a.k_sel + s] = s < take ? vb + ix[s] : -1;
+  sort_and_select(sel, sc, ix, P, t, vb, nv, a.k_sel);
 }
 
 template <int NI>
@@ -87,10 +94,136 @@ void launch(int64_t* sel, const bf16* q, const float* w, const bf16* keys, const
   TREX_CUDA_LAUNCHED();
 }
 
+// Tensor cores (NI a multiple of 16, CI 64 or 128): the query's heads are the M dimension, 128-key tiles of its
+// visible range are staged in shared memory with cp.async (double buffered); warp w scores keys 16 w .. 16 w + 15
+// of a tile for all heads (mma.m16n8k16, fp32 accumulate), then sums w_h ReLU(.) over the heads in registers and
+// across the 8 row lanes with shuffles (a fixed order: deterministic). Shared: q [NI][CI + 8], key tiles
+// [2][128][CI + 8] (bf16; 8 padding elements keep ldmatrix rows on distinct banks), w [NI], scores / index [P].
+constexpr int kIdxTile = 128;
+
+template <int NI, int CI>
+struct MmaIdxSmem {
+  static constexpr size_t q = size_t(NI) * (CI + 8) * 2;
+  static constexpr size_t k = size_t(2) * kIdxTile * (CI + 8) * 2;
+  static constexpr size_t w = size_t(NI) * 4;
+  static size_t total(int P) { return q + k + w + size_t(P) * 8; }
+};
+
+template <int NI, int CI>
+__global__ void __launch_bounds__(kThreads)
+    indexer_topk_mma_kernel(int64_t* sel, const bf16* q, const float* w, const bf16* keys, IndexerTopkArgs a,
+                            int P) {
+  using namespace ptx;
+  constexpr int MT = NI / 16, LD = CI + 8, kChunks = CI / 8;
+  using L = MmaIdxSmem<NI, CI>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* qs = reinterpret_cast<bf16*>(smem);
+  bf16* ks = reinterpret_cast<bf16*>(smem + L::q);
+  float* ws = reinterpret_cast<float*>(smem + L::q + L::k);
+  float* sc = ws + NI;
+  int* ix = reinterpret_cast<int*>(sc + P);
+  const int64_t t = blockIdx.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+  const int64_t vb = a.vis_begin[t];
+  const int nv = int(a.vis_end[t] - vb);
+  const int n_tiles = (nv + kIdxTile - 1) / kIdxTile;
+  const float inv_sqrt_c = rsqrtf(float(CI));
+
+  for (int idx = threadIdx.x; idx < NI * kChunks; idx += kThreads)
+    cp_async16(qs + (idx / kChunks) * LD + (idx % kChunks) * 8, q + t * NI * CI + idx * 8, true);
+  auto load_keys = [&](int tile, int buf) {
+    for (int idx = threadIdx.x; idx < kIdxTile * kChunks; idx += kThreads) {
+      const int j = idx / kChunks, v = idx % kChunks;
+      const int s = tile * kIdxTile + j;
+      cp_async16(ks + (buf * kIdxTile + j) * LD + v * 8, s < nv ? keys + (vb + s) * CI + v * 8 : keys, s < nv);
+    }
+  };
+  if (n_tiles > 0) load_keys(0, 0);
+  cp_async_commit();
+  for (int h = threadIdx.x; h < NI; h += kThreads) ws[h] = w[t * NI + h] * a.w_scale;
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int buf = tile & 1;
+    if (tile + 1 < n_tiles) load_keys(tile + 1, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    float acc[MT][2][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mt][n][e] = 0.f;
+    const bf16* bp = ks + (buf * kIdxTile + warp * 16 + (lane % 8) + (lane / 16) * 8) * LD + ((lane / 8) % 2) * 8;
+#pragma unroll
+    for (int kd = 0; kd < CI; kd += 16) {
+      uint32_t b[4];
+      ldsm_x4(b, bp + kd);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        uint32_t af[4];
+        ldsm_x4(af, qs + (mt * 16 + lane % 16) * LD + kd + (lane / 16) * 8);
+        mma(acc[mt][0], af, b[0], b[1]);
+        mma(acc[mt][1], af, b[2], b[3]);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float v = 0.f;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+          v += ws[mt * 16 + g] * fmaxf(acc[mt][n][e], 0.f) + ws[mt * 16 + g + 8] * fmaxf(acc[mt][n][2 + e], 0.f);
+        v += __shfl_xor_sync(0xffffffffu, v, 4);
+        v += __shfl_xor_sync(0xffffffffu, v, 8);
+        v += __shfl_xor_sync(0xffffffffu, v, 16);
+        const int s = tile * kIdxTile + warp * 16 + n * 8 + 2 * tq + e;
+        if (g == 0 && s < P) sc[s] = s < nv ? v * inv_sqrt_c : -INFINITY;
+      }
+    __syncthreads();  // the next iteration's loads overwrite this buffer
+  }
+  for (int s = threadIdx.x; s < P; s += kThreads) {
+    if (s >= n_tiles * kIdxTile) sc[s] = -INFINITY;
+    ix[s] = s;
+  }
+  __syncthreads();
+  sort_and_select(sel, sc, ix, P, t, vb, nv, a.k_sel);
+}
+
+template <int NI, int CI>
+bool launch_mma(int64_t* sel, const bf16* q, const float* w, const bf16* keys, const IndexerTopkArgs& a, int P,
+                cudaStream_t s) {
+  const size_t smem = MmaIdxSmem<NI, CI>::total(P);
+  if (smem > 220 * 1024) return false;
+  TREX_CUDA(cudaFuncSetAttribute(indexer_topk_mma_kernel<NI, CI>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 int(smem)));
+  indexer_topk_mma_kernel<NI, CI><<<unsigned(a.n_tok), kThreads, smem, s>>>(sel, q, w, keys, a, P);
+  TREX_CUDA_LAUNCHED();
+  return true;
+}
+
+// The tensor-core path when the shape allows; false = use the CUDA-core kernel.
+bool try_mma(int64_t* sel, const bf16* q, const float* w, const bf16* keys, const IndexerTopkArgs& a, int P,
+             cudaStream_t s) {
+  const int64_t NI = a.n_heads, CI = a.head_dim;
+  if (CI == 128) {
+    if (NI == 64) return launch_mma<64, 128>(sel, q, w, keys, a, P, s);
+    if (NI == 32) return launch_mma<32, 128>(sel, q, w, keys, a, P, s);
+    if (NI == 16) return launch_mma<16, 128>(sel, q, w, keys, a, P, s);
+  } else if (CI == 64) {
+    if (NI == 64) return launch_mma<64, 64>(sel, q, w, keys, a, P, s);
+    if (NI == 32) return launch_mma<32, 64>(sel, q, w, keys, a, P, s);
+    if (NI == 16) return launch_mma<16, 64>(sel, q, w, keys, a, P, s);
+  }
+  return false;
+}
+
 }  // namespace
 
 void indexer_topk(int64_t* sel, const bf16* q, const float* w, const bf16* keys, const IndexerTopkArgs& a,
-                  cudaStream_t s) {
+                  cudaStream_t s, IndexerKernel kernel) {
   if (a.n_tok == 0) return;
   TREX_CHECK(a.head_dim > 0 && a.head_dim % 8 == 0, "indexer_topk: head dim {} must be a multiple of 8",
              a.head_dim);
@@ -100,6 +233,7 @@ void indexer_topk(int64_t* sel, const bf16* q, const float* w, const bf16* keys,
   const size_t smem = size_t(a.n_heads * a.head_dim) * 2 + size_t(a.n_heads) * 4 + size_t(P) * 8;
   TREX_CHECK(smem <= 220 * 1024, "indexer_topk: {} visible entries need {} bytes of shared memory", a.max_visible,
              smem);
+  if (kernel != IndexerKernel::CudaCore && try_mma(sel, q, w, keys, a, P, s)) return;
   switch (a.n_heads) {
     case 4: return launch<4>(sel, q, w, keys, a, P, smem, s);
     case 8: return launch<8>(sel, q, w, keys, a, P, smem, s);

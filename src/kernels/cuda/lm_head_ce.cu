@@ -51,17 +51,24 @@ __global__ void init_rows_kernel(float* run_max, float* run_sum, float* target, 
 }
 
 // One block per row: merge the chunk's max / sum-exp into the row's running pair; pick up the target logit.
+// One read of the chunk's logits: each thread keeps an online (max, sum-exp) pair, rescaled to the block max.
 __global__ void chunk_update_kernel(const float* logits, int64_t vc, int64_t v0, const int32_t* targets,
                                     float* run_max, float* run_sum, float* target) {
   __shared__ float red[kThreads / 32];
   const int64_t r = blockIdx.x;
   const float* z = logits + r * vc;
-  float mx = -INFINITY;
-  for (int64_t v = threadIdx.x; v < vc; v += kThreads) mx = fmaxf(mx, z[v]);
-  mx = block_reduce(mx, red, true);
-  float se = 0.f;
-  for (int64_t v = threadIdx.x; v < vc; v += kThreads) se += __expf(z[v] - mx);
-  se = block_reduce(se, red, false);
+  float m = -INFINITY, e = 0.f;
+  for (int64_t v = threadIdx.x; v < vc; v += kThreads) {
+    const float x = z[v];
+    if (x > m) {
+      e = e * __expf(m - x) + 1.f;
+      m = x;
+    } else {
+      e += __expf(x - m);
+    }
+  }
+  const float mx = block_reduce(m, red, true);
+  const float se = block_reduce(m == -INFINITY ? 0.f : e * __expf(m - mx), red, false);
   if (threadIdx.x == 0) {
     const float m_old = run_max[r], m_new = fmaxf(m_old, mx);
     run_sum[r] = run_sum[r] * __expf(m_old - m_new) + se * __expf(mx - m_new);
@@ -89,15 +96,15 @@ __global__ void sum_kernel(const float* x, int64_t n, float* out) {
   if (threadIdx.x == 0) out[0] = acc;
 }
 
-__global__ void dlogits_kernel(const float* logits, int64_t n, int64_t vc, int64_t v0, const int32_t* targets,
+// Block (row r, 256 columns): dlogits = scale * (softmax - onehot(target)) in bf16; ignored rows get zeros.
+__global__ void dlogits_kernel(const float* logits, int64_t vc, int64_t v0, const int32_t* targets,
                                const float* lse, float scale, bf16* dl) {
-  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= n * vc) return;
-  const int64_t r = idx / vc, v = idx % vc;
+  const int64_t r = blockIdx.x, v = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (v >= vc) return;
   const int32_t t = targets[r];
   float g = 0.f;
-  if (t >= 0) g = scale * (__expf(logits[idx] - lse[r]) - (v0 + v == t ? 1.f : 0.f));
-  dl[idx] = __float2bfloat16(g);
+  if (t >= 0) g = scale * (__expf(logits[r * vc + v] - lse[r]) - (v0 + v == t ? 1.f : 0.f));
+  dl[r * vc + v] = __float2bfloat16(g);
 }
 
 unsigned blocks(int64_t n) {
@@ -107,6 +114,8 @@ unsigned blocks(int64_t n) {
 void check_shape(const LmHeadCeShape& s) {
   TREX_CHECK(s.n >= 0 && s.d > 0 && s.vocab > 0 && s.chunk > 0,
              "lm_head_ce: bad shape n={} d={} vocab={} chunk={}", s.n, s.d, s.vocab, s.chunk);
+  TREX_CHECK(s.n < (int64_t(1) << 31) && (s.chunk + kThreads - 1) / kThreads <= 65535,
+             "lm_head_ce: n={} or chunk={} too large for the (row, column-block) grid", s.n, s.chunk);
 }
 
 }  // namespace
@@ -151,8 +160,8 @@ void lm_head_ce_bwd(Gemm& gemm, const LmHeadCeShape& s, const bf16* hidden, cons
     const int64_t vc = std::min(s.chunk, s.vocab - v0);
     gemm.run({s.n, vc, s.d, false, true, GemmType::BF16, GemmType::F32}, hidden, w_head + v0 * s.d, sc.logits,
              1.f, 0.f, stream);
-    dlogits_kernel<<<blocks(s.n * vc), kThreads, 0, stream>>>(sc.logits, s.n, vc, v0, targets, lse, scale,
-                                                              sc.dlogits);
+    dlogits_kernel<<<dim3(unsigned(s.n), blocks(vc)), kThreads, 0, stream>>>(sc.logits, vc, v0, targets, lse,
+                                                                              scale, sc.dlogits);
     TREX_CUDA_LAUNCHED();
     if (dhidden)
       gemm.run({s.n, s.d, vc, false, false, GemmType::BF16, GemmType::F32}, sc.dlogits, w_head + v0 * s.d,

@@ -1,5 +1,6 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/mhc.h"
+#include "kernels/cuda/token_weight_grad.cuh"
 
 namespace trex::cuda {
 namespace {
@@ -90,47 +91,82 @@ __device__ inline uint4 pack8(const float* f) {
   return v;
 }
 
+// 8 consecutive fp32 values as two 16-byte accesses (callers pass 32-byte aligned addresses).
+__device__ inline void load8(const float* p, float* f) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+__device__ inline void store8(float* p, const float* f) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(f[0], f[1], f[2], f[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(f[4], f[5], f[6], f[7]);
+}
+
 __device__ inline int scale_group(int k) {
   return k < kN ? 0 : (k < 2 * kN ? 1 : 2);
 }
 
 // kTok tokens per block: the 24-wide projection through smem chunks (fn reused by the block's tokens), the
-// gates and Sinkhorn (warp per token), then the collapse.
+// gates and Sinkhorn (warp per token), then the collapse. Projection tiling: warp w owns mix rows 3w..3w+2 for
+// all 8 tokens, lane l the chunk columns l, l + 32, ...; so each shared load of x feeds 3 FMAs and each load of
+// fn 8 (warp 0 also sums x^2), and the lane partials meet in one butterfly per output (fixed order).
+static_assert(kM == 3 * (kThreads / 32), "site_fwd_kernel: 8 warps x 3 mix rows");
 __global__ void __launch_bounds__(kThreads)
     site_fwd_kernel(MhcDims s, const bf16* X, const float* fn, const float* base, const float* scale,
                     MhcActs a, bf16* collapsed) {
   __shared__ float xs[kTok][kChunk];
   __shared__ float fs[kM][kChunk + 1];
-  __shared__ float rs[kTok], mixs[kTok][kM], pres[kTok][kN];
-  const int tid = threadIdx.x;
+  __shared__ float rs[kTok], mixs[kTok][kM], pres[kTok][kN], raw[kTok][kM], ssq[kTok];
+  const int tid = threadIdx.x, pw = tid / 32, pl = tid % 32;
   const int64_t t0 = int64_t(blockIdx.x) * kTok, D = kN * s.d;
-  const int tt = tid / kM, k = tid % kM;  // projection role (tid < 192)
-  float acc = 0.f, ss = 0.f;
+  float acc[kTok][3], ss[kTok];
+#pragma unroll
+  for (int u = 0; u < kTok; ++u) acc[u][0] = acc[u][1] = acc[u][2] = ss[u] = 0.f;
   for (int64_t c0 = 0; c0 < D; c0 += kChunk) {
     const int64_t j = c0 + tid;
     for (int u = 0; u < kTok; ++u)
       xs[u][tid] = (t0 + u < s.n_tok && j < D) ? __bfloat162float(X[(t0 + u) * D + j]) : 0.f;
     for (int r = 0; r < kM; ++r) fs[r][tid] = j < D ? fn[r * D + j] : 0.f;
     __syncthreads();
-    if (tid < kTok * kM) {
-#pragma unroll 8
-      for (int jj = 0; jj < kChunk; ++jj) acc = fmaf(fs[k][jj], xs[tt][jj], acc);
-    } else if (tid < kTok * kM + kTok) {
-      const int u = tid - kTok * kM;
-#pragma unroll 8
-      for (int jj = 0; jj < kChunk; ++jj) ss = fmaf(xs[u][jj], xs[u][jj], ss);
+#pragma unroll 2
+    for (int jj = pl; jj < kChunk; jj += 32) {
+      float xv[kTok];
+#pragma unroll
+      for (int u = 0; u < kTok; ++u) xv[u] = xs[u][jj];
+#pragma unroll
+      for (int c = 0; c < 3; ++c) {
+        const float f = fs[3 * pw + c][jj];
+#pragma unroll
+        for (int u = 0; u < kTok; ++u) acc[u][c] = fmaf(f, xv[u], acc[u][c]);
+      }
+      if (pw == 0)
+#pragma unroll
+        for (int u = 0; u < kTok; ++u) ss[u] = fmaf(xv[u], xv[u], ss[u]);
     }
     __syncthreads();
   }
-  if (tid >= kTok * kM && tid < kTok * kM + kTok) {
-    const int u = tid - kTok * kM;
-    const float r = rsqrtf(ss / float(D) + s.rms_eps);
-    rs[u] = r;
-    if (t0 + u < s.n_tok) a.rstd[t0 + u] = r;
+#pragma unroll
+  for (int u = 0; u < kTok; ++u)
+#pragma unroll
+    for (int c = 0; c < 3; ++c) {
+      const float v = warp_sum(acc[u][c]);
+      if (pl == 0) raw[u][3 * pw + c] = v;
+    }
+  if (pw == 0)
+#pragma unroll
+    for (int u = 0; u < kTok; ++u) {
+      const float v = warp_sum(ss[u]);
+      if (pl == 0) ssq[u] = v;
+    }
+  __syncthreads();
+  if (tid < kTok) {
+    const float r = rsqrtf(ssq[tid] / float(D) + s.rms_eps);
+    rs[tid] = r;
+    if (t0 + tid < s.n_tok) a.rstd[t0 + tid] = r;
   }
   __syncthreads();
   if (tid < kTok * kM) {
-    const float m = acc * rs[tt];
+    const int tt = tid / kM, k = tid % kM;
+    const float m = raw[tt][k] * rs[tt];
     mixs[tt][k] = m;
     if (t0 + tt < s.n_tok) a.mix[(t0 + tt) * kM + k] = m;
   }
@@ -195,7 +231,8 @@ __global__ void expand_fwd_kernel(MhcDims s, const bf16* X, const bf16* y, const
 }
 
 // Block per token: dX, dy (accumulated) elementwise; dpost, dcomb through a fixed-order block reduction.
-__global__ void __launch_bounds__(kThreads)
+// At most 128 registers, so two blocks (16 warps) share an SM: the kernel is bandwidth-bound.
+__global__ void __launch_bounds__(kThreads, 2)
     expand_bwd_kernel(MhcDims s, const bf16* X, const bf16* y, const float* post, const float* comb,
                       const float* dXout, float* dX, float* dy, float* dpost, float* dcomb) {
   __shared__ float ps[kN], cs[16], red[kThreads / 32][kN + 16];
@@ -208,32 +245,42 @@ __global__ void __launch_bounds__(kThreads)
   for (int r = 0; r < kN + 16; ++r) part[r] = 0.f;
   for (int64_t v = threadIdx.x; v < s.d / 8; v += blockDim.x) {
     float xf[kN][8], yf[8], g[kN][8];
+#pragma unroll
     for (int i = 0; i < kN; ++i) {
       unpack8(reinterpret_cast<const uint4*>(X + t * D + i * s.d)[v], xf[i]);
-      const float4* gp = reinterpret_cast<const float4*>(dXout + t * D + i * s.d + v * 8);
-      const float4 a = gp[0], b = gp[1];
-      g[i][0] = a.x, g[i][1] = a.y, g[i][2] = a.z, g[i][3] = a.w;
-      g[i][4] = b.x, g[i][5] = b.y, g[i][6] = b.z, g[i][7] = b.w;
+      load8(dXout + t * D + i * s.d + v * 8, g[i]);
     }
     unpack8(reinterpret_cast<const uint4*>(y + t * s.d)[v], yf);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      float dyv = 0.f;
+    for (int e = 0; e < 8; ++e)
 #pragma unroll
       for (int j = 0; j < kN; ++j) {
         part[j] = fmaf(g[j][e], yf[e], part[j]);
-        dyv = fmaf(ps[j], g[j][e], dyv);
 #pragma unroll
         for (int i = 0; i < kN; ++i) part[kN + i * kN + j] = fmaf(g[j][e], xf[i][e], part[kN + i * kN + j]);
       }
-      dy[t * s.d + v * 8 + e] += dyv;
+    // dy and each dX stream: one 32-byte read-modify-write per thread (x, y are dead by now: fewer registers).
+    float o[8];
+    load8(dy + t * s.d + v * 8, o);
 #pragma unroll
-      for (int i = 0; i < kN; ++i) {
+    for (int e = 0; e < 8; ++e) {
+      float acc = 0.f;
+#pragma unroll
+      for (int j = 0; j < kN; ++j) acc = fmaf(ps[j], g[j][e], acc);
+      o[e] += acc;
+    }
+    store8(dy + t * s.d + v * 8, o);
+#pragma unroll
+    for (int i = 0; i < kN; ++i) {
+      load8(dX + t * D + i * s.d + v * 8, o);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
         float acc = 0.f;
 #pragma unroll
         for (int j = 0; j < kN; ++j) acc = fmaf(cs[i * kN + j], g[j][e], acc);
-        dX[t * D + i * s.d + v * 8 + e] += acc;
+        o[e] += acc;
       }
+      store8(dX + t * D + i * s.d + v * 8, o);
     }
   }
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -326,71 +373,40 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// dbase[k] += sum_t dz[t, k]; dscale[group(k)] += sum_t dz[t, k] mix[t, k]. One block, fixed order.
-__global__ void site_param_grads_kernel(int64_t n, const float* dz, const float* mix, float* dbase,
-                                        float* dscale) {
-  __shared__ float red[2][kThreads];
-  __shared__ float ds_k[kM];
-  for (int k = 0; k < kM; ++k) {
-    float b = 0.f, sc = 0.f;
-    for (int64_t t = threadIdx.x; t < n; t += kThreads) {
-      b += dz[t * kM + k];
-      sc = fmaf(dz[t * kM + k], mix[t * kM + k], sc);
-    }
-    red[0][threadIdx.x] = b;
-    red[1][threadIdx.x] = sc;
-    __syncthreads();
-    for (int w = kThreads / 2; w > 0; w >>= 1) {
-      if (threadIdx.x < w) {
-        red[0][threadIdx.x] += red[0][threadIdx.x + w];
-        red[1][threadIdx.x] += red[1][threadIdx.x + w];
-      }
-      __syncthreads();
-    }
-    if (threadIdx.x == 0) {
-      if (dbase) dbase[k] += red[0][0];
-      ds_k[k] = red[1][0];
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0 && dscale)
-    for (int k = 0; k < kM; ++k) dscale[scale_group(k)] += ds_k[k];
-}
-
-constexpr int kDfnCols = 128;
-constexpr int kDfnStage = 64;
-
-// dfn[k, j] += sum_t dmix_s[t, k] X[t, j]: 128 columns per block, two token halves combined in a fixed order.
+// dbase[k] += sum_t dz[t, k]; dscale[group(k)] += sum_t dz[t, k] mix[t, k]. One block: thread u sums tokens
+// t = u, u + 256, ... for all 24 k at once (its rows are contiguous), then warp sums and a fixed-order sum over
+// the warps (deterministic).
 __global__ void __launch_bounds__(kThreads)
-    dfn_kernel(int64_t n, int64_t D, const bf16* X, const float* dmixs, float* dfn) {
-  __shared__ float dm[kDfnStage][kM];
-  __shared__ float part[kDfnCols][kM + 1];
-  const int col = threadIdx.x % kDfnCols, half = threadIdx.x / kDfnCols;
-  const int64_t j = int64_t(blockIdx.x) * kDfnCols + col;
-  float acc[kM];
+    site_param_grads_kernel(int64_t n, const float* dz, const float* mix, float* dbase, float* dscale) {
+  __shared__ float red[kThreads / 32][2 * kM];
+  __shared__ float tot[2 * kM];
+  float b[kM], sc[kM];
 #pragma unroll
-  for (int k = 0; k < kM; ++k) acc[k] = 0.f;
-  for (int64_t s0 = 0; s0 < n; s0 += kDfnStage) {
-    for (int idx = threadIdx.x; idx < kDfnStage * kM; idx += kThreads) {
-      const int64_t t = s0 + idx / kM;
-      dm[idx / kM][idx % kM] = t < n ? dmixs[t * kM + idx % kM] : 0.f;
+  for (int k = 0; k < kM; ++k) b[k] = 0.f, sc[k] = 0.f;
+  for (int64_t t = threadIdx.x; t < n; t += kThreads) {
+#pragma unroll
+    for (int k = 0; k < kM; ++k) {
+      const float z = dz[t * kM + k];
+      b[k] += z;
+      sc[k] = fmaf(z, mix[t * kM + k], sc[k]);
     }
-    __syncthreads();
-    if (j < D)
-      for (int u = half; u < kDfnStage && s0 + u < n; u += 2) {
-        const float x = __bfloat162float(X[(s0 + u) * D + j]);
-#pragma unroll
-        for (int k = 0; k < kM; ++k) acc[k] = fmaf(dm[u][k], x, acc[k]);
-      }
-    __syncthreads();
   }
-  if (half == 1)
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
-    for (int k = 0; k < kM; ++k) part[col][k] = acc[k];
+  for (int k = 0; k < kM; ++k) {
+    const float x = warp_sum(b[k]), y = warp_sum(sc[k]);
+    if (lane == 0) red[w][k] = x, red[w][kM + k] = y;
+  }
   __syncthreads();
-  if (half == 0 && j < D)
-#pragma unroll
-    for (int k = 0; k < kM; ++k) dfn[k * D + j] += acc[k] + part[col][k];
+  if (threadIdx.x < 2 * kM) {
+    float acc = 0.f;
+    for (int u = 0; u < kThreads / 32; ++u) acc += red[u][threadIdx.x];
+    tot[threadIdx.x] = acc;
+  }
+  __syncthreads();
+  if (threadIdx.x < kM && dbase) dbase[threadIdx.x] += tot[threadIdx.x];
+  if (threadIdx.x == 0 && dscale)
+    for (int k = 0; k < kM; ++k) dscale[scale_group(k)] += tot[kM + k];
 }
 
 void check_dims(const MhcDims& s) {
@@ -433,7 +449,7 @@ void mhc_expand_bwd(const MhcDims& s, const bf16* X, const bf16* y, const float*
 }
 
 int64_t mhc_site_bwd_scratch(const MhcDims& s) {
-  return 2 * s.n_tok * kM;
+  return 2 * s.n_tok * kM + token_weight_grad_scratch(s.n_tok, kM, kN * s.d);
 }
 
 void mhc_site_bwd(const MhcDims& s, const bf16* X, const float* fn, const float* base, const float* scale,
@@ -441,6 +457,8 @@ void mhc_site_bwd(const MhcDims& s, const bf16* X, const float* fn, const float*
                   float* dfn, float* dbase, float* dscale, float* scratch, cudaStream_t stream) {
   check_dims(s);
   if (s.n_tok == 0) return;
+  TREX_CHECK(reinterpret_cast<uintptr_t>(scratch) % 16 == 0,
+             "mhc_site_bwd (CUDA): scratch must be 16-byte aligned (float4 rows of dmix)");
   float* dz = scratch;
   float* dmixs = scratch + s.n_tok * kM;
   site_bwd_kernel<<<token_blocks(s.n_tok), kThreads, 0, stream>>>(s, X, fn, base, scale, a, dcollapsed, dpost,
@@ -452,7 +470,7 @@ void mhc_site_bwd(const MhcDims& s, const bf16* X, const float* fn, const float*
   }
   if (dfn) {
     const int64_t D = kN * s.d;
-    dfn_kernel<<<unsigned((D + kDfnCols - 1) / kDfnCols), kThreads, 0, stream>>>(s.n_tok, D, X, dmixs, dfn);
+    token_weight_grad<kM>(s.n_tok, D, X, dmixs, dfn, scratch + 2 * s.n_tok * kM, stream);
     TREX_CUDA_LAUNCHED();
   }
 }

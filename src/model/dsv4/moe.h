@@ -1,9 +1,17 @@
 // Mixture-of-experts FFN (design §2.9): fp32 router with sqrt(softplus) scores, hash routing (tid2eid) or
 // bias-corrected top-k selection, top-k normalisation and routed scaling, clamped SwiGLU experts, one shared
 // expert. Forward and hand-written backward on raw pointers, float or double.
+//
+// The layer is split into router / routed experts / combine around an ExpertExchange (expert_exchange.h):
+// the router and the gate weighting run on the token's rank, the experts run wherever the exchange puts
+// them and return UNWEIGHTED outputs per (token, slot): out_t = sum_k g_k (h_k W2) = sum_k (g_k h_k) W2, so
+// the gate gradient is dg_k = <dout_t, y_{t,k}>. The same code path serves one process (LocalExpertExchange,
+// the default) and expert parallelism (parallel/ep_exchange.h).
 #pragma once
 #include <cstdint>
 #include <vector>
+
+#include "model/dsv4/expert_exchange.h"
 
 namespace trex::dsv4 {
 
@@ -19,8 +27,9 @@ struct MoeShape {
   bool hash = false;          // selection by tid2eid[token] instead of top-k of (score + bias)
 };
 
-// Weights: gate [E, d]; experts w1/w3 [E, f, d], w2 [E, d, f] (expert-major, contiguous); shared sw1/sw3 [fs, d],
-// sw2 [d, fs]. Non-trainable: bias [E] (score layers), tid2eid [vocab, K] (hash layers).
+// Weights: gate [E, d] (every expert, on every rank); experts w1/w3 [El, f, d], w2 [El, d, f] of the El experts the
+// exchange holds, starting at its expert_begin (all E without expert parallelism), expert-major, contiguous; shared
+// sw1/sw3 [fs, d], sw2 [d, fs]. Non-trainable: bias [E] (score layers), tid2eid [vocab, K] (hash layers).
 template <class T>
 struct MoeWeights {
   const T* gate = nullptr;
@@ -45,8 +54,11 @@ struct MoeGrads {  // accumulated; any may be null
   T* sw2 = nullptr;
 };
 
-// What the forward keeps for the backward (sized by moe_act_sizes). Routed slots are stored in expert-sorted
-// order: slot r = order[r] is the flat (token*K + k) index; offsets[e]..offsets[e+1] are expert e's slots.
+// What the forward keeps for the backward. The token side is sized by moe_act_sizes and carved from caller
+// buffers; order/offsets give this rank's slots in expert-sorted order (slot r = order[r] is the flat
+// token*K + k index; offsets[e]..offsets[e+1] are expert e's slots) for the load statistics and GPU parity.
+// The expert side (rows this process's experts received) changes size with the routing under expert
+// parallelism, so it lives in vectors resized by the forward.
 template <class T>
 struct MoeActs {
   T* logits = nullptr;     // [N, E]
@@ -55,10 +67,14 @@ struct MoeActs {
   T* weight = nullptr;     // [N, K] routed gate weights g_k (rho * s / sum s)
   int32_t* order = nullptr;    // [N*K]
   int32_t* offsets = nullptr;  // [E+1]
-  T* gate_pre = nullptr;   // [N*K, f] (sorted slots)
-  T* up_pre = nullptr;     // [N*K, f]
+  T* y_slots = nullptr;    // [N*K, d] unweighted expert output of each (token, slot)
   T* sh_gate = nullptr;    // [N, fs]
   T* sh_up = nullptr;      // [N, fs]
+  // Expert side: R received rows grouped by local expert (counts[j] rows for expert expert_begin + j).
+  std::vector<int64_t> counts;
+  std::vector<T> x_rows;    // [R, d]
+  std::vector<T> gate_pre;  // [R, f]
+  std::vector<T> up_pre;    // [R, f]
 };
 
 struct MoeActSizes {  // element counts
@@ -71,14 +87,19 @@ template <class T>
 MoeActs<T> moe_acts_bind(const MoeShape& s, T* tbuf, int32_t* ibuf);
 
 // out[N, d] (written) = sum_k g_k expert_{e_k}(u) + shared(u). token_ids needed for hash layers.
+// ex: where the experts are (null: all in this process); the plan stays under `key` for the backward.
+// The shared expert runs while the dispatched rows are in flight.
 template <class T>
-void moe_fwd(const MoeShape& s, const MoeWeights<T>& w, const T* u, const int32_t* token_ids, MoeActs<T>& a, T* out);
+void moe_fwd(const MoeShape& s, const MoeWeights<T>& w, const T* u, const int32_t* token_ids, MoeActs<T>& a, T* out,
+             ExpertExchange<T>* ex = nullptr, const ExchangeKey& key = {});
 
 // du[N, d] += d/du; grads accumulated. dscores_extra [N, E] (nullable): an extra gradient on the router scores
-// (the balance loss), added before the score derivative.
+// (the balance loss), added before the score derivative. ex/key: those of the forward (the handle is released
+// at the end); the router and shared-expert backward run while the output gradients are in flight.
 template <class T>
 void moe_bwd(const MoeShape& s, const MoeWeights<T>& w, const T* u, const MoeActs<T>& a, const T* dout,
-             const T* dscores_extra, T* du, MoeGrads<T>& g);
+             const T* dscores_extra, T* du, MoeGrads<T>& g, ExpertExchange<T>* ex = nullptr,
+             const ExchangeKey& key = {});
 
 // Per-expert selection counts over the N tokens (for the aux-loss-free bias update), written to load[E].
 void moe_expert_load(const int32_t* sel, int64_t n_tok, int64_t topk, int64_t n_experts, int64_t* load);

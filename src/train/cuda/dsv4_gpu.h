@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "kernels/cuda/adamw.h"
 #include "model/dsv4/config.h"
 #include "model/dsv4/seq_layout.h"
@@ -25,6 +26,22 @@ namespace trex::dsv4gpu {
 struct GpuModelOptions {
   int64_t lm_chunk = 8192;  // vocabulary columns per LM-head GEMM of the fused CE
   bool timing = false;      // CUDA-event sections (forward/backward per sub-layer kind, head, optimizer)
+  // Data-parallel group (an NCCL communicator on this rank's device, e.g. the mesh's dp_group): gradients
+  // reduce-scattered over it, the optimiser sharded (ZeRO-1). Null or size 1: one GPU. Not owned.
+  comm::Communicator* dp = nullptr;
+  // Expert-parallel group (the mesh's ep_group) for the MoE's token dispatch / combine. Null: all experts local.
+  comm::Communicator* ep = nullptr;
+  // Routed experts as one grouped GEMM over all (local) experts, sized from device memory (no host read of the
+  // per-expert counts). Off: one cuBLASLt GEMM per expert after one host read of the counts per layer, which is
+  // faster today at the benchmark shapes (cuBLASLt's wgmma kernels vs the grouped kernel's mma.sync).
+  bool moe_grouped_gemm = false;
+  // Pipeline stage: this model holds layers [layer_begin, layer_end) (layer_end -1: up to n_layers), the
+  // embedding when layer_begin == 0 and hc_head + final norm + LM head when layer_end == n_layers; only those
+  // parameters are allocated (same names and init values as the full model). Not combinable with dp / ep.
+  int64_t layer_begin = 0, layer_end = -1;
+  // Micro-batches whose saved activations can be held at once (forward_stage done, backward_stage pending);
+  // micro-batch m uses slot m % stage_slots. 1F1B on pipeline rank r of P needs P - r.
+  int stage_slots = 1;
 };
 
 // Selections to use instead of the GPU's own (parity runs: bf16 rounding can flip near-ties of the indexer and
@@ -46,14 +63,36 @@ class GpuModel {
   void init_random(uint64_t seed);
   void load_from(const dsv4::ParamTable<float>& cpu);
 
-  // ids, labels [B, S] on the host. Returns the loss (mean CE over labelled targets).
+  // ids, labels [B, S] on the host. Returns the loss (mean CE over labelled targets; with a DP group, over the
+  // targets of every rank's batch: the same number a single GPU gives on the concatenated batch).
   double forward(const int32_t* ids, const int32_t* labels, const dsv4::SeqLayout& layout,
                  const Injection* inject = nullptr);
   void zero_grads();
   void backward();  // accumulates fp32 gradients of the last forward
   void adamw_step(const cuda::AdamWStep& a);
 
-  // Host copies, by official name.
+  // Pipeline stage step (any layer range, the full model too: one GPU accumulating micro-batches). begin_step
+  // sets the loss normaliser: the labelled targets of the whole step (every micro-batch), so the accumulated
+  // gradients are those of the mean loss over the step. forward_stage runs the stage's layers on micro-batch
+  // `micro` (slot micro % stage_slots): ids / labels / layout of that micro-batch on the host; x_in the device
+  // bf16 [N, hc, d] stream entering layer_begin (null on the first stage, which embeds ids). Returns this
+  // micro-batch's share of the step loss (CE sum / step targets) on the last stage, 0 elsewhere. stage_output is
+  // the bf16 [N, hc, d] stream leaving layer_end - 1 (valid until that slot's next forward). backward_stage
+  // accumulates gradients; dx_out the device fp32 [N, hc, d] gradient of that stream (null on the last stage,
+  // which starts from the loss); stage_input_grad then holds the fp32 gradient of x_in (not on the first stage;
+  // valid until that slot's next backward).
+  void begin_step(int64_t step_targets);
+  double forward_stage(int64_t micro, const int32_t* ids, const int32_t* labels, const dsv4::SeqLayout& layout,
+                       const void* x_in);
+  const void* stage_output(int64_t micro) const;
+  void backward_stage(int64_t micro, const float* dx_out);
+  const float* stage_input_grad(int64_t micro) const;
+  int64_t layer_begin() const;
+  int64_t layer_end() const;
+  int64_t stream_elems(const dsv4::SeqLayout& layout) const;  // B * S * hc * d: a boundary tensor's elements
+
+  // Host copies, by official name. With a DP group: value() of a bf16-read parameter is its bf16 compute copy
+  // (the fp32 master is sharded); grad() is this rank's unreduced gradient except on this rank's own slices.
   std::vector<float> value(const std::string& name) const;
   std::vector<float> grad(const std::string& name) const;
   std::vector<std::string> param_names() const;
@@ -62,14 +101,22 @@ class GpuModel {
   std::vector<int64_t> csa_selection(int64_t l) const;  // [N * index_topk] global entries used by layer l
   std::vector<int32_t> router_selection(int64_t l) const;
 
+  // Data parallel: milliseconds the compute stream stalled on gradient / parameter communication since the last
+  // reset_sections (synchronises). 0 on one GPU.
+  double exposed_comm_ms();
+
   // Milliseconds per section since the last reset (timing on only; synchronises).
   std::map<std::string, double> section_ms();
   void reset_sections();
 
   struct Impl;
+  Impl& impl() { return *impl_; }  // the inference engine (src/infer) runs its own step on these weights
 
  private:
   std::unique_ptr<Impl> impl_;
+  double forward_impl(const int32_t* ids, const int32_t* labels, const dsv4::SeqLayout& layout,
+                      const Injection* inject, const void* x_in);
+  void backward_impl(const float* dx_out);
 };
 
 }  // namespace trex::dsv4gpu

@@ -4,6 +4,7 @@
 // RoPE on the output, grouped low-rank output projection (one strided-batched GEMM over the groups).
 #include <cmath>
 
+#include "kernels/cuda/attention_generic.h"
 #include "kernels/cuda/attention_sparse.h"
 #include "kernels/cuda/compressor.h"
 #include "kernels/cuda/elementwise.h"
@@ -122,7 +123,11 @@ void attention_fwd(const Ctx& c, GpuBlock& b, const int64_t* injected_sel) {
   }
   (void)E;
   s.o = keep.take<bf16>(N * H * hd), s.lse = keep.take<float>(N * H);
-  cuda::sparse_attention_fwd(s.q, s.kv, s.cmp, w.sink, N, H, hd, key_sets(c, b), s.o, s.lse);
+  // Head dims the fast kernels do not serve (e.g. the parity fixtures' 16 / 32 / 48) take the generic fallback.
+  if (cuda::sparse_attention_fast_head_dim(hd))
+    cuda::sparse_attention_fwd(s.q, s.kv, s.cmp, w.sink, N, H, hd, key_sets(c, b), s.o, s.lse);
+  else
+    cuda::sparse_attention_generic_fwd(s.q, s.kv, s.cmp, w.sink, N, H, hd, key_sets(c, b), s.o, s.lse);
 
   // Inverse RoPE, grouped output projection: [N, G, hg*c] -> [G, N, hg*c] x wo_a[g]^T -> [G, N, d_g] -> [N, gd].
   Pool tmp;
@@ -176,9 +181,15 @@ void attention_bwd(const Ctx& c, GpuBlock& b, const bf16* dout, float* da) {
   bf16* dq = og;
   float* dkv = tmp.zeros<float>(N * hd);
   float* dcmp = E ? tmp.zeros<float>(E * hd) : nullptr;
-  float* scratch = tmp.take<float>(cuda::sparse_attention_bwd_scratch(N, H));
-  cuda::sparse_attention_bwd(s.q, s.kv, s.cmp, w.sink, N, E, H, hd, key_sets(c, b), s.o, s.lse, dO, dq, dkv, dcmp,
-                             w.g_sink, scratch);
+  if (cuda::sparse_attention_fast_head_dim(hd)) {
+    float* scratch = tmp.take<float>(cuda::sparse_attention_bwd_scratch(N, H));
+    cuda::sparse_attention_bwd(s.q, s.kv, s.cmp, w.sink, N, E, H, hd, key_sets(c, b), s.o, s.lse, dO, dq, dkv, dcmp,
+                               w.g_sink, scratch);
+  } else {  // generic fallback (see the forward)
+    float* scratch = tmp.take<float>(cuda::sparse_attention_generic_bwd_scratch(N, H));
+    cuda::sparse_attention_generic_bwd(s.q, s.kv, s.cmp, w.sink, N, E, H, hd, key_sets(c, b), s.o, s.lse, dO, dq,
+                                       dkv, dcmp, w.g_sink, scratch);
+  }
 
   // Query path: RoPE^T, per-head norm, wq_b, q_norm, wq_a.
   cuda::rope_apply(dq, rope_args(rope, N, H, hd, r, pos, -1));

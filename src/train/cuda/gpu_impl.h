@@ -28,6 +28,30 @@ struct GpuModel::Impl {
   bf16 *head_col = nullptr, *head_normed = nullptr;
   float *head_mix = nullptr, *head_rstd = nullptr, *head_w = nullptr, *norm_rstd = nullptr, *lse = nullptr;
   bool forward_done = false;
+  // Pipeline stage (GpuModelOptions::layer_begin / layer_end): layers [l0, l1); the embedding on the first stage,
+  // the head on the last. Declaration skips the other parameters (n_declared still counts them: the ordinal).
+  int64_t l0 = 0, l1 = 0;
+  bool first_stage() const { return l0 == 0; }
+  bool last_stage() const { return l1 == cfg.n_layers; }
+  bool declaring = true;
+  int64_t n_declared = 0;
+  // Stage steps: the whole step's labelled targets come from begin_step, not from the micro-batch.
+  bool step_mode = false;
+  Pool grad_out;           // owns dx_in after a non-first stage's backward (kept for the boundary send)
+  float* dx_in = nullptr;  // fp32 [N, hc, d]
+  // Per-slot parked state of micro-batches in flight; swap_slot exchanges slot s with the live fields above.
+  struct Slot {
+    DevLayout lay;
+    Pool acts, grad_out;
+    std::vector<bf16*> X;
+    bf16 *head_col = nullptr, *head_normed = nullptr;
+    float *head_mix = nullptr, *head_rstd = nullptr, *head_w = nullptr, *norm_rstd = nullptr, *lse = nullptr;
+    float* dx_in = nullptr;
+    bool forward_done = false;
+    std::vector<BlockSaved> blocks;  // [n_layers], used for [l0, l1)
+  };
+  std::vector<Slot> slots;
+  void swap_slot(int s);
   // Timing.
   struct Section {
     std::string name;
@@ -43,10 +67,40 @@ struct GpuModel::Impl {
   void declare_all();
   void bind_all();
   const GpuParam& info(const std::string& name) const;
-  float* f32(const std::string& n) const { return master.as<float>() + info(n).offset; }
+  float* f32(const std::string& n) const { return master_at(info(n)); }
   bf16* b16(const std::string& n) const { return compute.as<bf16>() + info(n).offset; }
   float* g32(const std::string& n) const { return grads.as<float>() + info(n).offset; }
   void refresh_compute();  // bf16 copy of the master weights
+
+  // Data parallel with a sharded optimiser (ZeRO-1), gpu_params_cuda.cpp. The arena has two regions:
+  // [0, region_a) the parameters the kernels read in bf16, cut into buckets (embed, head + norm, one per layer)
+  // whose gradients are reduce-scattered as backward finishes them; bucket b's slice dp_rank of length
+  // (end - begin) / dp_size is this rank's: its fp32 master and AdamW moments live here (at shard_off), the
+  // updated bf16 slice is all-gathered back before the next forward uses it. [region_a, total) the parameters
+  // read in fp32 (mHC mixing weights, attention sinks, compressor ape): small, all-reduced and updated on
+  // every rank. master / adam_m / adam_v hold the shard layout (own slices, then region R); with one rank it is
+  // the arena layout itself.
+  struct Bucket {
+    int64_t begin = 0, end = 0, shard_off = 0;
+    int64_t slice(int n) const { return (end - begin) / n; }
+  };
+  comm::Communicator* dp = nullptr;  // null or size 1: one GPU
+  int dp_size = 1, dp_rank = 0;
+  int64_t region_a = 0, shard_a = 0;  // shard_a = region_a / dp_size
+  std::vector<Bucket> buckets;
+  int embed_bucket = 0, head_bucket = 0;
+  std::vector<int> layer_bucket;
+  std::vector<comm::WorkPtr> grad_work;    // pending reduce-scatters / the region-R all-reduce
+  std::vector<comm::WorkPtr> gather_work;  // per bucket: the all-gather of the updated bf16 slices
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> stalls;  // compute-stream waits on communication
+  double exposed_ms = 0;
+  int64_t global_targets = 0;  // labelled targets of the whole DP batch (the loss normaliser)
+  float* master_at(const GpuParam& p) const;
+  void pad_to(int64_t multiple);
+  void scatter_master(const float* full);  // full fp32 arena -> master shard + bf16 compute copy
+  void reduce_bucket(int b);               // start the gradient reduce-scatter of bucket b
+  void wait_gather(int b);                 // the compute stream waits for bucket b's all-gather
+  void stream_wait(comm::Work& w);         // the compute stream waits for w, stall time recorded
   Ctx ctx();
   void section(const char* name, bool begin);
 };

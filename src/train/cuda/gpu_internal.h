@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -102,6 +103,7 @@ struct GpuParam {
   std::string name;
   Shape shape;
   int64_t offset = 0, numel = 0;
+  int64_t ordinal = 0;  // position in the full model's declaration order (the random init stream; stages skip some)
 };
 
 // Device view of one batch layout (positions, windows, compress plans per ratio).
@@ -148,11 +150,16 @@ struct MoeW {
   const int32_t* tid2eid = nullptr;  // device [V, K]
 };
 
+struct MoeEpState;  // the expert-parallel exchange of one forward (gpu_moe_cuda.cpp)
+
 struct MoeActs {
   float *logits, *scores, *weight;
   int32_t *sel, *order, *slot_pos, *offsets;
   std::vector<int32_t> h_offsets;
   bf16 *gu, *ye, *sgu = nullptr, *sy = nullptr;
+  std::shared_ptr<int32_t> status_host;      // pinned: the router's range status of the last forward
+  std::shared_ptr<CUevent_st> status_ready;  // recorded after the asynchronous copy into status_host
+  std::shared_ptr<MoeEpState> ep;            // set when the last forward ran expert-parallel
 };
 
 struct GpuBlock {
@@ -166,7 +173,7 @@ struct GpuBlock {
   float *g_hc_attn_fn, *g_hc_attn_base, *g_hc_attn_scale, *g_hc_ffn_fn, *g_hc_ffn_base, *g_hc_ffn_scale;
   const bf16 *attn_norm, *ffn_norm;
   float *g_attn_norm, *g_ffn_norm;
-  // Saved activations of the last forward.
+  // Saved activations of the last forward (pipeline stages park other micro-batches' in BlockSaved below).
   Pool keep;
   cuda::MhcActs sa{}, sf{};
   bf16 *col_a, *a, *y_a, *X_mid, *col_f, *u, *y_f;
@@ -174,6 +181,29 @@ struct GpuBlock {
   AttnActs at{};
   MoeActs mo{};
 };
+
+// One micro-batch's saved activations of a block, parked while other micro-batches run through the block
+// (pipeline stages keep several in flight). Mirrors GpuBlock's saved fields; swap_saved exchanges them, so the
+// block functions keep reading GpuBlock as they do on one GPU. A field added to GpuBlock's saved state must be
+// added here and to swap_saved too.
+struct BlockSaved {
+  Pool keep;
+  cuda::MhcActs sa{}, sf{};
+  bf16 *col_a = nullptr, *a = nullptr, *y_a = nullptr, *X_mid = nullptr, *col_f = nullptr, *u = nullptr,
+       *y_f = nullptr;
+  float *a_rstd = nullptr, *u_rstd = nullptr;
+  AttnActs at{};
+  MoeActs mo{};
+};
+
+inline void swap_saved(GpuBlock& b, BlockSaved& s) {
+  std::swap(b.keep, s.keep);
+  std::swap(b.sa, s.sa), std::swap(b.sf, s.sf);
+  std::swap(b.col_a, s.col_a), std::swap(b.a, s.a), std::swap(b.y_a, s.y_a), std::swap(b.X_mid, s.X_mid);
+  std::swap(b.col_f, s.col_f), std::swap(b.u, s.u), std::swap(b.y_f, s.y_f);
+  std::swap(b.a_rstd, s.a_rstd), std::swap(b.u_rstd, s.u_rstd);
+  std::swap(b.at, s.at), std::swap(b.mo, s.mo);
+}
 
 // Shared context the block functions need.
 struct Ctx {
@@ -184,6 +214,8 @@ struct Ctx {
   const RopeDev* rope_main;
   const RopeDev* rope_compress;
   std::function<void(const char*, bool)> section;  // (name, begin) CUDA-event sections; may be empty
+  comm::Communicator* ep = nullptr;  // expert-parallel group (GpuModelOptions::ep); null: all experts local
+  bool grouped_experts = false;      // GpuModelOptions::moe_grouped_gemm
 };
 
 void attention_fwd(const Ctx& c, GpuBlock& b, const int64_t* injected_sel);

@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/hc_head.h"
+#include "kernels/cuda/mhc_generic.h"
 #include "kernels/cuda/lm_head_ce.h"
 #include "kernels/cuda/tensor_ops.h"
 #include "model/dsv4/loss.h"
@@ -87,6 +88,8 @@ Ctx GpuModel::Impl::ctx() {
   c.rope_main = &rope_main;
   c.rope_compress = &rope_compress;
   c.section = [this](const char* n, bool b) { section(n, b); };
+  c.ep = opts.ep;
+  c.grouped_experts = opts.moe_grouped_gemm;
   return c;
 }
 
@@ -95,24 +98,49 @@ GpuModel::GpuModel(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts)
   cfg.validate();
   TREX_CHECK(cfg.n_mtp == 0, "GPU model: the MTP module is not implemented on the GPU (config has {} MTP layers)",
              cfg.n_mtp);
-  TREX_CHECK(cfg.hc_mult == cuda::kMhcStreams, "GPU model: hc_mult {} unsupported (the mHC kernels need {})",
-             cfg.hc_mult, cuda::kMhcStreams);
+  // hc_mult 4: the fast mHC / hc_head kernels; 1..3 (the parity fixtures): the generic ones (mhc_generic.h, *_any).
+  TREX_CHECK(cfg.hc_mult >= 1 && cfg.hc_mult <= cuda::kMhcGenericMaxStreams,
+             "GPU model: hc_mult {} unsupported (the mHC kernels serve 1..{})", cfg.hc_mult,
+             cuda::kMhcGenericMaxStreams);
   TREX_CHECK(cfg.score_func == "sqrtsoftplus" && cfg.norm_topk_prob,
              "GPU model: only sqrtsoftplus routing with normalised top-k weights is implemented");
   // Keep freed stream-ordered memory in the pool (no release at synchronisation points).
   cudaMemPool_t pool;
-  TREX_CUDA(cudaDeviceGetDefaultMemPool(&pool, 0));
+  int dev = 0;
+  TREX_CUDA(cudaGetDevice(&dev));
+  TREX_CUDA(cudaDeviceGetDefaultMemPool(&pool, dev));
   uint64_t threshold = UINT64_MAX;
   TREX_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
   Impl& m = *impl_;
+  if (opts.dp && opts.dp->size() > 1) {
+    m.dp = opts.dp, m.dp_size = opts.dp->size(), m.dp_rank = opts.dp->rank();
+    TREX_CHECK(m.dp->backend() == "nccl",
+               "GPU model rank {}: the data-parallel group must be an NCCL communicator (got '{}')", m.dp_rank,
+               m.dp->backend());
+    TREX_CHECK(64 % m.dp_size == 0, "GPU model: data-parallel size {} must divide 64 (bucket slicing)", m.dp_size);
+  }
+  m.l0 = opts.layer_begin, m.l1 = opts.layer_end < 0 ? cfg.n_layers : opts.layer_end;
+  TREX_CHECK(m.l0 >= 0 && m.l0 < m.l1 && m.l1 <= cfg.n_layers,
+             "GPU model: stage layers [{}, {}) outside the model's {} layers (or empty)", m.l0, m.l1, cfg.n_layers);
+  const bool partial = !m.first_stage() || !m.last_stage();
+  TREX_CHECK(!partial || (m.dp_size == 1 && !opts.ep),
+             "GPU model: a pipeline stage (layers [{}, {})) cannot be combined with data / expert parallelism yet",
+             m.l0, m.l1);
+  TREX_CHECK(opts.stage_slots >= 1, "GPU model: stage_slots {} must be >= 1", opts.stage_slots);
+  m.slots.resize(size_t(opts.stage_slots));
+  for (auto& sl : m.slots) sl.blocks.resize(size_t(cfg.n_layers));
   m.declare_all();
-  const size_t n = size_t(m.total);
-  m.master = DevMem(n * 4), m.compute = DevMem(n * 2), m.grads = DevMem(n * 4);
-  m.adam_m = DevMem(n * 4), m.adam_v = DevMem(n * 4);
-  TREX_CUDA(cudaMemsetAsync(m.master.as<float>(), 0, n * 4, nullptr));
+  m.shard_a = m.region_a / m.dp_size;
+  int64_t off = 0;
+  for (auto& b : m.buckets) b.shard_off = off, off += b.slice(m.dp_size);
+  const size_t n = size_t(m.total), ns = size_t(m.shard_a + (m.total - m.region_a));  // ns == n on one GPU
+  m.master = DevMem(ns * 4), m.compute = DevMem(n * 2), m.grads = DevMem(n * 4);
+  m.adam_m = DevMem(ns * 4), m.adam_v = DevMem(ns * 4);
+  TREX_CUDA(cudaMemsetAsync(m.master.as<float>(), 0, ns * 4, nullptr));
+  TREX_CUDA(cudaMemsetAsync(m.compute.as<bf16>(), 0, n * 2, nullptr));
   TREX_CUDA(cudaMemsetAsync(m.grads.as<float>(), 0, n * 4, nullptr));
-  TREX_CUDA(cudaMemsetAsync(m.adam_m.as<float>(), 0, n * 4, nullptr));
-  TREX_CUDA(cudaMemsetAsync(m.adam_v.as<float>(), 0, n * 4, nullptr));
+  TREX_CUDA(cudaMemsetAsync(m.adam_m.as<float>(), 0, ns * 4, nullptr));
+  TREX_CUDA(cudaMemsetAsync(m.adam_v.as<float>(), 0, ns * 4, nullptr));
   m.bind_all();
 }
 
@@ -120,6 +148,15 @@ GpuModel::~GpuModel() = default;
 
 double GpuModel::forward(const int32_t* ids, const int32_t* labels, const dsv4::SeqLayout& layout,
                          const Injection* inject) {
+  TREX_CHECK(impl_->first_stage() && impl_->last_stage(),
+             "GPU model: forward() needs the whole model; a pipeline stage (layers [{}, {})) runs forward_stage",
+             impl_->l0, impl_->l1);
+  impl_->step_mode = false;
+  return forward_impl(ids, labels, layout, inject, nullptr);
+}
+
+double GpuModel::forward_impl(const int32_t* ids, const int32_t* labels, const dsv4::SeqLayout& layout,
+                              const Injection* inject, const void* x_in) {
   Impl& m = *impl_;
   const dsv4::ModelConfig& cfg = m.cfg;
   layout.validate();
@@ -147,7 +184,7 @@ double GpuModel::forward(const int32_t* ids, const int32_t* labels, const dsv4::
   std::iota(iota.begin(), iota.end(), 0);
   L.token_iota = upload(iota);
   L.plans.clear();
-  for (int64_t l = 0; l < cfg.n_layers; ++l) {
+  for (int64_t l = m.l0; l < m.l1; ++l) {
     const int64_t r = cfg.compress_ratio[size_t(l)];
     if (r == 0 || L.plans.count(r)) continue;
     DevPlan& p = L.plans[r];
@@ -179,11 +216,19 @@ double GpuModel::forward(const int32_t* ids, const int32_t* labels, const dsv4::
   const Ctx c = m.ctx();
   m.acts.clear();
   m.X.assign(size_t(cfg.n_layers + 1), nullptr);
-  for (auto& x : m.X) x = m.acts.take<bf16>(N * hc * d);
-  cuda::embed_streams_fwd(m.X[0], L.ids.as<int32_t>(), m.b16("embed.weight"), N, d, hc);
+  for (int64_t l = m.l0; l <= m.l1; ++l) m.X[size_t(l)] = m.acts.take<bf16>(N * hc * d);
+  if (m.first_stage()) {
+    m.wait_gather(m.embed_bucket);  // data parallel: this step's parameters, all-gathered bucket by bucket
+    cuda::embed_streams_fwd(m.X[0], L.ids.as<int32_t>(), m.b16("embed.weight"), N, d, hc);
+  } else {  // the previous stage's output (kept: the first block's backward reads it)
+    TREX_CHECK(x_in, "GPU model stage [{}, {}): forward needs the incoming stream x_in", m.l0, m.l1);
+    TREX_CUDA(cudaMemcpyAsync(m.X[size_t(m.l0)], x_in, size_t(N * hc * d) * sizeof(bf16), cudaMemcpyDeviceToDevice,
+                              nullptr));
+  }
   const cuda::MhcDims md = mhc_dims(cfg, N);
-  for (int64_t l = 0; l < cfg.n_layers; ++l) {
+  for (int64_t l = m.l0; l < m.l1; ++l) {
     GpuBlock& b = *m.blocks[size_t(l)];
+    m.wait_gather(m.layer_bucket[size_t(l)]);
     b.keep.clear();
     Pool& k = b.keep;
     for (cuda::MhcActs* s : {&b.sa, &b.sf}) {
@@ -196,7 +241,7 @@ double GpuModel::forward(const int32_t* ids, const int32_t* labels, const dsv4::
     b.y_f = k.take<bf16>(N * d);
     const bf16* Xin = m.X[size_t(l)];
     m.section("fwd.mhc+norm", true);
-    cuda::mhc_site_fwd(md, Xin, b.hc_attn_fn, b.hc_attn_base, b.hc_attn_scale, b.sa, b.col_a);
+    cuda::mhc_site_fwd_any(hc, md, Xin, b.hc_attn_fn, b.hc_attn_base, b.hc_attn_scale, b.sa, b.col_a);
     cuda::rmsnorm_fwd(b.a, b.a_rstd, b.col_a, b.attn_norm, N, d, float(cfg.rms_eps));
     m.section("fwd.mhc+norm", false);
     const bool csa = b.dims.type == dsv4::AttnType::CSA;
@@ -212,8 +257,8 @@ double GpuModel::forward(const int32_t* ids, const int32_t* labels, const dsv4::
     attention_fwd(c, b, isel);
     m.section(an, false);
     m.section("fwd.mhc+norm", true);
-    cuda::mhc_expand_fwd(md, Xin, b.y_a, b.sa.post, b.sa.comb, b.X_mid);
-    cuda::mhc_site_fwd(md, b.X_mid, b.hc_ffn_fn, b.hc_ffn_base, b.hc_ffn_scale, b.sf, b.col_f);
+    cuda::mhc_expand_fwd_any(hc, md, Xin, b.y_a, b.sa.post, b.sa.comb, b.X_mid);
+    cuda::mhc_site_fwd_any(hc, md, b.X_mid, b.hc_ffn_fn, b.hc_ffn_base, b.hc_ffn_scale, b.sf, b.col_f);
     cuda::rmsnorm_fwd(b.u, b.u_rstd, b.col_f, b.ffn_norm, N, d, float(cfg.rms_eps));
     m.section("fwd.mhc+norm", false);
     const int32_t* rsel = nullptr;
@@ -227,17 +272,23 @@ double GpuModel::forward(const int32_t* ids, const int32_t* labels, const dsv4::
     moe_fwd(c, b, rsel);
     m.section("fwd.moe", false);
     m.section("fwd.mhc+norm", true);
-    cuda::mhc_expand_fwd(md, b.X_mid, b.y_f, b.sf.post, b.sf.comb, m.X[size_t(l + 1)]);
+    cuda::mhc_expand_fwd_any(hc, md, b.X_mid, b.y_f, b.sf.post, b.sf.comb, m.X[size_t(l + 1)]);
     m.section("fwd.mhc+norm", false);
   }
 
+  if (!m.last_stage()) {  // the stream X[l1] goes to the next stage
+    m.forward_done = true;
+    return 0.0;
+  }
   // Head: hc_head collapse -> norm -> LM head + CE in vocabulary chunks.
+  m.wait_gather(m.head_bucket);
   m.section("fwd.head", true);
   m.head_col = m.acts.take<bf16>(N * d), m.head_normed = m.acts.take<bf16>(N * d);
   m.head_mix = m.acts.take<float>(N * 4), m.head_rstd = m.acts.take<float>(N), m.head_w = m.acts.take<float>(N * 4);
   m.norm_rstd = m.acts.take<float>(N), m.lse = m.acts.take<float>(N);
-  cuda::hc_head_fwd(m.head_col, m.head_mix, m.head_rstd, m.head_w, m.X[size_t(cfg.n_layers)], m.f32("hc_head_fn"),
-                    m.f32("hc_head_base"), m.f32("hc_head_scale"), N, d, float(cfg.hc_eps), float(cfg.rms_eps));
+  cuda::hc_head_fwd_any(hc, m.head_col, m.head_mix, m.head_rstd, m.head_w, m.X[size_t(cfg.n_layers)],
+                        m.f32("hc_head_fn"), m.f32("hc_head_base"), m.f32("hc_head_scale"), N, d,
+                        float(cfg.hc_eps), float(cfg.rms_eps));
   cuda::rmsnorm_fwd(m.head_normed, m.norm_rstd, m.head_col, m.b16("norm.weight"), N, d, float(cfg.rms_eps));
   cuda::LmHeadCeShape hs{N, d, V, std::min(m.opts.lm_chunk, V)};
   Pool tmp;
@@ -250,10 +301,29 @@ double GpuModel::forward(const int32_t* ids, const int32_t* labels, const dsv4::
   TREX_CUDA(cudaMemcpy(&h_loss, loss_sum, sizeof(float), cudaMemcpyDeviceToHost));
   m.section("fwd.head", false);
   m.forward_done = true;
-  return L.n_targets > 0 ? double(h_loss) / double(L.n_targets) : 0.0;
+  if (m.step_mode)  // this micro-batch's share of the step's mean loss
+    return m.global_targets > 0 ? double(h_loss) / double(m.global_targets) : 0.0;
+  double total_loss = h_loss;
+  m.global_targets = L.n_targets;
+  if (m.dp_size > 1) {  // the loss and its normaliser over the whole DP batch
+    double h2[2] = {total_loss, double(L.n_targets)};
+    DevMem d2(sizeof(h2));
+    TREX_CUDA(cudaMemcpy(d2.as<double>(), h2, sizeof(h2), cudaMemcpyHostToDevice));
+    m.dp->all_reduce(d2.as<double>(), 2, comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
+    TREX_CUDA(cudaMemcpy(h2, d2.as<double>(), sizeof(h2), cudaMemcpyDeviceToHost));
+    total_loss = h2[0], m.global_targets = int64_t(std::llround(h2[1]));
+  }
+  return m.global_targets > 0 ? total_loss / double(m.global_targets) : 0.0;
 }
 
 void GpuModel::backward() {
+  TREX_CHECK(impl_->first_stage() && impl_->last_stage(),
+             "GPU model: backward() needs the whole model; a pipeline stage (layers [{}, {})) runs backward_stage",
+             impl_->l0, impl_->l1);
+  backward_impl(nullptr);
+}
+
+void GpuModel::backward_impl(const float* dx_out) {
   Impl& m = *impl_;
   TREX_CHECK(m.forward_done, "GPU model: backward() called without a forward()");
   const dsv4::ModelConfig& cfg = m.cfg;
@@ -261,29 +331,36 @@ void GpuModel::backward() {
   const Ctx c = m.ctx();
   const cuda::MhcDims md = mhc_dims(cfg, N);
   Pool bufs;
-  float* dX = bufs.zeros<float>(N * hc * d);
+  float* dX = m.last_stage() ? bufs.zeros<float>(N * hc * d) : bufs.take<float>(N * hc * d);
   float* dX_prev = bufs.take<float>(N * hc * d);
-  m.section("bwd.head", true);
-  {
-    Pool tmp;
-    cuda::LmHeadCeShape hs{N, d, V, std::min(m.opts.lm_chunk, V)};
-    void* scratch = tmp.take<char>(int64_t(cuda::lm_head_ce_scratch_bytes(hs)));
-    float* dnormed = tmp.zeros<float>(N * d);
-    const float scale = m.lay.n_targets > 0 ? float(1.0 / double(m.lay.n_targets)) : 0.f;
-    cuda::lm_head_ce_bwd(m.gemm, hs, m.head_normed, m.b16("head.weight"), m.lay.targets.as<int32_t>(), m.lse, scale,
-                         dnormed, m.g32("head.weight"), scratch);
-    bf16* dn = tmp.take<bf16>(N * d);
-    cuda::cast_f32_to_bf16(dn, dnormed, N * d);
-    bf16* dcol = tmp.take<bf16>(N * d);
-    rmsnorm_bwd_full(c, dcol, m.g32("norm.weight"), dn, m.head_col, m.b16("norm.weight"), m.norm_rstd, N, d);
-    float* hs_scratch = tmp.take<float>(cuda::hc_head_bwd_scratch(N));
-    cuda::hc_head_bwd(dX, m.g32("hc_head_fn"), m.g32("hc_head_base"), m.g32("hc_head_scale"), dcol,
-                      m.X[size_t(cfg.n_layers)], m.f32("hc_head_fn"), m.f32("hc_head_base"), m.f32("hc_head_scale"),
-                      m.head_mix, m.head_rstd, m.head_w, N, d, hs_scratch);
+  if (!m.last_stage()) {  // the next stage's gradient of X[l1]
+    TREX_CHECK(dx_out, "GPU model stage [{}, {}): backward needs the gradient dx_out of its output", m.l0, m.l1);
+    TREX_CUDA(cudaMemcpyAsync(dX, dx_out, size_t(N * hc * d) * sizeof(float), cudaMemcpyDeviceToDevice, nullptr));
+  } else {  // the last stage: the head's backward from the loss
+    m.section("bwd.head", true);
+    {
+      Pool tmp;
+      cuda::LmHeadCeShape hs{N, d, V, std::min(m.opts.lm_chunk, V)};
+      void* scratch = tmp.take<char>(int64_t(cuda::lm_head_ce_scratch_bytes(hs)));
+      float* dnormed = tmp.zeros<float>(N * d);
+      // Mean over the targets of the whole (DP) batch: the reduce-scatter's sum is then the global gradient.
+      const float scale = m.global_targets > 0 ? float(1.0 / double(m.global_targets)) : 0.f;
+      cuda::lm_head_ce_bwd(m.gemm, hs, m.head_normed, m.b16("head.weight"), m.lay.targets.as<int32_t>(), m.lse,
+                           scale, dnormed, m.g32("head.weight"), scratch);
+      bf16* dn = tmp.take<bf16>(N * d);
+      cuda::cast_f32_to_bf16(dn, dnormed, N * d);
+      bf16* dcol = tmp.take<bf16>(N * d);
+      rmsnorm_bwd_full(c, dcol, m.g32("norm.weight"), dn, m.head_col, m.b16("norm.weight"), m.norm_rstd, N, d);
+      float* hs_scratch = tmp.take<float>(cuda::hc_head_bwd_scratch_any(hc, N));
+      cuda::hc_head_bwd_any(hc, dX, m.g32("hc_head_fn"), m.g32("hc_head_base"), m.g32("hc_head_scale"), dcol,
+                            m.X[size_t(cfg.n_layers)], m.f32("hc_head_fn"), m.f32("hc_head_base"),
+                            m.f32("hc_head_scale"), m.head_mix, m.head_rstd, m.head_w, N, d, hs_scratch);
+    }
+    m.section("bwd.head", false);
+    m.reduce_bucket(m.head_bucket);
   }
-  m.section("bwd.head", false);
 
-  for (int64_t l = cfg.n_layers - 1; l >= 0; --l) {
+  for (int64_t l = m.l1 - 1; l >= m.l0; --l) {
     GpuBlock& b = *m.blocks[size_t(l)];
     const bf16* Xin = m.X[size_t(l)];
     Pool tmp;
@@ -295,9 +372,9 @@ void GpuModel::backward() {
     float* dsub = tmp.take<float>(N * d);
     bf16* dsub_b = tmp.take<bf16>(N * d);
     bf16* dcol = tmp.take<bf16>(N * d);
-    float* scratch = tmp.take<float>(cuda::mhc_site_bwd_scratch(md));
+    float* scratch = tmp.take<float>(cuda::mhc_site_bwd_scratch_any(hc, md));
     m.section("bwd.mhc+norm", true);
-    cuda::mhc_expand_bwd(md, b.X_mid, b.y_f, b.sf.post, b.sf.comb, dX, dX_mid, dy, dpost, dcomb);
+    cuda::mhc_expand_bwd_any(hc, md, b.X_mid, b.y_f, b.sf.post, b.sf.comb, dX, dX_mid, dy, dpost, dcomb);
     cuda::cast_f32_to_bf16(dyb, dy, N * d);
     m.section("bwd.mhc+norm", false);
     m.section("bwd.moe", true);
@@ -307,11 +384,11 @@ void GpuModel::backward() {
     m.section("bwd.mhc+norm", true);
     cuda::cast_f32_to_bf16(dsub_b, dsub, N * d);
     rmsnorm_bwd_full(c, dcol, b.g_ffn_norm, dsub_b, b.col_f, b.ffn_norm, b.u_rstd, N, d);
-    cuda::mhc_site_bwd(md, b.X_mid, b.hc_ffn_fn, b.hc_ffn_base, b.hc_ffn_scale, b.sf, dcol, dpost, dcomb, dX_mid,
-                       b.g_hc_ffn_fn, b.g_hc_ffn_base, b.g_hc_ffn_scale, scratch);
+    cuda::mhc_site_bwd_any(hc, md, b.X_mid, b.hc_ffn_fn, b.hc_ffn_base, b.hc_ffn_scale, b.sf, dcol, dpost, dcomb,
+                           dX_mid, b.g_hc_ffn_fn, b.g_hc_ffn_base, b.g_hc_ffn_scale, scratch);
     TREX_CUDA(cudaMemsetAsync(dX_prev, 0, size_t(N * hc * d) * sizeof(float), nullptr));
     TREX_CUDA(cudaMemsetAsync(dy, 0, size_t(N * d) * sizeof(float), nullptr));
-    cuda::mhc_expand_bwd(md, Xin, b.y_a, b.sa.post, b.sa.comb, dX_mid, dX_prev, dy, dpost, dcomb);
+    cuda::mhc_expand_bwd_any(hc, md, Xin, b.y_a, b.sa.post, b.sa.comb, dX_mid, dX_prev, dy, dpost, dcomb);
     cuda::cast_f32_to_bf16(dyb, dy, N * d);
     m.section("bwd.mhc+norm", false);
     const char* an = b.dims.type == dsv4::AttnType::Sliding ? "bwd.attn.sliding"
@@ -324,13 +401,105 @@ void GpuModel::backward() {
     m.section("bwd.mhc+norm", true);
     cuda::cast_f32_to_bf16(dsub_b, dsub, N * d);
     rmsnorm_bwd_full(c, dcol, b.g_attn_norm, dsub_b, b.col_a, b.attn_norm, b.a_rstd, N, d);
-    cuda::mhc_site_bwd(md, Xin, b.hc_attn_fn, b.hc_attn_base, b.hc_attn_scale, b.sa, dcol, dpost, dcomb, dX_prev,
-                       b.g_hc_attn_fn, b.g_hc_attn_base, b.g_hc_attn_scale, scratch);
+    cuda::mhc_site_bwd_any(hc, md, Xin, b.hc_attn_fn, b.hc_attn_base, b.hc_attn_scale, b.sa, dcol, dpost, dcomb,
+                           dX_prev, b.g_hc_attn_fn, b.g_hc_attn_base, b.g_hc_attn_scale, scratch);
     m.section("bwd.mhc+norm", false);
+    m.reduce_bucket(m.layer_bucket[size_t(l)]);  // overlaps the backward of the layers below
     std::swap(dX, dX_prev);
+  }
+  if (!m.first_stage()) {  // dX is the gradient of x_in: kept (with its pool) for the send to the previous stage
+    m.grad_out = std::move(bufs);
+    m.dx_in = dX;
+    TREX_CUDA(cudaGetLastError());
+    return;
   }
   cuda::embed_streams_bwd(m.g32("embed.weight"), m.lay.ids.as<int32_t>(), dX, N, d, hc);
   TREX_CUDA(cudaGetLastError());
+  m.reduce_bucket(m.embed_bucket);
+  if (m.dp_size > 1)  // region R (fp32-read, replicated): summed on every rank
+    m.grad_work.push_back(m.dp->all_reduce(m.grads.as<float>() + m.region_a, size_t(m.total - m.region_a),
+                                           comm::ElemType::F32, comm::ReduceOp::Sum));
+}
+
+// ---- Pipeline stage steps: the live batch state above belongs to one micro-batch at a time; the others are
+// parked in slots and swapped in for their forward / backward.
+
+void GpuModel::Impl::swap_slot(int s) {
+  Slot& z = slots[size_t(s)];
+  std::swap(lay, z.lay);
+  std::swap(acts, z.acts), std::swap(grad_out, z.grad_out);
+  std::swap(X, z.X);
+  std::swap(head_col, z.head_col), std::swap(head_normed, z.head_normed), std::swap(head_mix, z.head_mix);
+  std::swap(head_rstd, z.head_rstd), std::swap(head_w, z.head_w), std::swap(norm_rstd, z.norm_rstd);
+  std::swap(lse, z.lse), std::swap(dx_in, z.dx_in), std::swap(forward_done, z.forward_done);
+  for (int64_t l = l0; l < l1; ++l) swap_saved(*blocks[size_t(l)], z.blocks[size_t(l)]);
+}
+
+namespace {
+// Swaps a slot in for one call and back out at the end (also on an exception).
+struct SlotScope {
+  GpuModel::Impl& m;
+  int s;
+  SlotScope(GpuModel::Impl& m_, int s_) : m(m_), s(s_) { m.swap_slot(s); }
+  ~SlotScope() { m.swap_slot(s); }
+};
+
+int slot_of(const GpuModel::Impl& m, int64_t micro) {
+  TREX_CHECK(micro >= 0, "GPU model: micro-batch {} must be >= 0", micro);
+  return int(micro % int64_t(m.slots.size()));
+}
+}  // namespace
+
+void GpuModel::begin_step(int64_t step_targets) {
+  TREX_CHECK(step_targets >= 0, "GPU model: step targets {} must be >= 0", step_targets);
+  impl_->step_mode = true;
+  impl_->global_targets = step_targets;
+}
+
+double GpuModel::forward_stage(int64_t micro, const int32_t* ids, const int32_t* labels,
+                               const dsv4::SeqLayout& layout, const void* x_in) {
+  Impl& m = *impl_;
+  TREX_CHECK(m.step_mode, "GPU model: forward_stage before begin_step");
+  SlotScope scope(m, slot_of(m, micro));
+  TREX_CHECK(!m.forward_done, "GPU model stage [{}, {}): micro-batch {} reuses slot {} whose backward has not run "
+             "(more micro-batches in flight than stage_slots = {})", m.l0, m.l1, micro, slot_of(m, micro),
+             m.slots.size());
+  return forward_impl(ids, labels, layout, nullptr, x_in);
+}
+
+const void* GpuModel::stage_output(int64_t micro) const {
+  const Impl& m = *impl_;
+  const Impl::Slot& z = m.slots[size_t(slot_of(m, micro))];
+  TREX_CHECK(!m.last_stage() && z.forward_done && !z.X.empty() && z.X[size_t(m.l1)],
+             "GPU model stage [{}, {}): no stage output for micro-batch {}", m.l0, m.l1, micro);
+  return z.X[size_t(m.l1)];
+}
+
+void GpuModel::backward_stage(int64_t micro, const float* dx_out) {
+  Impl& m = *impl_;
+  SlotScope scope(m, slot_of(m, micro));
+  TREX_CHECK(m.forward_done, "GPU model stage [{}, {}): backward of micro-batch {} without its forward", m.l0, m.l1,
+             micro);
+  m.grad_out.clear();
+  m.dx_in = nullptr;
+  backward_impl(dx_out);
+  m.forward_done = false;
+  m.acts.clear();  // the slot's activations are no longer needed
+  for (int64_t l = m.l0; l < m.l1; ++l) m.blocks[size_t(l)]->keep.clear();
+}
+
+const float* GpuModel::stage_input_grad(int64_t micro) const {
+  const Impl& m = *impl_;
+  const Impl::Slot& z = m.slots[size_t(slot_of(m, micro))];
+  TREX_CHECK(!m.first_stage() && z.dx_in, "GPU model stage [{}, {}): no input gradient for micro-batch {}", m.l0,
+             m.l1, micro);
+  return z.dx_in;
+}
+
+int64_t GpuModel::layer_begin() const { return impl_->l0; }
+int64_t GpuModel::layer_end() const { return impl_->l1; }
+int64_t GpuModel::stream_elems(const dsv4::SeqLayout& layout) const {
+  return layout.B * layout.T * impl_->cfg.hc_mult * impl_->cfg.hidden;
 }
 
 std::vector<float> GpuModel::final_normed() const {
@@ -344,7 +513,8 @@ std::vector<float> GpuModel::final_normed() const {
 
 std::vector<int64_t> GpuModel::csa_selection(int64_t l) const {
   const Impl& m = *impl_;
-  TREX_CHECK(l >= 0 && l < m.cfg.n_layers && m.blocks[size_t(l)]->dims.type == dsv4::AttnType::CSA,
+  TREX_CHECK(l >= 0 && l < m.cfg.n_layers && m.blocks[size_t(l)] &&
+                 m.blocks[size_t(l)]->dims.type == dsv4::AttnType::CSA,
              "GPU model: layer {} is not a CSA layer", l);
   std::vector<int64_t> v(size_t(m.lay.N * m.cfg.index_topk));
   TREX_CUDA(cudaMemcpy(v.data(), m.blocks[size_t(l)]->at.sel, v.size() * sizeof(int64_t), cudaMemcpyDeviceToHost));
@@ -353,7 +523,7 @@ std::vector<int64_t> GpuModel::csa_selection(int64_t l) const {
 
 std::vector<int32_t> GpuModel::router_selection(int64_t l) const {
   const Impl& m = *impl_;
-  TREX_CHECK(l >= 0 && l < m.cfg.n_layers, "GPU model: no layer {}", l);
+  TREX_CHECK(l >= 0 && l < m.cfg.n_layers && m.blocks[size_t(l)], "GPU model: no layer {} (on this stage)", l);
   std::vector<int32_t> v(size_t(m.lay.N * m.cfg.topk));
   TREX_CUDA(cudaMemcpy(v.data(), m.blocks[size_t(l)]->mo.sel, v.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
   return v;
@@ -376,6 +546,8 @@ std::map<std::string, double> GpuModel::section_ms() {
 void GpuModel::reset_sections() {
   section_ms();
   impl_->section_totals.clear();
+  exposed_comm_ms();
+  impl_->exposed_ms = 0;
 }
 
 }  // namespace trex::dsv4gpu

@@ -1,9 +1,24 @@
 // MoE FFN of the GPU model (design §2.9), the dataflow of trex::dsv4::moe_fwd / moe_bwd: fp32 router logits,
 // sqrt(softplus) scores, hash or bias-corrected top-k routing, expert-grouped permutation, clamped SwiGLU experts
-// with fused w1|w3 weights, one shared expert, weighted combine. The routed experts run as one GEMM per non-empty
-// expert (the per-expert counts come back to the host once per layer and pass); a grouped GEMM would remove the
-// loop and that synchronisation.
+// with fused w1|w3 weights, one shared expert, weighted combine. Routing and the permutation stay on the device.
+// The routed experts run either as grouped GEMMs (Ctx::grouped_experts: one launch for all experts, sized from
+// the device-side offsets, so the host never waits for the routing) or as one cuBLASLt GEMM per non-empty expert
+// after one host read of the offsets per layer (the backward reuses it). The second is the default: at the
+// benchmark shapes cuBLASLt's kernels run at 600-775 TFLOP/s against the grouped kernel's 250-320, which costs far
+// more than the synchronisation. The router's range status is copied to pinned host memory asynchronously and
+// checked once it has certainly arrived (backward, or this block's next forward).
+//
+// Expert parallel (Ctx::ep, P ranks > 1, an NCCL communicator): rank r computes experts [r E/P, (r+1) E/P) for the
+// tokens of every rank. The expert-grouped rows are already contiguous per owner, so they go out as they are
+// (all_to_all_v); the per-expert counts are exchanged first and read on the host to size the transfer (the one
+// host synchronisation of this path). Received rows arrive ordered (source rank, local expert) and are regrouped
+// to (local expert, source rank) for the grouped GEMMs, then sent back the same way. The shared expert runs on
+// the compute stream while the rows are in flight (NCCL works on its own stream). Every rank keeps all expert
+// weights; expert gradients land only on the owner (summed over every rank's tokens), so summing gradients over
+// the group reproduces the all-local result.
+#include "comm/nccl_communicator.h"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/grouped_gemm.h"
 #include "kernels/cuda/router.h"
 #include "kernels/cuda/tensor_ops.h"
 #include "train/cuda/gpu_internal.h"
@@ -22,12 +37,211 @@ cuda::RouterShape router_shape(const Ctx& c, const GpuBlock& b, bool forced) {
   return r;
 }
 
+// Throws if the router status of this block's last forward flagged an out-of-range token id or table entry. The
+// event was recorded after the status copy; by the time this runs (backward, or the next forward, both after the
+// forward's loss read-back) it has completed, so waiting on it costs nothing.
+void check_router_status(const GpuBlock& b) {
+  const MoeActs& m = b.mo;
+  if (!m.status_host || !m.status_ready) return;
+  TREX_CUDA(cudaEventSynchronize(m.status_ready.get()));
+  TREX_CHECK(*m.status_host == 0, "MoE (CUDA) {}: a token id or a tid2eid / injected entry is out of range",
+             b.prefix);
+}
+
+// Queues the copy of the device status into the block's pinned host flag (allocated on first use).
+void post_router_status(MoeActs& m, const int32_t* status) {
+  if (!m.status_host) {
+    int32_t* p = nullptr;
+    TREX_CUDA(cudaMallocHost(&p, sizeof(int32_t)));
+    m.status_host = std::shared_ptr<int32_t>(p, [](int32_t* q) { cudaFreeHost(q); });
+    cudaEvent_t ev = nullptr;
+    TREX_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    m.status_ready = std::shared_ptr<CUevent_st>(ev, [](cudaEvent_t e) { cudaEventDestroy(e); });
+  }
+  TREX_CUDA(cudaMemcpyAsync(m.status_host.get(), status, sizeof(int32_t), cudaMemcpyDeviceToHost));
+  TREX_CUDA(cudaEventRecord(m.status_ready.get()));
+}
+
+// Rows of one expert-parallel exchange, from this rank's point of view.
+struct EpRows {
+  std::vector<size_t> send_rows, send_row0, recv_rows, recv_row0;  // per peer rank
+  struct Block {
+    int64_t src_row, dst_row, rows;  // source-major position -> expert-major position
+  };
+  std::vector<Block> blocks;
+};
+
+}  // namespace
+
+// The exchange plan of the last forward plus the expert-major activations the backward needs (kept per block).
+struct MoeEpState {
+  int64_t n_local = 0, e0 = 0;  // local experts [e0, e0 + n_local)
+  int64_t n_recv = 0;           // rows this rank computes
+  EpRows rows;
+  DevMem local_offsets;  // int32 [n_local + 1], expert-major offsets of the received rows
+  std::vector<int32_t> h_local_offsets;  // the same on the host
+  bf16* xl = nullptr;    // [n_recv, d] expert-major inputs (in the block's keep pool)
+};
+
+namespace {
+
+// The expert FFN over rows grouped by expert (all experts, or this rank's slice under EP).
+struct ExpertRows {
+  int64_t rows = 0, n_experts = 0;
+  const int32_t* offsets = nullptr;    // device [n_experts + 1]
+  const int32_t* h_offsets = nullptr;  // host copy: one GEMM per expert; null: grouped GEMMs
+  const bf16 *w13 = nullptr, *w2 = nullptr;
+  float *g_w13 = nullptr, *g_w2 = nullptr;
+};
+
+ExpertRows expert_rows(const Ctx& c, const GpuBlock& b) {
+  const int64_t d = c.cfg->hidden, f = c.cfg->moe_inter;
+  const MoeW& w = b.mw;
+  ExpertRows x;
+  if (const MoeEpState* st = b.mo.ep.get()) {
+    x.rows = st->n_recv, x.n_experts = st->n_local, x.offsets = st->local_offsets.as<int32_t>();
+    x.w13 = w.w13 + st->e0 * 2 * f * d, x.w2 = w.w2 + st->e0 * d * f;
+    x.g_w13 = w.g_w13 + st->e0 * 2 * f * d, x.g_w2 = w.g_w2 + st->e0 * d * f;
+    if (!c.grouped_experts) x.h_offsets = st->h_local_offsets.data();
+  } else {
+    x.rows = c.lay->N * c.cfg->topk, x.n_experts = c.cfg->n_routed_experts, x.offsets = b.mo.offsets;
+    x.w13 = w.w13, x.w2 = w.w2, x.g_w13 = w.g_w13, x.g_w2 = w.g_w2;
+    if (!c.grouped_experts) {
+      TREX_CHECK(int64_t(b.mo.h_offsets.size()) == x.n_experts + 1, "MoE (CUDA) {}: no host offsets of the forward",
+                 b.prefix);
+      x.h_offsets = b.mo.h_offsets.data();
+    }
+  }
+  return x;
+}
+
+// y[r, out] = x[r, in] W_e[out, in]^T over the expert rows.
+void experts_fwd(const Ctx& c, const ExpertRows& x, bf16* y, const bf16* in_rows, const bf16* W, int64_t in,
+                 int64_t out, int32_t* gscratch) {
+  if (!x.h_offsets) {
+    cuda::grouped_linear_fwd(y, in_rows, W, x.offsets, x.n_experts, x.rows, in, out, gscratch);
+    return;
+  }
+  for (int64_t e = 0; e < x.n_experts; ++e) {
+    const int64_t r0 = x.h_offsets[e], n = x.h_offsets[e + 1] - r0;
+    if (n > 0) c.lin.fwd(y + r0 * out, in_rows + r0 * in, W + e * out * in, n, in, out);
+  }
+}
+// dx[r, in] = dy[r, out] W_e[out, in].
+void experts_dx(const Ctx& c, const ExpertRows& x, bf16* dx, const bf16* dy, const bf16* W, int64_t in, int64_t out,
+                int32_t* gscratch) {
+  if (!x.h_offsets) {
+    cuda::grouped_linear_dx(dx, dy, W, x.offsets, x.n_experts, x.rows, in, out, gscratch);
+    return;
+  }
+  for (int64_t e = 0; e < x.n_experts; ++e) {
+    const int64_t r0 = x.h_offsets[e], n = x.h_offsets[e + 1] - r0;
+    if (n > 0) c.lin.dx(dx + r0 * in, dy + r0 * out, W + e * out * in, n, in, out);
+  }
+}
+// dW_e[out, in] += dy_e^T x_e (fp32).
+void experts_dw(const Ctx& c, const ExpertRows& x, float* dW, const bf16* dy, const bf16* in_rows, int64_t in,
+                int64_t out) {
+  if (!x.h_offsets) {
+    cuda::grouped_linear_dw(dW, dy, in_rows, x.offsets, x.n_experts, in, out);
+    return;
+  }
+  for (int64_t e = 0; e < x.n_experts; ++e) {
+    const int64_t r0 = x.h_offsets[e], n = x.h_offsets[e + 1] - r0;
+    if (n > 0) c.lin.dw(dW + e * out * in, dy + r0 * out, in_rows + r0 * in, n, in, out);
+  }
+}
+
+bool expert_parallel(const Ctx& c) { return c.ep && c.ep->size() > 1; }
+
+// Exchanges the per-expert counts (device all_to_all, then read on the host) and derives the row plan.
+std::shared_ptr<MoeEpState> ep_plan(const Ctx& c, const GpuBlock& b, const int32_t* offsets) {
+  comm::Communicator& ep = *c.ep;
+  const int P = ep.size(), r = ep.rank();
+  const int64_t E = c.cfg->n_routed_experts;
+  TREX_CHECK(ep.backend() == "nccl", "MoE (CUDA) {}: expert parallelism needs an NCCL communicator, got '{}'",
+             b.prefix, ep.backend());
+  TREX_CHECK(E % P == 0, "MoE (CUDA) {}: {} experts do not divide over {} expert-parallel ranks", b.prefix, E, P);
+  auto st = std::make_shared<MoeEpState>();
+  const int64_t El = E / P;
+  st->n_local = El, st->e0 = r * El;
+  std::vector<int32_t> off(static_cast<size_t>(E + 1));
+  TREX_CUDA(cudaMemcpy(off.data(), offsets, off.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  std::vector<int32_t> cnt(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) cnt[size_t(e)] = off[size_t(e + 1)] - off[size_t(e)];
+  DevMem d_send(size_t(E) * 4), d_recv(size_t(E) * 4);
+  TREX_CUDA(cudaMemcpy(d_send.as<int32_t>(), cnt.data(), size_t(E) * 4, cudaMemcpyHostToDevice));
+  std::vector<size_t> bytes(static_cast<size_t>(P), size_t(El) * 4), boff(static_cast<size_t>(P));
+  for (int p = 0; p < P; ++p) boff[size_t(p)] = size_t(p) * size_t(El) * 4;
+  ep.all_to_all_v(d_send.as<int32_t>(), bytes, boff, d_recv.as<int32_t>(), bytes, boff)->wait();
+  std::vector<int32_t> rc(static_cast<size_t>(E));  // [source rank][local expert]
+  TREX_CUDA(cudaMemcpy(rc.data(), d_recv.as<int32_t>(), size_t(E) * 4, cudaMemcpyDeviceToHost));
+
+  EpRows& R = st->rows;
+  R.send_rows.resize(size_t(P)), R.send_row0.resize(size_t(P)), R.recv_rows.resize(size_t(P));
+  R.recv_row0.resize(size_t(P));
+  size_t run = 0;
+  for (int p = 0; p < P; ++p) {
+    R.send_row0[size_t(p)] = size_t(off[size_t(p * El)]);
+    R.send_rows[size_t(p)] = size_t(off[size_t((p + 1) * El)] - off[size_t(p * El)]);
+    size_t n = 0;
+    for (int64_t j = 0; j < El; ++j) n += size_t(rc[size_t(p * El + j)]);
+    R.recv_row0[size_t(p)] = run, R.recv_rows[size_t(p)] = n;
+    run += n;
+  }
+  st->n_recv = int64_t(run);
+  std::vector<int32_t> loc(static_cast<size_t>(El + 1), 0);
+  for (int64_t j = 0; j < El; ++j) {
+    int64_t n = 0;
+    for (int p = 0; p < P; ++p) n += rc[size_t(p * El + j)];
+    loc[size_t(j + 1)] = loc[size_t(j)] + int32_t(n);
+  }
+  for (int p = 0; p < P; ++p) {
+    int64_t src = int64_t(R.recv_row0[size_t(p)]);
+    for (int64_t j = 0; j < El; ++j) {
+      const int64_t n = rc[size_t(p * El + j)];
+      int64_t dst = loc[size_t(j)];
+      for (int q = 0; q < p; ++q) dst += rc[size_t(q * El + j)];
+      if (n > 0) R.blocks.push_back({src, dst, n});
+      src += n;
+    }
+  }
+  st->local_offsets = DevMem(size_t(El + 1) * 4);
+  TREX_CUDA(cudaMemcpy(st->local_offsets.as<int32_t>(), loc.data(), loc.size() * 4, cudaMemcpyHostToDevice));
+  st->h_local_offsets = std::move(loc);
+  return st;
+}
+
+// Source-major received rows <-> expert-major rows, [*, d] bf16.
+void ep_regroup(bf16* dst, const bf16* src, const EpRows& R, int64_t d, bool to_expert_major) {
+  for (const EpRows::Block& k : R.blocks) {
+    const int64_t from = to_expert_major ? k.src_row : k.dst_row, to = to_expert_major ? k.dst_row : k.src_row;
+    TREX_CUDA(cudaMemcpyAsync(dst + to * d, src + from * d, size_t(k.rows * d) * sizeof(bf16),
+                              cudaMemcpyDeviceToDevice, nullptr));
+  }
+}
+
+// Sends [*, d] bf16 rows: dispatch = expert-grouped rows of this rank's tokens -> owners (source-major on
+// arrival); otherwise the way back.
+comm::WorkPtr ep_exchange(comm::Communicator& ep, const bf16* send, bf16* recv, const EpRows& R, int64_t d,
+                          bool dispatch) {
+  const size_t row = size_t(d) * sizeof(bf16);
+  auto scale = [&](const std::vector<size_t>& v) {
+    std::vector<size_t> o(v.size());
+    for (size_t i = 0; i < v.size(); ++i) o[i] = v[i] * row;
+    return o;
+  };
+  const auto sb = scale(R.send_rows), so = scale(R.send_row0), rb = scale(R.recv_rows), ro = scale(R.recv_row0);
+  return dispatch ? ep.all_to_all_v(send, sb, so, recv, rb, ro) : ep.all_to_all_v(send, rb, ro, recv, sb, so);
+}
+
 }  // namespace
 
 void moe_fwd(const Ctx& c, GpuBlock& b, const int32_t* injected_sel) {
   const int64_t N = c.lay->N, d = c.cfg->hidden, E = c.cfg->n_routed_experts, K = c.cfg->topk, f = c.cfg->moe_inter;
   const int64_t fs = f * c.cfg->n_shared_experts;
   const float limit = float(c.cfg->swiglu_limit);
+  check_router_status(b);  // the previous forward's (forward-only runs never reach moe_bwd)
   Pool& keep = b.keep;
   MoeActs& m = b.mo;
   const MoeW& w = b.mw;
@@ -36,7 +250,7 @@ void moe_fwd(const Ctx& c, GpuBlock& b, const int32_t* injected_sel) {
   m.offsets = keep.take<int32_t>(E + 1);
   c.lin.fwd(m.logits, b.u, w.gate, N, d, E, true);
   Pool tmp;
-  int32_t* status = tmp.zeros<int32_t>(1);
+  int32_t* status = keep.zeros<int32_t>(1);  // kept: the pinned copy below reads it asynchronously
   if (injected_sel) {
     // The injected selection acts as a per-token "hash table": weights still come from this forward's scores.
     int32_t* table = tmp.take<int32_t>(N * K);
@@ -49,28 +263,18 @@ void moe_fwd(const Ctx& c, GpuBlock& b, const int32_t* injected_sel) {
   }
   int32_t* scratch = tmp.take<int32_t>(cuda::moe_route_plan_scratch(N, K, E));
   cuda::moe_route_plan(m.sel, N, K, E, m.order, m.slot_pos, m.offsets, scratch);
-  m.h_offsets.assign(size_t(E + 1), 0);
-  int32_t h_status = 0;
-  TREX_CUDA(cudaMemcpy(m.h_offsets.data(), m.offsets, size_t(E + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost));
-  TREX_CUDA(cudaMemcpy(&h_status, status, sizeof(int32_t), cudaMemcpyDeviceToHost));
-  TREX_CHECK(h_status == 0, "MoE (CUDA) {}: a token id or a tid2eid / injected entry is out of range", b.prefix);
+  post_router_status(m, status);
+  m.h_offsets.clear();
+  if (!c.grouped_experts && !expert_parallel(c)) {  // per-expert GEMMs: the one host read of this layer
+    m.h_offsets.resize(size_t(E + 1));
+    TREX_CUDA(cudaMemcpy(m.h_offsets.data(), m.offsets, size_t(E + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  }
 
   bf16* xe = tmp.take<bf16>(N * K * d);
   cuda::moe_gather(xe, b.u, m.order, N, K, d);
-  m.gu = keep.take<bf16>(N * K * 2 * f);
-  bf16* h = tmp.take<bf16>(N * K * f);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t r0 = m.h_offsets[size_t(e)], n = m.h_offsets[size_t(e + 1)] - r0;
-    if (n > 0) c.lin.fwd(m.gu + r0 * 2 * f, xe + r0 * d, w.w13 + e * 2 * f * d, n, d, 2 * f);
-  }
-  cuda::swiglu_fwd(h, m.gu, N * K, f, limit);
-  m.ye = keep.take<bf16>(N * K * d);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t r0 = m.h_offsets[size_t(e)], n = m.h_offsets[size_t(e + 1)] - r0;
-    if (n > 0) c.lin.fwd(m.ye + r0 * d, h + r0 * f, w.w2 + e * d * f, n, f, d);
-  }
   const bf16* add = nullptr;
-  if (fs > 0) {
+  auto shared_expert = [&] {
+    if (fs == 0) return;
     m.sgu = keep.take<bf16>(N * 2 * fs);
     c.lin.fwd(m.sgu, b.u, w.sw13, N, d, 2 * fs);
     bf16* sh = tmp.take<bf16>(N * fs);
@@ -78,6 +282,38 @@ void moe_fwd(const Ctx& c, GpuBlock& b, const int32_t* injected_sel) {
     m.sy = keep.take<bf16>(N * d);
     c.lin.fwd(m.sy, sh, w.sw2, N, fs, d);
     add = m.sy;
+  };
+  m.ep.reset();
+  const bf16* xl = xe;  // the rows this rank's experts compute, expert-major
+  bf16* xr = nullptr;   // under EP: the received rows, source-major
+  if (expert_parallel(c)) {
+    m.ep = ep_plan(c, b, m.offsets);
+    MoeEpState& st = *m.ep;
+    xr = tmp.take<bf16>(st.n_recv * d);
+    comm::WorkPtr sent = ep_exchange(*c.ep, xe, xr, st.rows, d, true);
+    shared_expert();  // while the rows travel
+    comm::stream_wait(*sent, nullptr);
+    st.xl = keep.take<bf16>(st.n_recv * d);
+    ep_regroup(st.xl, xr, st.rows, d, true);
+    xl = st.xl;
+  } else {
+    shared_expert();
+  }
+  const ExpertRows x = expert_rows(c, b);
+  int32_t* gscratch = tmp.take<int32_t>(cuda::grouped_linear_scratch(x.n_experts));
+  m.gu = keep.take<bf16>(x.rows * 2 * f);  // under EP: this rank's expert-major rows
+  experts_fwd(c, x, m.gu, xl, x.w13, d, 2 * f, gscratch);
+  bf16* h = tmp.take<bf16>(x.rows * f);
+  cuda::swiglu_fwd(h, m.gu, x.rows, f, limit);
+  m.ye = keep.take<bf16>(N * K * d);
+  if (m.ep) {
+    bf16* yl = tmp.take<bf16>(x.rows * d);
+    experts_fwd(c, x, yl, h, x.w2, f, d, gscratch);
+    ep_regroup(xr, yl, m.ep->rows, d, false);  // xr is consumed: reuse it for the outgoing outputs
+    comm::WorkPtr back = ep_exchange(*c.ep, xr, m.ye, m.ep->rows, d, false);
+    comm::stream_wait(*back, nullptr);
+  } else {
+    experts_fwd(c, x, m.ye, h, x.w2, f, d, gscratch);
   }
   cuda::moe_combine(b.y_f, m.ye, m.slot_pos, m.weight, add, N, K, d);
 }
@@ -86,6 +322,7 @@ void moe_bwd(const Ctx& c, GpuBlock& b, const bf16* dout, float* du) {
   const int64_t N = c.lay->N, d = c.cfg->hidden, E = c.cfg->n_routed_experts, K = c.cfg->topk, f = c.cfg->moe_inter;
   const int64_t fs = f * c.cfg->n_shared_experts;
   const float limit = float(c.cfg->swiglu_limit);
+  check_router_status(b);
   const MoeActs& m = b.mo;
   const MoeW& w = b.mw;
   Pool tmp;
@@ -93,7 +330,8 @@ void moe_bwd(const Ctx& c, GpuBlock& b, const bf16* dout, float* du) {
   float* dweight = tmp.take<float>(N * K);
   cuda::moe_combine_bwd(dye, dweight, dout, m.ye, m.slot_pos, m.weight, N, K, d);
 
-  if (fs > 0) {
+  auto shared_expert = [&] {
+    if (fs == 0) return;
     bf16* sh = tmp.take<bf16>(N * fs);
     cuda::swiglu_fwd(sh, m.sgu, N, fs, limit);
     c.lin.dw(w.g_sw2, dout, sh, N, fs, d);
@@ -103,27 +341,50 @@ void moe_bwd(const Ctx& c, GpuBlock& b, const bf16* dout, float* du) {
     cuda::swiglu_bwd(dsgu, dsh, m.sgu, N, fs, limit);
     c.lin.dw(w.g_sw13, dsgu, b.u, N, d, 2 * fs);
     c.lin.dx(du, dsgu, w.sw13, N, d, 2 * fs, true, 1.f);
+  };
+  const ExpertRows x = expert_rows(c, b);
+  const bf16* dyl = dye;  // output gradients of this rank's expert rows, expert-major
+  const bf16* xl = nullptr;
+  bf16* dyr = nullptr;
+  if (m.ep) {
+    TREX_CHECK(expert_parallel(c), "MoE (CUDA) {}: forward ran expert-parallel, backward without the group",
+               b.prefix);
+    const MoeEpState& st = *m.ep;
+    dyr = tmp.take<bf16>(st.n_recv * d);
+    comm::WorkPtr sent = ep_exchange(*c.ep, dye, dyr, st.rows, d, true);
+    shared_expert();  // while the gradients travel
+    comm::stream_wait(*sent, nullptr);
+    bf16* t = tmp.take<bf16>(st.n_recv * d);
+    ep_regroup(t, dyr, st.rows, d, true);
+    dyl = t;
+    xl = st.xl;
+  } else {
+    shared_expert();
   }
 
-  bf16* h = tmp.take<bf16>(N * K * f);
-  cuda::swiglu_fwd(h, m.gu, N * K, f, limit);
-  bf16* dh = tmp.take<bf16>(N * K * f);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t r0 = m.h_offsets[size_t(e)], n = m.h_offsets[size_t(e + 1)] - r0;
-    if (n == 0) continue;
-    c.lin.dx(dh + r0 * f, dye + r0 * d, w.w2 + e * d * f, n, f, d);
-    c.lin.dw(w.g_w2 + e * d * f, dye + r0 * d, h + r0 * f, n, f, d);
+  int32_t* gscratch = tmp.take<int32_t>(cuda::grouped_linear_scratch(x.n_experts));
+  bf16* h = tmp.take<bf16>(x.rows * f);
+  cuda::swiglu_fwd(h, m.gu, x.rows, f, limit);
+  bf16* dh = tmp.take<bf16>(x.rows * f);
+  experts_dx(c, x, dh, dyl, x.w2, f, d, gscratch);
+  experts_dw(c, x, x.g_w2, dyl, h, f, d);
+  bf16* dgu = tmp.take<bf16>(x.rows * 2 * f);
+  cuda::swiglu_bwd(dgu, dh, m.gu, x.rows, f, limit);
+  if (!m.ep) {
+    bf16* xe = dye;  // dye is consumed: reuse it for the re-gathered expert inputs
+    cuda::moe_gather(xe, b.u, m.order, N, K, d);
+    xl = xe;
   }
-  bf16* dgu = tmp.take<bf16>(N * K * 2 * f);
-  cuda::swiglu_bwd(dgu, dh, m.gu, N * K, f, limit);
-  bf16* xe = dye;  // dye is consumed: reuse it for the re-gathered expert inputs, then for dxe
-  cuda::moe_gather(xe, b.u, m.order, N, K, d);
-  bf16* dxe = tmp.take<bf16>(N * K * d);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t r0 = m.h_offsets[size_t(e)], n = m.h_offsets[size_t(e + 1)] - r0;
-    if (n == 0) continue;
-    c.lin.dw(w.g_w13 + e * 2 * f * d, dgu + r0 * 2 * f, xe + r0 * d, n, d, 2 * f);
-    c.lin.dx(dxe + r0 * d, dgu + r0 * 2 * f, w.w13 + e * 2 * f * d, n, d, 2 * f);
+  experts_dw(c, x, x.g_w13, dgu, xl, d, 2 * f);
+  bf16* dxl = tmp.take<bf16>(x.rows * d);
+  experts_dx(c, x, dxl, dgu, x.w13, d, 2 * f, gscratch);
+  const bf16* dxe = dxl;
+  if (m.ep) {
+    ep_regroup(dyr, dxl, m.ep->rows, d, false);  // dyr is consumed: reuse it for the outgoing input gradients
+    bf16* back = dye;                            // and dye (read by the dispatch above) for what comes back
+    comm::WorkPtr got = ep_exchange(*c.ep, dyr, back, m.ep->rows, d, false);
+    comm::stream_wait(*got, nullptr);
+    dxe = back;
   }
   cuda::moe_gather_bwd(du, dxe, m.slot_pos, N, K, d);
 

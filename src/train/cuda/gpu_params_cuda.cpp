@@ -1,11 +1,15 @@
 // Parameter table of the GPU model: the CPU model's official names and shapes (attention via
 // dsv4::attention_param_specs), laid out so that each expert's w1 and w3 are adjacent ([2f, d], one GEMM gives
-// gate|up) and the shared expert's w1|w3 likewise; random init on the device or a copy of the CPU table.
+// gate|up) and the shared expert's w1|w3 likewise; random init on the device or a copy of the CPU table. The arena
+// is two regions (bf16-read parameters in per-layer buckets, then the fp32-read ones) so that data parallelism can
+// shard the optimiser by bucket slices (ZeRO-1, see gpu_impl.h); the data-parallel plumbing lives here too.
 #include <fmt/format.h>
 
 #include <cmath>
 #include <random>
+#include <set>
 
+#include "comm/nccl_communicator.h"
 #include "kernels/cuda/random_fill.h"
 #include "kernels/cuda/tensor_ops.h"
 #include "train/cuda/gpu_impl.h"
@@ -13,9 +17,12 @@
 namespace trex::dsv4gpu {
 
 void GpuModel::Impl::declare(const std::string& name, const Shape& shape) {
+  const int64_t ordinal = n_declared++;
+  if (!declaring) return;  // another pipeline stage's parameter
   TREX_CHECK(!index.count(name), "GPU model: parameter '{}' declared twice", name);
   GpuParam p;
   p.name = name;
+  p.ordinal = ordinal;
   p.shape = shape;
   p.numel = numel(shape);
   p.offset = total;
@@ -32,22 +39,50 @@ const GpuParam& GpuModel::Impl::info(const std::string& name) const {
   return params[it->second];
 }
 
+void GpuModel::Impl::pad_to(int64_t multiple) { total = (total + multiple - 1) / multiple * multiple; }
+
+namespace {
+// Bucket boundaries are multiples of this many elements, so any DP size dividing 64 cuts them into equal,
+// 16-byte aligned slices.
+constexpr int64_t kBucketAlign = 512;
+
+bool read_in_fp32(const std::string& name) {
+  auto ends = [&](const char* suf) {
+    const std::string x(suf);
+    return name.size() >= x.size() && name.compare(name.size() - x.size(), x.size(), x) == 0;
+  };
+  return ends(".ape") || ends("attn_sink");
+}
+}  // namespace
+
 void GpuModel::Impl::declare_all() {
   const int64_t d = cfg.hidden, hc = cfg.hc_mult, V = cfg.vocab_size, E = cfg.n_routed_experts, f = cfg.moe_inter;
   const int64_t mix = (2 + hc) * hc, fs = f * cfg.n_shared_experts;
+  auto close_bucket = [&](int64_t begin) {
+    pad_to(kBucketAlign);
+    buckets.push_back(Bucket{begin, total, 0});
+    return int(buckets.size()) - 1;
+  };
+  // Region A, bucketed in the order backward finishes them (reverse): embed, head + final norm, layers.
+  // A pipeline stage declares only its own parameters (the skipped ones leave empty buckets).
+  auto in_stage = [&](int64_t l) { return l >= l0 && l < l1; };
+  int64_t begin = total;
+  declaring = first_stage();
   declare("embed.weight", {V, d});
+  embed_bucket = close_bucket(begin);
+  begin = total;
+  declaring = last_stage();
   declare("head.weight", {V, d});
   declare("norm.weight", {d});
-  declare("hc_head_fn", {hc, hc * d});
-  // Small tensors (4, 1, 3 elements) go last so every large tensor stays 16-byte aligned.
+  head_bucket = close_bucket(begin);
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     const std::string p = fmt::format("layers.{}.", l);
+    declaring = in_stage(l);
+    begin = total;
     declare(p + "attn_norm.weight", {d});
     declare(p + "ffn_norm.weight", {d});
-    declare(p + "hc_attn_fn", {mix, hc * d});
-    declare(p + "hc_ffn_fn", {mix, hc * d});
     for (const auto& s : dsv4::attention_param_specs(cfg, l))
-      if (s.name != "attn.attn_sink") declare(p + s.name, s.shape);
+      if (!read_in_fp32(s.name)) declare(p + s.name, s.shape);
     declare(p + "ffn.gate.weight", {E, d});
     if (fs > 0) {
       declare(p + "ffn.shared_experts.w1.weight", {fs, d});
@@ -59,29 +94,97 @@ void GpuModel::Impl::declare_all() {
       declare(fmt::format("{}ffn.experts.{}.w3.weight", p, e), {f, d});
     }
     for (int64_t e = 0; e < E; ++e) declare(fmt::format("{}ffn.experts.{}.w2.weight", p, e), {d, f});
+    layer_bucket.push_back(close_bucket(begin));
   }
+  region_a = total;
+  // Region R: read in fp32 by the kernels, replicated on every DP rank. Small tensors (4, 1, 3 elements) are
+  // padded to 8 so every tensor stays 16-byte aligned.
   auto small = [&](const std::string& name, const Shape& shape) {
+    const int64_t ordinal = n_declared++;
+    if (!declaring) return;
     GpuParam p;
-    p.name = name, p.shape = shape, p.numel = numel(shape), p.offset = total;
+    p.name = name, p.shape = shape, p.numel = numel(shape), p.offset = total, p.ordinal = ordinal;
     total += (p.numel + 7) / 8 * 8;
+    TREX_CHECK(!index.count(name), "GPU model: parameter '{}' declared twice", name);
     index[name] = params.size();
     params.push_back(p);
   };
+  declaring = last_stage();
+  small("hc_head_fn", {hc, hc * d});
   small("hc_head_base", {hc});
   small("hc_head_scale", {1});
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     const std::string p = fmt::format("layers.{}.", l);
-    small(p + "attn.attn_sink", {cfg.n_heads});
+    declaring = in_stage(l);
+    small(p + "hc_attn_fn", {mix, hc * d});
+    small(p + "hc_ffn_fn", {mix, hc * d});
+    for (const auto& s : dsv4::attention_param_specs(cfg, l))
+      if (read_in_fp32(s.name)) small(p + s.name, s.shape);
     for (const char* site : {"attn", "ffn"}) {
       small(fmt::format("{}hc_{}_base", p, site), {mix});
       small(fmt::format("{}hc_{}_scale", p, site), {3});
     }
   }
+  declaring = true;
+  pad_to(8);
+}
+
+float* GpuModel::Impl::master_at(const GpuParam& p) const {
+  if (dp_size == 1) return master.as<float>() + p.offset;
+  TREX_CHECK(p.offset >= region_a,
+             "GPU model: the fp32 master of '{}' is sharded over the data-parallel ranks (read its bf16 copy)", p.name);
+  return master.as<float>() + shard_a + (p.offset - region_a);
+}
+
+void GpuModel::Impl::scatter_master(const float* full) {
+  cuda::cast_f32_to_bf16(compute.as<bf16>(), full, total);
+  if (dp_size == 1) {
+    if (full != master.as<float>())
+      TREX_CUDA(cudaMemcpyAsync(master.as<float>(), full, size_t(total) * 4, cudaMemcpyDeviceToDevice, nullptr));
+    return;
+  }
+  for (const Bucket& b : buckets) {
+    const int64_t n = b.slice(dp_size);
+    TREX_CUDA(cudaMemcpyAsync(master.as<float>() + b.shard_off, full + b.begin + dp_rank * n, size_t(n) * 4,
+                              cudaMemcpyDeviceToDevice, nullptr));
+  }
+  TREX_CUDA(cudaMemcpyAsync(master.as<float>() + shard_a, full + region_a, size_t(total - region_a) * 4,
+                            cudaMemcpyDeviceToDevice, nullptr));
+}
+
+void GpuModel::Impl::stream_wait(comm::Work& w) {
+  cudaEvent_t a, b;
+  TREX_CUDA(cudaEventCreate(&a));
+  TREX_CUDA(cudaEventCreate(&b));
+  TREX_CUDA(cudaEventRecord(a, nullptr));
+  comm::stream_wait(w, nullptr);
+  TREX_CUDA(cudaEventRecord(b, nullptr));
+  stalls.emplace_back(a, b);
+}
+
+void GpuModel::Impl::reduce_bucket(int bi) {
+  if (dp_size == 1) return;
+  const Bucket& b = buckets[size_t(bi)];
+  const int64_t n = b.slice(dp_size);
+  float* g = grads.as<float>();
+  // In place: this rank's slice of the sum lands where its own slice is.
+  grad_work.push_back(dp->reduce_scatter(g + b.begin, g + b.begin + dp_rank * n, size_t(n), comm::ElemType::F32,
+                                         comm::ReduceOp::Sum));
+}
+
+void GpuModel::Impl::wait_gather(int bi) {
+  if (dp_size == 1 || gather_work.empty() || !gather_work[size_t(bi)]) return;
+  stream_wait(*gather_work[size_t(bi)]);
+  gather_work[size_t(bi)].reset();
 }
 
 void GpuModel::Impl::bind_all() {
   const int64_t d = cfg.hidden, E = cfg.n_routed_experts, f = cfg.moe_inter, K = cfg.topk;
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
+    if (l < l0 || l >= l1) {  // another pipeline stage's layer
+      blocks.push_back(nullptr);
+      continue;
+    }
     auto b = std::make_unique<GpuBlock>();
     b->layer = l;
     b->prefix = fmt::format("layers.{}.", l);
@@ -144,15 +247,21 @@ void GpuModel::Impl::bind_all() {
   }
 }
 
-void GpuModel::Impl::refresh_compute() { cuda::cast_f32_to_bf16(compute.as<bf16>(), master.as<float>(), total); }
+void GpuModel::Impl::refresh_compute() {
+  TREX_CHECK(dp_size == 1, "GPU model: refresh_compute needs the full master (one GPU)");
+  scatter_master(master.as<float>());
+}
 
 // Weights: uniform with the std of N(0, 1/fan_in) (the last dim is the input width); RMSNorm weights 1; sinks 0;
 // mHC / hc_head mixing weights small so the Sinkhorn inputs stay moderate; ape small.
 void GpuModel::init_random(uint64_t seed) {
   Impl& m = *impl_;
-  uint64_t k = 0;
+  // Every rank draws the full model (same seed, same values), then keeps its shard.
+  DevMem tmp(m.dp_size > 1 ? size_t(m.total) * 4 : 0);
+  float* full = m.dp_size > 1 ? tmp.as<float>() : m.master.as<float>();
+  if (m.dp_size > 1) TREX_CUDA(cudaMemsetAsync(full, 0, size_t(m.total) * 4, nullptr));
   for (const GpuParam& p : m.params) {
-    float* w = m.master.as<float>() + p.offset;
+    float* w = full + p.offset;
     const std::string& n = p.name;
     const bool is_norm = n.find("norm.weight") != std::string::npos;
     if (is_norm) {
@@ -164,11 +273,18 @@ void GpuModel::init_random(uint64_t seed) {
                       n.find(".ape") != std::string::npos;
     const double fan_in = double(p.shape.back());
     const float scale = tiny ? 0.01f : float(std::sqrt(3.0 / fan_in));
-    cuda::fill_uniform_f32(w, p.numel, seed * 1000003ull + (++k), scale);
+    // The stream of the parameter's ordinal in the full model: a pipeline stage draws the same values.
+    cuda::fill_uniform_f32(w, p.numel, seed * 1000003ull + uint64_t(p.ordinal + 1), scale);
   }
   std::mt19937_64 g(seed);
   const int64_t E = m.cfg.n_routed_experts, K = m.cfg.topk, V = m.cfg.vocab_size;
-  for (auto& [name, t] : m.tid2eid) {
+  // Every hash layer's table in name order (the map's), drawn also for another pipeline stage's layers so the
+  // stream matches the full model.
+  std::set<std::string> hash_tables;
+  for (int64_t l = 0; l < m.cfg.n_layers; ++l)
+    if (m.cfg.mlp_types[size_t(l)] == dsv4::MlpType::HashMoE)
+      hash_tables.insert(fmt::format("layers.{}.ffn.gate.tid2eid", l));
+  for (const std::string& name : hash_tables) {
     std::vector<int32_t> table(size_t(V * K));
     std::vector<int32_t> perm(static_cast<size_t>(E));
     for (int64_t v = 0; v < V; ++v) {
@@ -179,9 +295,12 @@ void GpuModel::init_random(uint64_t seed) {
         table[size_t(v * K + j)] = perm[size_t(j)];
       }
     }
-    TREX_CUDA(cudaMemcpy(t.as<int32_t>(), table.data(), table.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    auto it = m.tid2eid.find(name);
+    if (it != m.tid2eid.end())
+      TREX_CUDA(cudaMemcpy(it->second.as<int32_t>(), table.data(), table.size() * sizeof(int32_t),
+                           cudaMemcpyHostToDevice));
   }
-  m.refresh_compute();
+  m.scatter_master(full);
   TREX_CUDA(cudaDeviceSynchronize());
 }
 
@@ -196,7 +315,9 @@ void GpuModel::load_from(const dsv4::ParamTable<float>& cpu) {
     const float* src = cpu.arena_value(ci);
     std::copy(src, src + p.numel, host.begin() + p.offset);
   }
-  TREX_CUDA(cudaMemcpy(m.master.as<float>(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+  DevMem full(host.size() * sizeof(float));
+  TREX_CUDA(cudaMemcpy(full.as<float>(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+  m.scatter_master(full.as<float>());
   for (auto& [name, t] : m.bias) {
     auto it = cpu.bias.find(name);
     TREX_CHECK(it != cpu.bias.end(), "GPU model load: no router bias '{}'", name);
@@ -208,13 +329,19 @@ void GpuModel::load_from(const dsv4::ParamTable<float>& cpu) {
     TREX_CUDA(cudaMemcpy(t.as<int32_t>(), it->second.data(), it->second.size() * sizeof(int32_t),
                          cudaMemcpyHostToDevice));
   }
-  m.refresh_compute();
   TREX_CUDA(cudaDeviceSynchronize());
 }
 
 std::vector<float> GpuModel::value(const std::string& name) const {
   const GpuParam& p = impl_->info(name);
   std::vector<float> v(size_t(p.numel));
+  if (impl_->dp_size > 1 && p.offset < impl_->region_a) {  // sharded master: the bf16 copy
+    std::vector<bf16> b(v.size());
+    TREX_CUDA(cudaDeviceSynchronize());
+    TREX_CUDA(cudaMemcpy(b.data(), impl_->b16(name), b.size() * sizeof(bf16), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = __bfloat162float(b[i]);
+    return v;
+  }
   TREX_CUDA(cudaMemcpy(v.data(), impl_->f32(name), v.size() * sizeof(float), cudaMemcpyDeviceToHost));
   return v;
 }
@@ -245,9 +372,46 @@ void GpuModel::zero_grads() {
 void GpuModel::adamw_step(const cuda::AdamWStep& a) {
   Impl& m = *impl_;
   m.section("optimizer", true);
-  cuda::adamw_step(m.master.as<float>(), m.grads.as<float>(), m.adam_m.as<float>(), m.adam_v.as<float>(),
-                   m.compute.as<bf16>(), m.total, a);
+  if (m.dp_size == 1) {
+    cuda::adamw_step(m.master.as<float>(), m.grads.as<float>(), m.adam_m.as<float>(), m.adam_v.as<float>(),
+                     m.compute.as<bf16>(), m.total, a);
+    m.section("optimizer", false);
+    return;
+  }
+  // Gradients: every bucket's reduce-scatter and the region-R all-reduce must have landed.
+  for (auto& w : m.grad_work) m.stream_wait(*w);
+  m.grad_work.clear();
+  float* g = m.grads.as<float>();
+  bf16* c = m.compute.as<bf16>();
+  // Region R first (replicated, read in fp32 by the next forward), then each bucket's own slice, whose
+  // all-gather starts right away so it overlaps the remaining updates and the next forward's first layers.
+  const int64_t nr = m.total - m.region_a;
+  cuda::adamw_step(m.master.as<float>() + m.shard_a, g + m.region_a, m.adam_m.as<float>() + m.shard_a,
+                   m.adam_v.as<float>() + m.shard_a, c + m.region_a, nr, a);
+  m.gather_work.clear();
+  m.gather_work.resize(m.buckets.size());
+  for (size_t bi = 0; bi < m.buckets.size(); ++bi) {
+    const Impl::Bucket& b = m.buckets[bi];
+    const int64_t n = b.slice(m.dp_size), own = b.begin + m.dp_rank * n;
+    cuda::adamw_step(m.master.as<float>() + b.shard_off, g + own, m.adam_m.as<float>() + b.shard_off,
+                     m.adam_v.as<float>() + b.shard_off, c + own, n, a);
+    m.gather_work[bi] = m.dp->all_gather(c + own, c + b.begin, size_t(n), comm::ElemType::BF16);
+  }
   m.section("optimizer", false);
+}
+
+double GpuModel::exposed_comm_ms() {
+  Impl& m = *impl_;
+  TREX_CUDA(cudaDeviceSynchronize());
+  for (auto& [a, b] : m.stalls) {
+    float ms = 0.f;
+    TREX_CUDA(cudaEventElapsedTime(&ms, a, b));
+    m.exposed_ms += ms;
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+  m.stalls.clear();
+  return m.exposed_ms;
 }
 
 }  // namespace trex::dsv4gpu

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Helper "ggemm" device checks (issue 9): the grouped expert GEMMs (tests vs a CPU reference, then the benchmark
+# of every tile configuration against one cuBLASLt GEMM per expert at flash-l4 / small-s6 shapes), the router
+# tests, the GPU-vs-CPU training step parity, the model's grouped vs per-expert expert paths, expert parallelism on
+# 2 GPUs (when two are visible), and the MoE / optimizer sections of `trex bench train` on flash-l4 and small-s6
+# (default path: one cuBLASLt GEMM per expert). Assumes build-dev is built
+# (trex, test_kernels_gpu, test_train_gpu). GPU 0, plus GPU 1 for the EP test when visible; about 20-30 s of
+# tests and benchmarks, then the two training benchmarks. Every result line starts PASS / FAIL / SKIP / BENCH.
+# Usage (repo root, device): bash bench/device/ggemm.sh
+set -uo pipefail
+export CUDA_VISIBLE_DEVICES=0
+B=build-dev
+T0=$(date +%s)
+run_test() {  # name, timeout, binary, gtest args...
+  local name=$1 lim=$2 bin=$3
+  shift 3
+  if [ ! -x "$bin" ]; then echo "FAIL $name: $bin not built"; return; fi
+  local log
+  log=$(timeout "$lim" "$bin" "$@" 2>&1)
+  local rc=$?
+  echo "$log" | grep -E "BENCH|Failure|Expected|Which is|error|FAILED|PASSED|SKIPPED|loss|worst|expert tensors|\(.* ms\)$" | head -70
+  if [ $rc -ne 0 ]; then echo "FAIL $name (rc $rc)"
+  elif echo "$log" | grep -q "SKIPPED \["; then echo "SKIP $name: $(echo "$log" | grep -m1 -iE 'needs|skipped' )"
+  else echo "PASS $name"; fi
+}
+run_test "grouped GEMM + router tests (+ benchmark)" 40 $B/tests/test_kernels_gpu \
+  --gtest_filter='GroupedGemmGpu.*:GpuRouter.*' --gtest_also_run_disabled_tests
+echo "== after $(( $(date +%s) - T0 )) s"
+run_test "GPU vs CPU training step parity + grouped vs per-expert expert GEMMs (Dsv4Gpu.*:MoeGpuPaths.*)" 25 \
+  $B/tests/test_train_gpu --gtest_filter='Dsv4Gpu.*:MoeGpuPaths.*'
+echo "== after $(( $(date +%s) - T0 )) s"
+# Expert parallel on two GPUs (skips itself with one visible GPU).
+CUDA_VISIBLE_DEVICES=0,1 run_test "expert-parallel MoE on 2 GPUs vs all-local (MoeEpGpu.*)" 20 $B/tests/test_train_gpu \
+  --gtest_filter='MoeEpGpu.*'
+echo "== after $(( $(date +%s) - T0 )) s"
+if [ -x $B/trex ]; then
+  for spec in "flash-l4.json 8192" "small-s6.json 4096"; do
+    set -- $spec
+    left=$(( 88 - ($(date +%s) - T0) ))
+    [ $left -lt 15 ] && { echo "SKIP bench $1: only ${left} s left"; continue; }
+    echo "== trex bench train --config .devdeps/$1 --seq $2 --batch 1 --steps 2 --warmup 1 --sections (limit ${left} s)"
+    timeout $left ./$B/trex bench train --config .devdeps/$1 --seq $2 --batch 1 --steps 2 --warmup 1 --sections \
+      --device cuda 2>&1 | tail -3
+    echo "(BENCH train $1: one JSON line above; section_ms_per_step has fwd.moe / bwd.moe in ms per step)"
+  done
+fi
+echo "== total $(( $(date +%s) - T0 )) s"

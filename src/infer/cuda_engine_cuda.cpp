@@ -1,0 +1,529 @@
+// The CUDA engine: the Engine interface (engine.h) on one GPU. Weights are the GPU training model's bf16 compute
+// copy (GpuModel, random by seed or loaded from a CPU parameter table; its gradient and AdamW buffers are freed).
+// A step runs every per-token computation batched over all new tokens of all feeds (embedding, mHC sites, norms,
+// projections, MoE through the training model's moe_fwd, head) with the training kernels; only the stateful part
+// of attention goes through the decode kernels (kernels/cuda/decode_attention.h) against per-slot device caches
+// that hold what V4 needs and nothing else: the last `window` raw K=V rows, the compressed CSA / HCA entries and
+// the indexer keys (S/m each), and the compressor rows not yet pooled (m, or 2m when overlapped). A prompt chunk
+// and a decoded token are the same thing to a step, so prefill and decode of different slots share one step.
+// forward_greedy picks each feed's token on the device (one id per feed comes back instead of [feeds, vocab] fp32
+// logits); TREX_INFER_PROFILE=1 times the phases of every step with CUDA events (StepProfile).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <set>
+
+#include "core/error.h"
+#include "infer/engine.h"
+#include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/hc_head.h"
+#include "kernels/cuda/indexer.h"
+#include "kernels/cuda/rope.h"
+#include "kernels/cuda/tensor_ops.h"
+#include "model/dsv4/rope.h"
+#include "train/cuda/gpu_impl.h"
+
+namespace trex::infer {
+namespace {
+
+using dsv4gpu::bf16;
+using dsv4gpu::DevMem;
+using dsv4gpu::Pool;
+
+constexpr int64_t kDefaultMaxContext = 16384;  // caches are allocated up front for this many tokens per slot
+
+// One layer's caches of all slots (contiguous per slot; slot s owns rows [s * per_slot, (s + 1) * per_slot)).
+struct LayerCache {
+  DevMem win;          // [slots, W, c]
+  DevMem cmp;          // [slots, cap, c] compressed entries (CSA / HCA)
+  DevMem ckv, cgate;   // [slots, rows, w*c] compressor rows not yet pooled (and, CSA, the previous window's)
+  DevMem ikeys;        // CSA: [slots, cap, c_I] indexer keys
+  DevMem ikv, igate;   // CSA: [slots, 2m, 2 c_I]
+  int64_t cap = 0, rows = 0;
+};
+
+dsv4gpu::RopeDev make_rope(const std::vector<double>& inv_freq, int64_t n_pos) {
+  const dsv4::RopeTable<float> t = dsv4::make_rope_table<float>(inv_freq, n_pos);
+  dsv4gpu::RopeDev r;
+  r.n_pairs = t.n_pairs, r.n_pos = n_pos;
+  r.cos = DevMem(t.cos.size() * sizeof(float));
+  r.sin = DevMem(t.sin.size() * sizeof(float));
+  TREX_CUDA(cudaMemcpy(r.cos.as<float>(), t.cos.data(), t.cos.size() * sizeof(float), cudaMemcpyHostToDevice));
+  TREX_CUDA(cudaMemcpy(r.sin.as<float>(), t.sin.data(), t.sin.size() * sizeof(float), cudaMemcpyHostToDevice));
+  return r;
+}
+
+DevMem zeroed(size_t bytes) {
+  DevMem m(bytes);
+  if (bytes) TREX_CUDA(cudaMemsetAsync(m.as<char>(), 0, bytes, nullptr));
+  return m;
+}
+
+// Host-side plan of one step: the per-token / per-item arrays and the entries completed per ratio.
+struct StepPlan {
+  std::vector<int32_t> ids, pos, item, slot, first, begin;
+  std::map<int64_t, std::pair<std::vector<int32_t>, std::vector<int32_t>>> entries;  // ratio -> (item, idx)
+  std::map<int64_t, int64_t> max_visible;                                              // ratio -> max (pos+1)/m
+};
+
+// Per-phase device time of the steps (TREX_INFER_PROFILE=1): CUDA events between the phases of every step, read
+// after the step's final copy, summed per step kind (decode steps of N tokens, or prefill/mixed); also the host
+// time inside forward and between forwards (the scheduler's own work). Printed to stderr when the engine dies.
+class StepProfile {
+ public:
+  static constexpr int kPhases = 6;
+  static constexpr const char* kNames[kPhases] = {"embed", "mhc+norm", "attention", "moe", "head", "copy"};
+  bool on = false;
+
+  StepProfile() {
+    const char* e = std::getenv("TREX_INFER_PROFILE");
+    on = e != nullptr && std::string(e) != "0" && std::string(e) != "";
+  }
+  ~StepProfile() {
+    if (!on) return;
+    for (const auto& [key, a] : acc_) {
+      const double n = double(std::max<int64_t>(a.steps, 1));
+      std::string line = fmt::format("PROFILE {} steps {}: per step ms", key, a.steps);
+      double tot = 0;
+      for (int k = 0; k < kPhases; ++k) line += fmt::format(" {} {:.3f}", kNames[k], a.ms[k] / n), tot += a.ms[k];
+      line += fmt::format(" | device total {:.3f}, host in forward {:.3f}, host between forwards {:.3f}", tot / n,
+                          a.host_in / n, a.host_out / n);
+      std::fprintf(stderr, "%s\n", line.c_str());
+    }
+    for (cudaEvent_t e : ev_) cudaEventDestroy(e);
+  }
+  // Starts a step; mark(phase) closes the running interval into `phase`'s sum.
+  void begin(const std::string& key) {
+    if (!on) return;
+    key_ = key, used_ = 0, phase_of_.clear();
+    t_begin_ = std::chrono::steady_clock::now();
+    record();
+  }
+  void mark(int phase) {
+    if (!on) return;
+    phase_of_.push_back(phase);
+    record();
+  }
+  // After the step's last copy (the stream is synchronised).
+  void end() {
+    if (!on) return;
+    Acc& a = acc_[key_];
+    const auto now = std::chrono::steady_clock::now();
+    for (size_t k = 0; k < phase_of_.size(); ++k) {
+      float ms = 0;
+      TREX_CUDA(cudaEventElapsedTime(&ms, ev_[k], ev_[k + 1]));
+      a.ms[phase_of_[k]] += ms;
+    }
+    a.steps += 1;
+    a.host_in += std::chrono::duration<double, std::milli>(now - t_begin_).count();
+    if (has_last_) a.host_out += std::chrono::duration<double, std::milli>(t_begin_ - t_last_end_).count();
+    t_last_end_ = now, has_last_ = true;
+  }
+
+ private:
+  struct Acc {
+    int64_t steps = 0;
+    double ms[kPhases] = {};
+    double host_in = 0, host_out = 0;
+  };
+  void record() {
+    if (used_ == ev_.size()) {
+      cudaEvent_t e = nullptr;
+      TREX_CUDA(cudaEventCreate(&e));
+      ev_.push_back(e);
+    }
+    TREX_CUDA(cudaEventRecord(ev_[used_++], nullptr));
+  }
+  std::vector<cudaEvent_t> ev_;
+  size_t used_ = 0;
+  std::vector<int> phase_of_;
+  std::string key_;
+  std::map<std::string, Acc> acc_;
+  std::chrono::steady_clock::time_point t_begin_, t_last_end_;
+  bool has_last_ = false;
+};
+
+class CudaEngine final : public Engine {
+ public:
+  CudaEngine(const dsv4::ModelConfig& cfg, const dsv4::ParamTable<float>* weights, const CudaEngineOptions& o)
+      : cfg_(cfg), slots_(o.slots) {
+    TREX_CHECK(o.slots >= 1, "cuda engine: need at least one slot, got {}", o.slots);
+    // The training GpuModel also serves hc_mult 1..3 (generic kernels, gpuparity); this engine's step calls the
+    // 4-stream mHC kernels directly.
+    TREX_CHECK(cfg.hc_mult == cuda::kMhcStreams, "cuda engine: hc_mult {} unsupported (the mHC kernels need {})",
+               cfg.hc_mult, cuda::kMhcStreams);
+    max_context_ = o.max_context > 0 ? o.max_context : std::min(cfg.max_position, kDefaultMaxContext);
+    TREX_CHECK(max_context_ > 0, "cuda engine: no context limit (config max_position_embeddings is {})",
+               cfg.max_position);
+    TREX_CHECK(max_context_ <= cfg.max_position || cfg.max_position <= 0,
+               "cuda engine: max_context {} exceeds the config's max_position_embeddings {}", max_context_,
+               cfg.max_position);
+    dsv4gpu::GpuModelOptions mo;
+    mo.moe_grouped_gemm = o.moe_grouped_gemm;
+    model_ = std::make_unique<dsv4gpu::GpuModel>(cfg, mo);
+    if (weights)
+      model_->load_from(*weights);
+    else
+      model_->init_random(o.seed);
+    dsv4gpu::GpuModel::Impl& m = model_->impl();
+    // Inference never touches gradients or optimizer state.
+    m.grads = DevMem(), m.adam_m = DevMem(), m.adam_v = DevMem();
+    rope_main_ = make_rope(dsv4::rope_inv_freq(cfg.rope_main, cfg.rope_dim), max_context_);
+    rope_compress_ = make_rope(dsv4::rope_inv_freq(cfg.rope_compress, cfg.rope_dim), max_context_);
+    for (int64_t l = 0; l < cfg.n_layers; ++l) {
+      const dsv4::AttentionDims& D = m.blocks[size_t(l)]->dims;
+      LayerCache C;
+      const size_t S = size_t(slots_), c = size_t(D.head_dim);
+      C.win = zeroed(S * size_t(D.window) * c * sizeof(bf16));
+      if (D.type != dsv4::AttnType::Sliding) {
+        const bool csa = D.type == dsv4::AttnType::CSA;
+        C.cap = max_context_ / D.ratio;
+        C.rows = (csa ? 2 : 1) * D.ratio;
+        const size_t w = csa ? 2 : 1;
+        C.cmp = zeroed(S * size_t(std::max<int64_t>(C.cap, 1)) * c * sizeof(bf16));
+        C.ckv = zeroed(S * size_t(C.rows) * w * c * sizeof(bf16));
+        C.cgate = zeroed(S * size_t(C.rows) * w * c * sizeof(bf16));
+        if (csa) {
+          const size_t cI = size_t(D.index_head_dim);
+          C.ikeys = zeroed(S * size_t(std::max<int64_t>(C.cap, 1)) * cI * sizeof(bf16));
+          C.ikv = zeroed(S * size_t(2 * D.ratio) * 2 * cI * sizeof(bf16));
+          C.igate = zeroed(S * size_t(2 * D.ratio) * 2 * cI * sizeof(bf16));
+        }
+      }
+      caches_.push_back(std::move(C));
+    }
+    lengths_.assign(size_t(slots_), 0);
+    TREX_CUDA(cudaDeviceSynchronize());
+  }
+
+  std::string name() const override { return "cuda"; }
+  const dsv4::ModelConfig& config() const override { return cfg_; }
+  int64_t slots() const override { return slots_; }
+  int64_t max_context() const override { return max_context_; }
+  int64_t slot_length(int64_t slot) const override {
+    TREX_CHECK(slot >= 0 && slot < slots_, "cuda engine: slot {} out of range [0, {})", slot, slots_);
+    return lengths_[size_t(slot)];
+  }
+  // Stale cache contents are never read: a step only reads rows and entries below the slot's length.
+  void reset(int64_t slot) override {
+    TREX_CHECK(slot >= 0 && slot < slots_, "cuda engine: slot {} out of range [0, {})", slot, slots_);
+    lengths_[size_t(slot)] = 0;
+  }
+  int64_t cache_bytes() const override;
+  void forward(const std::vector<EngineFeed>& feeds, std::vector<float>& logits) override;
+  void forward_greedy(const std::vector<EngineFeed>& feeds, std::vector<int32_t>& tokens) override;
+
+ private:
+  StepPlan plan(const std::vector<EngineFeed>& feeds) const;
+  // The step up to the head: device fp32 logits [feeds.size(), V] in step_ (null when there are no feeds).
+  const float* run_step(const std::vector<EngineFeed>& feeds);
+  void attention(int64_t l, const StepPlan& P, const cuda::DecodeStep& st, const int32_t* pos,
+                 const std::map<int64_t, std::pair<const int32_t*, const int32_t*>>& ent, const bf16* a, bf16* y,
+                 Pool& tmp);
+
+  dsv4::ModelConfig cfg_;
+  int64_t slots_ = 0, max_context_ = 0;
+  std::unique_ptr<dsv4gpu::GpuModel> model_;
+  dsv4gpu::RopeDev rope_main_, rope_compress_;
+  std::vector<LayerCache> caches_;
+  std::vector<int64_t> lengths_;
+  dsv4gpu::DevLayout lay_;  // what moe_fwd reads of a step: N and the token ids (hash routing)
+  Pool step_;               // the running step's buffers (freed stream-ordered when the next step starts)
+  StepProfile prof_;
+};
+
+int64_t CudaEngine::cache_bytes() const {
+  // Bytes of cache state the slots' current lengths use (the arrays are allocated for max_context up front).
+  const dsv4gpu::GpuModel::Impl& m = model_->impl();
+  int64_t b = 0;
+  for (int64_t s = 0; s < slots_; ++s) {
+    const int64_t L = lengths_[size_t(s)];
+    if (L == 0) continue;
+    for (size_t l = 0; l < caches_.size(); ++l) {
+      const dsv4::AttentionDims& D = m.blocks[l]->dims;
+      b += std::min(L, D.window) * D.head_dim;
+      if (D.type == dsv4::AttnType::Sliding) continue;
+      const bool csa = D.type == dsv4::AttnType::CSA;
+      b += (L / D.ratio) * D.head_dim + 2 * caches_[l].rows * (csa ? 2 : 1) * D.head_dim;
+      if (csa) b += (L / D.ratio) * D.index_head_dim + 2 * (2 * D.ratio) * 2 * D.index_head_dim;
+    }
+  }
+  return b * int64_t(sizeof(bf16));
+}
+
+StepPlan CudaEngine::plan(const std::vector<EngineFeed>& feeds) const {
+  StepPlan P;
+  std::set<int64_t> seen;
+  P.begin.push_back(0);
+  std::set<int64_t> ratios;
+  for (int64_t r : cfg_.compress_ratio)
+    if (r > 0) ratios.insert(r);
+  for (size_t it = 0; it < feeds.size(); ++it) {
+    const EngineFeed& f = feeds[it];
+    TREX_CHECK(f.slot >= 0 && f.slot < slots_, "cuda engine: slot {} out of range [0, {})", f.slot, slots_);
+    TREX_CHECK(f.n >= 1 && f.ids != nullptr, "cuda engine: feed {} (slot {}) has no tokens", it, f.slot);
+    TREX_CHECK(seen.insert(f.slot).second, "cuda engine: slot {} appears twice in one step", f.slot);
+    const int64_t len = lengths_[size_t(f.slot)];
+    TREX_CHECK(len + f.n <= max_context_,
+               "cuda engine: slot {} has {} tokens; {} more would exceed the context limit of {} tokens", f.slot, len,
+               f.n, max_context_);
+    for (int64_t j = 0; j < f.n; ++j) {
+      TREX_CHECK(f.ids[j] >= 0 && f.ids[j] < cfg_.vocab_size,
+                 "cuda engine: token id {} (slot {}, token {}) outside [0, {})", f.ids[j], f.slot, j, cfg_.vocab_size);
+      P.ids.push_back(f.ids[j]);
+      P.pos.push_back(int32_t(len + j));
+      P.item.push_back(int32_t(it));
+    }
+    P.slot.push_back(int32_t(f.slot));
+    P.first.push_back(int32_t(len));
+    P.begin.push_back(int32_t(P.ids.size()));
+    for (int64_t m : ratios) {
+      auto& [items, idx] = P.entries[m];
+      for (int64_t e = len / m; e < (len + f.n) / m; ++e) items.push_back(int32_t(it)), idx.push_back(int32_t(e));
+      P.max_visible[m] = std::max(P.max_visible[m], (len + f.n) / m);
+    }
+  }
+  return P;
+}
+
+void CudaEngine::attention(int64_t l, const StepPlan& P, const cuda::DecodeStep& st, const int32_t* pos,
+                           const std::map<int64_t, std::pair<const int32_t*, const int32_t*>>& ent, const bf16* a,
+                           bf16* y, Pool& tmp) {
+  dsv4gpu::GpuModel::Impl& m = model_->impl();
+  const dsv4gpu::GpuBlock& b = *m.blocks[size_t(l)];
+  const dsv4::AttentionDims& D = b.dims;
+  const dsv4gpu::AttnW& w = b.aw;
+  LayerCache& C = caches_[size_t(l)];
+  const dsv4gpu::Linear lin{&m.gemm};
+  const int64_t N = st.n_tok, d = D.d, H = D.n_heads, hd = D.head_dim, r = D.rope_dim, dc = D.d_c;
+  const int64_t G = D.o_groups, hg = H / G, gd = G * D.o_rank;
+  const float eps = float(D.eps);
+  const bool compressed = D.type != dsv4::AttnType::Sliding, csa = D.type == dsv4::AttnType::CSA;
+  const dsv4gpu::RopeDev& rope = compressed ? rope_compress_ : rope_main_;
+  auto rargs = [&](int64_t rows, int64_t heads, int64_t c, const int32_t* p, int sign) {
+    cuda::RopeArgs ra;
+    ra.rows = rows, ra.heads = heads, ra.c = c, ra.rope_dim = r, ra.pos = p;
+    ra.cos = rope.cos.as<float>(), ra.sin = rope.sin.as<float>(), ra.sign = sign;
+    return ra;
+  };
+
+  // Query path and the shared K=V row (the training forward's ops).
+  bf16* qa = tmp.take<bf16>(N * dc);
+  bf16* cq = tmp.take<bf16>(N * dc);
+  float* rstd = tmp.take<float>(N * H);
+  lin.fwd(qa, a, w.wq_a, N, d, dc);
+  cuda::rmsnorm_fwd(cq, rstd, qa, w.q_norm, N, dc, eps);
+  bf16* q_pre = tmp.take<bf16>(N * H * hd);
+  bf16* q = tmp.take<bf16>(N * H * hd);
+  lin.fwd(q_pre, cq, w.wq_b, N, dc, H * hd);
+  cuda::rmsnorm_fwd(q, rstd, q_pre, nullptr, N * H, hd, eps);
+  cuda::rope_apply(q, rargs(N, H, hd, pos, +1));
+  bf16* kvp = tmp.take<bf16>(N * hd);
+  bf16* kv = tmp.take<bf16>(N * hd);
+  lin.fwd(kvp, a, w.wkv, N, d, hd);
+  cuda::rmsnorm_fwd(kv, rstd, kvp, w.kv_norm, N, hd, eps);
+  cuda::rope_apply(kv, rargs(N, 1, hd, pos, +1));
+
+  // Compressors: this step's completed entries, then the rows still needed by later entries.
+  auto compress = [&](const bf16* wkv, const bf16* wgate, const float* ape, const bf16* norm, int64_t c, bool overlap,
+                      int64_t rows, DevMem& ring_kv, DevMem& ring_gate, DevMem& entries) {
+    const int64_t width = (overlap ? 2 : 1) * c;
+    bf16* skv = tmp.take<bf16>(N * width);
+    bf16* sgate = tmp.take<bf16>(N * width);
+    lin.fwd(skv, a, wkv, N, d, width);
+    lin.fwd(sgate, a, wgate, N, d, width);
+    const auto& [items, idx] = ent.at(D.ratio);
+    cuda::DecodeCompress dcmp;
+    dcmp.n_entries = int64_t(P.entries.at(D.ratio).first.size());
+    dcmp.entry_item = items, dcmp.entry_idx = idx;
+    dcmp.ratio = D.ratio, dcmp.c = c, dcmp.overlap = overlap, dcmp.rows = rows;
+    dcmp.step_kv = skv, dcmp.step_gate = sgate;
+    dcmp.ring_kv = ring_kv.as<bf16>(), dcmp.ring_gate = ring_gate.as<bf16>();
+    dcmp.ape = ape, dcmp.norm = norm, dcmp.eps = eps, dcmp.rope_dim = r;
+    dcmp.cos = rope.cos.as<float>(), dcmp.sin = rope.sin.as<float>();
+    dcmp.cap = C.cap, dcmp.entries = entries.as<bf16>();
+    cuda::decode_compress_entries(st, dcmp);
+    cuda::decode_store_rows(st, ring_kv.as<bf16>(), skv, rows, width);
+    cuda::decode_store_rows(st, ring_gate.as<bf16>(), sgate, rows, width);
+  };
+  int64_t* sel = nullptr;
+  if (compressed) {
+    compress(w.cmp_wkv, w.cmp_wgate, w.cmp_ape, w.cmp_norm, hd, csa, C.rows, C.ckv, C.cgate, C.cmp);
+    if (csa) {
+      const int64_t nI = D.index_heads, cI = D.index_head_dim, k = D.index_topk;
+      compress(w.idx_wkv, w.idx_wgate, w.idx_ape, w.idx_norm, cI, true, 2 * D.ratio, C.ikv, C.igate, C.ikeys);
+      bf16* iq = tmp.take<bf16>(N * nI * cI);
+      lin.fwd(iq, cq, w.idx_wq_b, N, dc, nI * cI);
+      cuda::rope_apply(iq, rargs(N, nI, cI, pos, +1));
+      float* iw = tmp.take<float>(N * nI);
+      lin.fwd(iw, a, w.idx_wp, N, d, nI, true);
+      int64_t* vb = tmp.take<int64_t>(N);
+      int64_t* ve = tmp.take<int64_t>(N);
+      cuda::decode_visible_ranges(st, D.ratio, C.cap, vb, ve);
+      sel = tmp.take<int64_t>(N * k);
+      cuda::IndexerTopkArgs ia;
+      ia.n_tok = N, ia.n_heads = nI, ia.head_dim = cI, ia.k_sel = k;
+      ia.max_visible = std::max<int64_t>(P.max_visible.at(D.ratio), 1);
+      ia.w_scale = float(1.0 / std::sqrt(double(nI)));
+      ia.vis_begin = vb, ia.vis_end = ve;
+      cuda::indexer_topk(sel, iq, iw, C.ikeys.as<bf16>(), ia);
+    }
+  }
+
+  // Core attention against the caches, then the window ring takes the newest rows.
+  bf16* o = tmp.take<bf16>(N * H * hd);
+  cuda::DecodeAttention da;
+  da.heads = H, da.c = hd, da.scale = float(1.0 / std::sqrt(double(hd)));
+  da.q = q, da.kv = kv, da.win = C.win.as<bf16>(), da.window = D.window;
+  if (compressed) da.cmp = C.cmp.as<bf16>(), da.cap = C.cap, da.ratio = D.ratio;
+  if (csa) da.sel = sel, da.k_sel = D.index_topk;
+  da.sink = w.sink, da.o = o;
+  cuda::decode_attention(st, da);
+  cuda::decode_store_rows(st, C.win.as<bf16>(), kv, D.window, hd);
+
+  // Inverse RoPE and the grouped output projection, as in the training forward.
+  cuda::rope_apply(o, rargs(N, H, hd, pos, -1));
+  bf16* og = q_pre;  // free again: [N, H*hd]
+  cuda::permute_groups(og, o, N, G, hg * hd, true);
+  bf16* rg = tmp.take<bf16>(N * gd);
+  cuda::GemmShape gs{N, D.o_rank, hg * hd, false, true, cuda::GemmType::BF16, cuda::GemmType::BF16, G};
+  m.gemm.run(gs, og, w.wo_a, rg);
+  bf16* rr = tmp.take<bf16>(N * gd);
+  cuda::permute_groups(rr, rg, N, G, D.o_rank, false);
+  lin.fwd(y, rr, w.wo_b, N, gd, d);
+}
+
+void CudaEngine::forward(const std::vector<EngineFeed>& feeds, std::vector<float>& logits) {
+  logits.clear();
+  const float* dlog = run_step(feeds);
+  if (!dlog) return;
+  logits.resize(feeds.size() * size_t(cfg_.vocab_size));
+  TREX_CUDA(cudaMemcpy(logits.data(), dlog, logits.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  prof_.mark(5);
+  prof_.end();
+}
+
+void CudaEngine::forward_greedy(const std::vector<EngineFeed>& feeds, std::vector<int32_t>& tokens) {
+  tokens.clear();
+  const float* dlog = run_step(feeds);
+  if (!dlog) return;
+  int32_t* dtok = step_.take<int32_t>(int64_t(feeds.size()));
+  cuda::decode_argmax_rows(dlog, int64_t(feeds.size()), cfg_.vocab_size, dtok);
+  tokens.resize(feeds.size());
+  TREX_CUDA(cudaMemcpy(tokens.data(), dtok, tokens.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  prof_.mark(5);
+  prof_.end();
+}
+
+const float* CudaEngine::run_step(const std::vector<EngineFeed>& feeds) {
+  const StepPlan P = plan(feeds);  // validates before any state changes
+  if (P.ids.empty()) return nullptr;
+  step_.clear();
+  if (prof_.on) {
+    bool decode = true;
+    for (const EngineFeed& f : feeds) decode = decode && f.n == 1;
+    prof_.begin(decode ? fmt::format("decode N={:3d}", feeds.size()) : std::string("prefill/mixed"));
+  }
+  dsv4gpu::GpuModel::Impl& m = model_->impl();
+  const int64_t N = int64_t(P.ids.size()), I = int64_t(P.slot.size()), d = cfg_.hidden, hc = cfg_.hc_mult;
+  const int64_t V = cfg_.vocab_size;
+
+  // One upload of every int32 array of the step.
+  std::vector<int32_t> host;
+  auto put = [&](const std::vector<int32_t>& v) {
+    const size_t at = host.size();
+    host.insert(host.end(), v.begin(), v.end());
+    return at;
+  };
+  const size_t o_ids = put(P.ids), o_pos = put(P.pos), o_item = put(P.item), o_slot = put(P.slot),
+               o_first = put(P.first), o_begin = put(P.begin);
+  std::map<int64_t, std::pair<size_t, size_t>> o_ent;
+  for (const auto& [r, e] : P.entries) o_ent[r] = {put(e.first), put(e.second)};
+  Pool& step = step_;
+  int32_t* dev = step.take<int32_t>(int64_t(host.size()));
+  TREX_CUDA(cudaMemcpyAsync(dev, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice, nullptr));
+  cuda::DecodeStep st;
+  st.n_tok = N, st.n_items = I;
+  st.tok_pos = dev + o_pos, st.tok_item = dev + o_item, st.item_slot = dev + o_slot;
+  st.item_first = dev + o_first, st.item_begin = dev + o_begin;
+  std::map<int64_t, std::pair<const int32_t*, const int32_t*>> ent;
+  for (const auto& [r, o] : o_ent) ent[r] = {dev + o.first, dev + o.second};
+  lay_.N = N, lay_.B = 1, lay_.S = N;
+  lay_.ids = DevMem(size_t(N) * sizeof(int32_t));
+  TREX_CUDA(cudaMemcpyAsync(lay_.ids.as<int32_t>(), dev + o_ids, size_t(N) * sizeof(int32_t),
+                            cudaMemcpyDeviceToDevice, nullptr));
+
+  dsv4gpu::Ctx c;
+  c.cfg = &cfg_, c.gemm = &m.gemm, c.lin = dsv4gpu::Linear{&m.gemm}, c.lay = &lay_;
+  c.rope_main = &rope_main_, c.rope_compress = &rope_compress_;
+  cuda::MhcDims md;
+  md.n_tok = N, md.d = d, md.sinkhorn_iters = int(cfg_.hc_sinkhorn_iters);
+  md.hc_eps = float(cfg_.hc_eps), md.rms_eps = float(cfg_.rms_eps);
+  auto site_acts = [&](Pool& p) {
+    cuda::MhcActs s;
+    s.mix = p.take<float>(N * cuda::kMhcMix), s.rstd = p.take<float>(N), s.pre = p.take<float>(N * 4);
+    s.post = p.take<float>(N * 4), s.comb = p.take<float>(N * 16);
+    return s;
+  };
+  bf16* X = step.take<bf16>(N * hc * d);
+  bf16* Xmid = step.take<bf16>(N * hc * d);
+  bf16* col = step.take<bf16>(N * d);
+  bf16* an = step.take<bf16>(N * d);
+  bf16* y = step.take<bf16>(N * d);
+  float* rstd = step.take<float>(N);
+  const cuda::MhcActs sa = site_acts(step), sf = site_acts(step);
+  cuda::embed_streams_fwd(X, dev + o_ids, m.b16("embed.weight"), N, d, hc);
+  prof_.mark(0);
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+    dsv4gpu::GpuBlock& b = *m.blocks[size_t(l)];
+    Pool tmp;
+    cuda::mhc_site_fwd(md, X, b.hc_attn_fn, b.hc_attn_base, b.hc_attn_scale, sa, col);
+    cuda::rmsnorm_fwd(an, rstd, col, b.attn_norm, N, d, float(cfg_.rms_eps));
+    prof_.mark(1);
+    attention(l, P, st, dev + o_pos, ent, an, y, tmp);
+    prof_.mark(2);
+    cuda::mhc_expand_fwd(md, X, y, sa.post, sa.comb, Xmid);
+    cuda::mhc_site_fwd(md, Xmid, b.hc_ffn_fn, b.hc_ffn_base, b.hc_ffn_scale, sf, col);
+    cuda::rmsnorm_fwd(an, rstd, col, b.ffn_norm, N, d, float(cfg_.rms_eps));
+    prof_.mark(1);
+    b.keep.clear();
+    b.u = an, b.y_f = y;
+    dsv4gpu::moe_fwd(c, b, nullptr);
+    prof_.mark(3);
+    cuda::mhc_expand_fwd(md, Xmid, y, sf.post, sf.comb, X);
+    b.keep.clear();
+    prof_.mark(1);
+  }
+  for (size_t it = 0; it < feeds.size(); ++it) lengths_[size_t(feeds[it].slot)] += feeds[it].n;
+
+  // Head on each feed's last token: hc_head collapse -> norm -> fp32 logits.
+  bf16* Xh = step.take<bf16>(I * hc * d);
+  cuda::decode_last_rows(st, X, hc * d, Xh);
+  bf16* hcol = step.take<bf16>(I * d);
+  bf16* hn = step.take<bf16>(I * d);
+  float* hmix = step.take<float>(I * 4);
+  float* hrstd = step.take<float>(I);
+  float* hw = step.take<float>(I * 4);
+  cuda::hc_head_fwd(hcol, hmix, hrstd, hw, Xh, m.f32("hc_head_fn"), m.f32("hc_head_base"), m.f32("hc_head_scale"), I,
+                    d, float(cfg_.hc_eps), float(cfg_.rms_eps));
+  cuda::rmsnorm_fwd(hn, hrstd, hcol, m.b16("norm.weight"), I, d, float(cfg_.rms_eps));
+  float* dlog = step.take<float>(I * V);
+  dsv4gpu::Linear{&m.gemm}.fwd(dlog, hn, m.b16("head.weight"), I, d, V, true);
+  prof_.mark(4);
+  return dlog;
+}
+
+}  // namespace
+
+std::unique_ptr<Engine> make_cuda_engine(const dsv4::ModelConfig& cfg, const dsv4::ParamTable<float>* weights,
+                                         const CudaEngineOptions& opts) {
+  return std::make_unique<CudaEngine>(cfg, weights, opts);
+}
+
+}  // namespace trex::infer

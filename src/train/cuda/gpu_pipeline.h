@@ -1,0 +1,63 @@
+// Pipeline parallelism for the GPU model: one process per stage (a GpuModel built on a layer range), the 1F1B
+// schedule (PipeDream-flush: rank r of P runs min(P - 1 - r, M) warm-up forwards, then one forward / one
+// backward, then the remaining backwards), boundary streams [tokens, hc, d] sent with NCCL point-to-point.
+//
+// Two communicators over the same ranks (rank = stage), one per direction: each direction's transfers then run
+// on their own NCCL stream in micro-batch order, so an early-posted receive of one direction can never block a
+// send of the other (one serial stream would deadlock: rank 0 sends A1 while rank 1 sends G0). Activations go
+// as bf16 (what the next stage's kernels read), gradients as fp32 (what the previous stage accumulates in), so a
+// pipeline step computes exactly what one GPU accumulating the same micro-batches does.
+//
+// Receives are posted one micro-batch ahead (right after the compute that frees their buffer is queued), so the
+// transfer runs during the next compute; a compute waits for its own receive on the device (no host block).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "model/dsv4/seq_layout.h"
+#include "train/cuda/dsv4_gpu.h"
+
+namespace trex::dsv4gpu {
+
+struct PipelineStats {
+  double fwd_ms = 0, bwd_ms = 0;  // device time of this stage's forwards / backwards (CUDA events)
+  double recv_wait_ms = 0;        // compute stream stalled on incoming boundary tensors (bubble + exposed transfer)
+  int64_t steps = 0;
+};
+
+class GpuPipeline {
+ public:
+  // stage: this rank's GpuModel (layer range = stage `act.rank()`, stage_slots >= P - rank). act / grad: two
+  // NCCL communicators over the P pipeline ranks (e.g. two splits of the world). Not owned.
+  GpuPipeline(GpuModel& stage, comm::Communicator& act, comm::Communicator& grad, int64_t micro_batches);
+  ~GpuPipeline();
+  GpuPipeline(const GpuPipeline&) = delete;
+  GpuPipeline& operator=(const GpuPipeline&) = delete;
+
+  // Forward + backward of one step over the micro-batches: ids / labels [M * layout.B, layout.T] on the host
+  // (micro-batch m is rows [m B, (m + 1) B), each with `layout`); gradients accumulate into the stage's (call
+  // zero_grads before). Returns the step's mean loss on the last stage, 0 on the others (see global_loss).
+  double step(const int32_t* ids, const int32_t* labels, const dsv4::SeqLayout& layout);
+  // The last stage's loss values summed over the pipeline group (every rank gets them): call it outside the
+  // timed loop, it synchronises the ranks.
+  std::vector<double> global_losses(const std::vector<double>& local);
+
+  // Milliseconds since the last reset (synchronises).
+  PipelineStats stats();
+  void reset_stats();
+  int rank() const { return rank_; }
+  int stages() const { return P_; }
+
+  // The 1F1B compute order of rank r of P over M micro-batches (parallel::make_schedule's): +(m+1) = forward of
+  // m, -(m+1) = backward of m.
+  static std::vector<int64_t> one_f_one_b(int r, int P, int64_t M);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int rank_ = 0, P_ = 1;
+};
+
+}  // namespace trex::dsv4gpu

@@ -1,0 +1,201 @@
+// The 1F1B pipeline step over GpuModel stages (gpu_pipeline.h): schedule, boundary sends / early receives on two
+// NCCL communicators, device-side waits, per-stage timing.
+#include "train/cuda/gpu_pipeline.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "comm/nccl_communicator.h"
+#include "model/dsv4/loss.h"
+#include "parallel/pipeline_schedule.h"
+#include "train/cuda/gpu_impl.h"
+
+namespace trex::dsv4gpu {
+
+struct GpuPipeline::Impl {
+  GpuModel& st;
+  comm::Communicator& act;
+  comm::Communicator& grad;
+  int64_t M = 1;
+  int r = 0, P = 1, slots = 1;
+  int64_t elems = 0;            // boundary tensor elements of the current micro-batch shape
+  DevMem recv_act[2], recv_grad[2];  // alternating receive buffers (bf16 / fp32)
+  comm::WorkPtr recv_act_w[2], recv_grad_w[2];
+  std::vector<comm::WorkPtr> send_act_w, send_grad_w;  // per stage slot: the last send out of it
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> waits, fwd_ev, bwd_ev;
+  PipelineStats acc;
+
+  Impl(GpuModel& s, comm::Communicator& a, comm::Communicator& g) : st(s), act(a), grad(g) {}
+  ~Impl() {
+    for (auto* v : {&waits, &fwd_ev, &bwd_ev})
+      for (auto& [x, y] : *v) cudaEventDestroy(x), cudaEventDestroy(y);
+  }
+  std::pair<cudaEvent_t, cudaEvent_t> begin_ev() {
+    std::pair<cudaEvent_t, cudaEvent_t> e{nullptr, nullptr};
+    TREX_CUDA(cudaEventCreate(&e.first));
+    TREX_CUDA(cudaEventCreate(&e.second));
+    TREX_CUDA(cudaEventRecord(e.first, nullptr));
+    return e;
+  }
+  void end_ev(std::pair<cudaEvent_t, cudaEvent_t> e, std::vector<std::pair<cudaEvent_t, cudaEvent_t>>& into) {
+    TREX_CUDA(cudaEventRecord(e.second, nullptr));
+    into.push_back(e);
+  }
+  // The compute stream waits (on the device) for an incoming tensor; the stall is measured.
+  void wait_recv(comm::WorkPtr& w) {
+    TREX_CHECK(w, "pipeline rank {}: waiting for a receive that was never posted", r);
+    auto e = begin_ev();
+    comm::stream_wait(*w, nullptr);
+    end_ev(e, waits);
+    w.reset();
+  }
+  // Before a slot's buffers are freed or reused: its last send must have left.
+  static void wait_send(comm::WorkPtr& w) {
+    if (!w) return;
+    comm::stream_wait(*w, nullptr);
+    w.reset();
+  }
+  void post_recv_act(int64_t m) {
+    recv_act_w[m % 2] = act.recv(recv_act[m % 2].as<void>(), size_t(elems) * 2, r - 1, int(m));
+  }
+  void post_recv_grad(int64_t m) {
+    recv_grad_w[m % 2] = grad.recv(recv_grad[m % 2].as<void>(), size_t(elems) * 4, r + 1, int(m));
+  }
+  static double drain(std::vector<std::pair<cudaEvent_t, cudaEvent_t>>& v) {
+    double t = 0;
+    for (auto& [a, b] : v) {
+      float ms = 0.f;
+      TREX_CUDA(cudaEventElapsedTime(&ms, a, b));
+      t += ms;
+      cudaEventDestroy(a);
+      cudaEventDestroy(b);
+    }
+    v.clear();
+    return t;
+  }
+};
+
+GpuPipeline::GpuPipeline(GpuModel& stage, comm::Communicator& act, comm::Communicator& grad, int64_t micro_batches)
+    : impl_(std::make_unique<Impl>(stage, act, grad)) {
+  Impl& p = *impl_;
+  rank_ = act.rank(), P_ = act.size();
+  p.r = rank_, p.P = P_, p.M = micro_batches;
+  TREX_CHECK(grad.size() == P_ && grad.rank() == rank_,
+             "pipeline rank {}: the activation and gradient communicators differ (sizes {} / {}, ranks {} / {})",
+             rank_, P_, grad.size(), rank_, grad.rank());
+  TREX_CHECK(P_ >= 2 && micro_batches >= 1, "pipeline rank {}: needs >= 2 stages ({}) and >= 1 micro-batch ({})",
+             rank_, P_, micro_batches);
+  TREX_CHECK(act.backend() == "nccl" && grad.backend() == "nccl",
+             "pipeline rank {}: the boundary communicators must be NCCL (got '{}', '{}')", rank_, act.backend(),
+             grad.backend());
+  GpuModel::Impl& m = stage.impl();
+  p.slots = int(m.slots.size());
+  TREX_CHECK(p.slots >= P_ - rank_, "pipeline rank {}: 1F1B keeps up to {} micro-batches in flight, the stage has "
+             "stage_slots = {}", rank_, P_ - rank_, p.slots);
+  TREX_CHECK(m.first_stage() == (rank_ == 0) && m.last_stage() == (rank_ == P_ - 1),
+             "pipeline rank {} of {}: the stage holds layers [{}, {}) (first / last stage mismatch)", rank_, P_, m.l0,
+             m.l1);
+  p.send_act_w.resize(size_t(p.slots));
+  p.send_grad_w.resize(size_t(p.slots));
+}
+
+GpuPipeline::~GpuPipeline() {
+  // Outstanding sends / receives read or write buffers owned here and by the stage: let them finish.
+  cudaDeviceSynchronize();
+}
+
+std::vector<int64_t> GpuPipeline::one_f_one_b(int r, int P, int64_t M) {
+  // The compute actions of the project's schedule generator (the boundary posts are this file's own).
+  parallel::ScheduleSpec spec;
+  spec.pp = P, spec.vpp = 1, spec.micro_batches = M, spec.kind = parallel::ScheduleKind::OneFOneB;
+  const parallel::Schedule sch = parallel::make_schedule(spec);
+  TREX_CHECK(r >= 0 && r < P, "pipeline: rank {} outside [0, {})", r, P);
+  std::vector<int64_t> order;
+  for (const parallel::PipeAction& a : sch.ranks[size_t(r)]) {
+    if (a.op == parallel::PipeOp::Forward) order.push_back(a.micro + 1);
+    if (a.op == parallel::PipeOp::Backward) order.push_back(-(a.micro + 1));
+  }
+  return order;
+}
+
+double GpuPipeline::step(const int32_t* ids, const int32_t* labels, const dsv4::SeqLayout& layout) {
+  Impl& p = *impl_;
+  GpuModel& st = p.st;
+  const int64_t n_mb = layout.B * layout.T, V = st.impl().cfg.vocab_size;
+  const bool first = p.r == 0, last = p.r == p.P - 1;
+  // The loss normaliser: labelled targets of the whole step.
+  int64_t targets = 0;
+  for (int64_t m = 0; m < p.M; ++m)
+    for (int32_t t : dsv4::shifted_targets(labels + m * n_mb, layout.doc_start.data(), layout.B, layout.T, 1, V))
+      targets += t >= 0;
+  st.begin_step(targets);
+  const int64_t elems = st.stream_elems(layout);
+  if (elems != p.elems) {  // (re)size the receive buffers; nothing is in flight between steps
+    TREX_CUDA(cudaDeviceSynchronize());
+    for (int i = 0; i < 2; ++i) {
+      p.recv_act[i] = DevMem(first ? 0 : size_t(elems) * 2);
+      p.recv_grad[i] = DevMem(last ? 0 : size_t(elems) * 4);
+    }
+    p.elems = elems;
+  }
+  if (!first) p.post_recv_act(0);
+  if (!last) p.post_recv_grad(0);
+  double loss = 0;
+  for (int64_t op : one_f_one_b(p.r, p.P, p.M)) {
+    const int64_t m = std::abs(op) - 1;
+    const int s = int(m % p.slots);
+    const int32_t* mi = ids + m * n_mb;
+    const int32_t* ml = labels + m * n_mb;
+    if (op > 0) {  // forward of m
+      if (!first) p.wait_recv(p.recv_act_w[m % 2]);
+      Impl::wait_send(p.send_act_w[size_t(s)]);  // the slot's previous output has left
+      auto e = p.begin_ev();
+      loss += st.forward_stage(m, mi, ml, layout, first ? nullptr : p.recv_act[m % 2].as<void>());
+      p.end_ev(e, p.fwd_ev);
+      if (!last) p.send_act_w[size_t(s)] = p.act.send(st.stage_output(m), size_t(elems) * 2, p.r + 1, int(m));
+      // The next activation lands in the other buffer while this forward and the next compute run; the buffer it
+      // overwrites was last read by the forward just queued (the receive is ordered after it).
+      if (!first && m + 1 < p.M) p.post_recv_act(m + 1);
+    } else {  // backward of m
+      if (!last) p.wait_recv(p.recv_grad_w[m % 2]);
+      Impl::wait_send(p.send_act_w[size_t(s)]);   // the forward output is freed by this backward
+      Impl::wait_send(p.send_grad_w[size_t(s)]);  // the slot's previous input gradient has left
+      auto e = p.begin_ev();
+      st.backward_stage(m, last ? nullptr : p.recv_grad[m % 2].as<float>());
+      p.end_ev(e, p.bwd_ev);
+      if (!first) p.send_grad_w[size_t(s)] = p.grad.send(st.stage_input_grad(m), size_t(elems) * 4, p.r - 1, int(m));
+      if (!last && m + 1 < p.M) p.post_recv_grad(m + 1);
+    }
+  }
+  ++p.acc.steps;
+  return last ? loss : 0.0;
+}
+
+std::vector<double> GpuPipeline::global_losses(const std::vector<double>& local) {
+  Impl& p = *impl_;
+  if (local.empty()) return {};
+  TREX_CUDA(cudaDeviceSynchronize());
+  DevMem d(local.size() * sizeof(double));
+  std::vector<double> v(local);
+  if (p.r != p.P - 1) std::fill(v.begin(), v.end(), 0.0);
+  TREX_CUDA(cudaMemcpy(d.as<double>(), v.data(), v.size() * sizeof(double), cudaMemcpyHostToDevice));
+  p.act.all_reduce(d.as<double>(), v.size(), comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
+  TREX_CUDA(cudaMemcpy(v.data(), d.as<double>(), v.size() * sizeof(double), cudaMemcpyDeviceToHost));
+  return v;
+}
+
+PipelineStats GpuPipeline::stats() {
+  Impl& p = *impl_;
+  TREX_CUDA(cudaDeviceSynchronize());
+  p.acc.fwd_ms += Impl::drain(p.fwd_ev);
+  p.acc.bwd_ms += Impl::drain(p.bwd_ev);
+  p.acc.recv_wait_ms += Impl::drain(p.waits);
+  return p.acc;
+}
+
+void GpuPipeline::reset_stats() {
+  stats();
+  impl_->acc = PipelineStats{};
+}
+
+}  // namespace trex::dsv4gpu

@@ -1,0 +1,179 @@
+// `trex train` with several processes or a `parallel:` section (run.h): communicator, mesh, this rank's part
+// of the model, DistributedTrainer.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+
+#include "comm/communicator.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "data/chat.h"
+#include "model/dsv4/partition.h"
+#include "parallel/ep_exchange.h"
+#include "parallel/mesh.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/zero1_optimizer.h"
+#include "train/distributed_trainer.h"
+#include "train/dsv4_stage.h"
+#include "train/run.h"
+
+namespace trex::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Most micro-batches each local chunk holds at once under the schedule (its activation slots).
+std::vector<int64_t> slots_per_chunk(const parallel::Schedule& s, int rank) {
+  std::vector<int64_t> live(size_t(s.spec.vpp), 0), most(size_t(s.spec.vpp), 1);
+  for (const auto& a : s.ranks[size_t(rank)]) {
+    if (a.op == parallel::PipeOp::Forward) most[size_t(a.chunk)] = std::max(most[size_t(a.chunk)], ++live[size_t(a.chunk)]);
+    if (a.op == parallel::PipeOp::Backward) --live[size_t(a.chunk)];
+  }
+  return most;
+}
+
+// This rank's DeepSeek-V4 chunks (one per virtual stage), with its expert shard and EP exchanges.
+struct Dsv4Parts {
+  std::vector<std::unique_ptr<parallel::EpExchange>> exchanges;
+  std::vector<std::unique_ptr<Dsv4Stage>> stages;
+};
+
+StagedParts dsv4_staged_parts(const TrainConfig& cfg, const dsv4::ModelConfig& mc, const Dsv4TrainOptions& o,
+                              parallel::Mesh& mesh, const parallel::Schedule& sched) {
+  auto own = std::make_shared<Dsv4Parts>();
+  const int P = mesh.spec.pp, V = mesh.spec.vpp;
+  const std::vector<dsv4::ModelPartition> parts = dsv4::split_layers(mc, int64_t(P) * V);
+  const std::vector<int64_t> slots = slots_per_chunk(sched, mesh.pp_rank);
+  const int E = int(mc.n_routed_experts);
+  for (int v = 0; v < V; ++v) {
+    dsv4::ModelPartition part = parts[size_t(v * P + mesh.pp_rank)];
+    if (mesh.spec.ep > 1) {
+      part.expert_begin = mesh.first_local_expert(E);
+      part.expert_end = part.expert_begin + mesh.n_local_experts(E);
+    }
+    own->stages.push_back(std::make_unique<Dsv4Stage>(mc, part, o, cfg.seed, slots[size_t(v)]));
+    if (mesh.spec.ep > 1) {
+      own->exchanges.push_back(std::make_unique<parallel::EpExchange>(*mesh.ep_group, E, mc.hidden));
+      own->stages.back()->model().set_expert_exchange(own->exchanges.back().get());
+    }
+  }
+  StagedParts sp;
+  Dsv4Parts* d = own.get();
+  for (auto& s : d->stages) sp.chunks.push_back(s.get());
+  sp.feed = [d](const std::vector<data::Batch>& mbs, double) {
+    for (auto& s : d->stages) s->set_step_batches(mbs);  // loss scale 1 / mbs.size()
+  };
+  sp.params = [d] {
+    std::vector<optim::ParamRef> all;
+    for (auto& s : d->stages) {
+      std::vector<optim::ParamRef> p = s->params();
+      all.insert(all.end(), p.begin(), p.end());
+    }
+    return all;
+  };
+  sp.zero_grads = [d] {
+    for (auto& s : d->stages) s->zero_grads();
+  };
+  sp.set_controls = [d](const StepControls& c) {
+    for (auto& s : d->stages) s->set_controls(c);
+  };
+  sp.set_grads_ready = [d](GradsReady f) {
+    for (auto& s : d->stages) {
+      if (!f) {
+        s->set_grad_ready_hook(nullptr);
+        continue;
+      }
+      s->set_grad_ready_hook([f](int64_t, const std::vector<const dsv4::ParamInfo*>& ps) {
+        std::vector<std::string> names;
+        names.reserve(ps.size());
+        for (const auto* p : ps) names.push_back(p->name);
+        f(names);
+      });
+    }
+  };
+  sp.sum_expert_loads = [d](comm::Communicator& dp) {
+    for (auto& s : d->stages) parallel::all_reduce_expert_loads(dp, s->expert_load_sums());
+  };
+  sp.after_optimizer_step = [d] {
+    for (auto& s : d->stages) s->after_optimizer_step();
+  };
+  for (auto& s : d->stages)
+    for (const auto& n : s->shared_params())
+      if (std::find(sp.shared_params.begin(), sp.shared_params.end(), n) == sp.shared_params.end())
+        sp.shared_params.push_back(n);
+  sp.flops_per_token = [mc](int64_t seq) { return dsv4_flops_per_token(mc, seq); };
+  sp.description = fmt::format("DeepSeek-V4 (hidden {}, {} layers, {} experts top-{}, vocab {}), stage{} {} of {}",
+                               mc.hidden, mc.n_layers, mc.n_routed_experts, mc.topk, mc.vocab_size, V > 1 ? "s" : "",
+                               mesh.pp_rank, P * V);
+  sp.owner = own;
+  return sp;
+}
+
+}  // namespace
+
+TrainResult run_distributed_training(const TrainConfig& cfg_in, const fs::path& config, const fs::path& out_dir,
+                                     const RunOptions& opts) {
+  TrainConfig cfg = cfg_in;
+  std::unique_ptr<comm::Communicator> world = comm::make_world_communicator(cfg.parallel.comm);
+  world->set_timeout_seconds(cfg.parallel.timeout_s);
+  if (!cfg.parallel.present) cfg.parallel.mesh = {1, world->size(), 1, 1};  // plain data parallelism
+  const bool lead = world->rank() == 0;
+
+  data::Tokenizer tok = data::Tokenizer::load(cfg.tokenizer);
+  // Rank 0 records the config and prepares the data; the others wait for it (a shared file system).
+  fs::path shards = cfg.shards.empty() ? out_dir / "data" : cfg.shards;
+  int32_t ok = 1;
+  std::string err;
+  if (lead) {
+    try {
+      shards = prepare_run(cfg, config, out_dir, opts, tok);
+    } catch (const Error& e) {
+      ok = 0;
+      err = e.what();
+    }
+  }
+  world->broadcast(&ok, sizeof ok, 0)->wait();
+  if (!ok) {
+    if (lead) throw Error(err);
+    fail("rank {}: rank 0 could not prepare the run in {} (its error says why)", world->rank(), out_dir.string());
+  }
+  data::ShardDataset ds(shards);
+  check_dataset(cfg, config, shards, ds, tok);
+
+  dsv4::ModelConfig mc;
+  Dsv4TrainOptions o;
+  parallel::ModelShape shape{1, 1};
+  if (cfg.model_type == "dsv4") {
+    dsv4_model_setup(cfg, tok, &mc, &o);
+    shape = {int(mc.n_layers), int(mc.n_routed_experts)};
+  }
+  const std::string why = check_parallel_config(cfg, world->size(), shape);
+  TREX_CHECK(why.empty(), "{}: impossible parallel layout: {}", config.string(), why);
+  parallel::Mesh mesh = parallel::build_mesh(*world, cfg.parallel.mesh, shape);
+  const parallel::ScheduleSpec spec{mesh.spec.pp, mesh.spec.vpp, cfg.grad_accum / mesh.spec.dp, cfg.parallel.schedule};
+
+  std::unique_ptr<RankModel> model;
+  if (cfg.model_type == "toy") {
+    TREX_CHECK(mesh.spec.pp == 1 && mesh.spec.ep == 1,
+               "{}: the toy model has no stages or experts: it runs data-parallel only (pp=1, ep=1)", config.string());
+    model = make_trainable_rank_model(make_model(cfg, tok));
+  } else {
+    TREX_CHECK(!cfg.model.contains("init_from") && !cfg.model.contains("init_from_run"),
+               "{}: model.init_from / init_from_run are not supported by distributed runs yet: convert the weights "
+               "with one process first", config.string());
+    const parallel::Schedule sched = parallel::make_schedule(spec);
+    model = make_pipelined_rank_model(dsv4_staged_parts(cfg, mc, o, mesh, sched), *mesh.pp_group, spec);
+  }
+  DistributedOptions dopt;
+  dopt.stop_at = opts.max_steps;
+  dopt.show_progress = opts.show_progress && lead;
+  DistributedTrainer trainer(cfg, out_dir, *world, mesh, *model, ds, data::ChatTokens::from(tok).eos, dopt);
+  TrainResult r = trainer.run();
+  model.reset();  // the stages' exchanges use the mesh's groups
+  return r;
+}
+
+}  // namespace trex::train

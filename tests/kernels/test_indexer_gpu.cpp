@@ -1,0 +1,113 @@
+// The CUDA lightning-indexer top-k (both scorers: tensor cores and CUDA cores) against scores computed here in
+// double on the same bf16 inputs. fp32 sums in another order may swap entries whose scores are within rounding
+// of each other, so the check is the top-k invariant with a tolerance: every query gets min(k, visible) distinct
+// visible entries (the rest -1), best first, each scoring at least the k-th best reference score minus tol, and
+// entries clearly above the cut-off are all selected. tol = 1e-4 x the largest |score| of the query.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+
+#include "gpu_test_util.h"
+#include "kernels/cuda/indexer.h"
+
+using trex::cuda::bf16;
+using trex::cuda::DeviceBuffer;
+using trex::cuda::IndexerKernel;
+using namespace trex::gpu_test;
+
+namespace {
+
+struct IdxCase {
+  int64_t N, NI, CI, E, k_sel;
+  uint32_t seed;
+};
+
+void run_case(const IdxCase& cs, IndexerKernel kernel) {
+  const int64_t N = cs.N, NI = cs.NI, CI = cs.CI, E = cs.E, k = cs.k_sel;
+  // Two packed documents: the first sees entries [0, E/2), the second [E/2, E), growing with the position (up to
+  // more than one 128-key tile of the tensor-core kernel).
+  const int64_t doc2 = N / 2;
+  std::vector<int64_t> vb(N), ve(N);
+  int64_t max_vis = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t pos = i < doc2 ? i : i - doc2;
+    vb[i] = i < doc2 ? 0 : E / 2;
+    ve[i] = vb[i] + std::min<int64_t>(E / 2, pos + 1);
+    max_vis = std::max(max_vis, ve[i] - vb[i]);
+  }
+  auto q = random_bf16(N * NI * CI, cs.seed + 1), keys = random_bf16(E * CI, cs.seed + 2);
+  std::vector<float> w = random_f32(N * NI, cs.seed + 3);
+  const double w_scale = 1.0 / std::sqrt(double(NI));
+
+  auto d_q = DeviceBuffer::from_host(q.bits), d_k = DeviceBuffer::from_host(keys.bits),
+       d_w = DeviceBuffer::from_host(w), d_vb = DeviceBuffer::from_host(vb), d_ve = DeviceBuffer::from_host(ve);
+  auto d_sel = poisoned<int64_t>(N * k);
+  trex::cuda::IndexerTopkArgs a;
+  a.n_tok = N, a.n_heads = NI, a.head_dim = CI, a.k_sel = k, a.max_visible = max_vis;
+  a.w_scale = float(w_scale), a.vis_begin = d_vb.as<int64_t>(), a.vis_end = d_ve.as<int64_t>();
+  trex::cuda::indexer_topk(d_sel.as<int64_t>(), d_q.as<bf16>(), d_w.as<float>(), d_k.as<bf16>(), a, nullptr,
+                           kernel);
+  TREX_CUDA(cudaDeviceSynchronize());
+  const std::vector<int64_t> sel = d_sel.to_host<int64_t>();
+
+  const std::string what = "NI=" + std::to_string(NI) + " CI=" + std::to_string(CI) +
+                           (kernel == IndexerKernel::CudaCore ? " (CUDA cores)" : " (auto: tensor cores)");
+  int64_t checked_above_cut = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t nv = ve[i] - vb[i], take = std::min(k, nv);
+    std::vector<double> r(static_cast<size_t>(nv));
+    double amax = 0;
+    for (int64_t s = 0; s < nv; ++s) {
+      double score = 0;
+      for (int64_t h = 0; h < NI; ++h) {
+        double dot = 0;
+        for (int64_t d = 0; d < CI; ++d)
+          dot += double(q.values[size_t((i * NI + h) * CI + d)]) * keys.values[size_t((vb[i] + s) * CI + d)];
+        score += w[size_t(i * NI + h)] * w_scale * std::max(dot, 0.0);
+      }
+      r[size_t(s)] = score / std::sqrt(double(CI));
+      amax = std::max(amax, std::abs(r[size_t(s)]));
+    }
+    const double tol = 1e-4 * std::max(amax, 1e-6);
+    std::vector<double> sorted = r;
+    std::sort(sorted.begin(), sorted.end(), std::greater<double>());
+    const double cut = take > 0 ? sorted[size_t(take - 1)] : 0.0;
+    std::set<int64_t> chosen;
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = sel[size_t(i * k + j)];
+      if (j >= take) {
+        ASSERT_EQ(e, -1) << what << ": query " << i << " slot " << j << " should be empty";
+        continue;
+      }
+      ASSERT_TRUE(e >= vb[i] && e < ve[i]) << what << ": query " << i << " slot " << j << " entry " << e
+                                           << " outside [" << vb[i] << ", " << ve[i] << ")";
+      ASSERT_TRUE(chosen.insert(e).second) << what << ": query " << i << " selects entry " << e << " twice";
+      const double re = r[size_t(e - vb[i])];
+      ASSERT_GE(re, cut - tol) << what << ": query " << i << " selects entry " << e << " below the cut-off";
+      if (j > 0) {
+        const double prev = r[size_t(sel[size_t(i * k + j - 1)] - vb[i])];
+        ASSERT_GE(prev, re - tol) << what << ": query " << i << " slots " << j - 1 << ", " << j << " out of order";
+      }
+    }
+    for (int64_t s = 0; s < nv; ++s)
+      if (r[size_t(s)] > cut + tol) {
+        ASSERT_TRUE(chosen.count(vb[i] + s)) << what << ": query " << i << " misses entry " << vb[i] + s;
+        ++checked_above_cut;
+      }
+  }
+  EXPECT_GT(checked_above_cut, N) << what << ": the case checks too few clear selections";
+}
+
+}  // namespace
+
+TEST(GpuIndexer, TopkV4ShapesMatchesReference) {
+  run_case({/*N=*/500, /*NI=*/64, /*CI=*/128, /*E=*/300, /*k_sel=*/24, 7}, IndexerKernel::Auto);
+  run_case({/*N=*/500, /*NI=*/64, /*CI=*/128, /*E=*/300, /*k_sel=*/24, 7}, IndexerKernel::CudaCore);
+}
+
+TEST(GpuIndexer, TopkSmallHeadsAndPartialTilesMatchesReference) {
+  run_case({/*N=*/130, /*NI=*/16, /*CI=*/64, /*E=*/90, /*k_sel=*/40, 17}, IndexerKernel::Auto);
+  run_case({/*N=*/130, /*NI=*/16, /*CI=*/64, /*E=*/90, /*k_sel=*/40, 17}, IndexerKernel::CudaCore);
+  run_case({/*N=*/90, /*NI=*/8, /*CI=*/64, /*E=*/60, /*k_sel=*/10, 27}, IndexerKernel::Auto);  // CUDA cores only
+}
