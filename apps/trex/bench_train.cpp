@@ -42,7 +42,8 @@ void bench_train_pp(const TrainBenchArgs& a, const dsv4::ModelConfig& cfg, doubl
                     const std::vector<int64_t>& stage_layers) {
   TREX_CHECK(M >= 1 && a.batch % M == 0, "bench train: --batch {} must be a multiple of micro_batches {}", a.batch,
              M);
-  auto world = comm::make_nccl_world_communicator();
+  // A 45 s communicator timeout: a stuck transfer aborts the job with the rank and operation, not a hang.
+  auto world = comm::make_nccl_world_communicator(45.0);
   const int r = world->rank();
   TREX_CHECK(world->size() == P, "bench train rank {}: --mesh {} needs {} processes (pp only), got {}", r, a.mesh, P,
              world->size());
@@ -169,7 +170,7 @@ void bench_train_pp(const TrainBenchArgs& a, const dsv4::ModelConfig& cfg, doubl
     j["layers"] = fmt::format("[{}, {})", lb, lb + counts[size_t(s)]);
     j["fwd_ms"] = r2(v[0]), j["bwd_ms"] = r2(v[1]), j["opt_ms"] = r2(v[2]);
     j["fwd_bwd_ms_per_micro_batch"] = r2(T);
-    j["recv_wait_ms"] = r2(v[3]);  // compute stream stalled on incoming tensors (bubble + transfer)
+    j["recv_wait_ms"] = r2(v[3]);  // host blocked on incoming tensors (bubble + transfer)
     j["idle_ms"] = r2(step_ms - busy);
     j["bubble_measured"] = std::round((step_ms - busy) / step_ms * 1e4) / 1e4;  // stage idle / step
     j["peak_gib"] = std::round(v[4] * 10) / 10;

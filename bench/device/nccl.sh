@@ -74,7 +74,7 @@ else
   echo "SKIP EP=2 run (time budget)"
 fi
 echo "[$(el)]"
-echo "SKIP PP=2: the GPU pipeline (GpuModel on a layer range + 1F1B) is not implemented"
+echo "PP=2: see bench/device/gpupp.sh (GpuModel stages + 1F1B over NCCL send/recv)"
 
 if command -v torchrun >/dev/null && [ $(( $(date +%s) - T0 )) -lt 160 ]; then
   echo "== DP=2 via torchrun --no-python (TCP rendezvous at MASTER_ADDR:MASTER_PORT+1 for the NCCL id)"

@@ -8,8 +8,10 @@
 // as bf16 (what the next stage's kernels read), gradients as fp32 (what the previous stage accumulates in), so a
 // pipeline step computes exactly what one GPU accumulating the same micro-batches does.
 //
-// Receives are posted one micro-batch ahead (right after the compute that frees their buffer is queued), so the
-// transfer runs during the next compute; a compute waits for its own receive on the device (no host block).
+// A receive is posted right before the compute that needs it and waited for on the host (with the communicator's
+// timeout: a dead peer is an error, not a hang): posting earlier deadlocks when the next compute synchronises the
+// device while the receive kernel spins (see step()). Sends are posted right after their compute and overlap
+// the next one; a slot's buffers are reused only after its sends have left.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -23,7 +25,7 @@ namespace trex::dsv4gpu {
 
 struct PipelineStats {
   double fwd_ms = 0, bwd_ms = 0;  // device time of this stage's forwards / backwards (CUDA events)
-  double recv_wait_ms = 0;        // compute stream stalled on incoming boundary tensors (bubble + exposed transfer)
+  double recv_wait_ms = 0;        // host blocked on incoming boundary tensors (bubble + exposed transfer)
   int64_t steps = 0;
 };
 

@@ -3,6 +3,7 @@
 #include "train/cuda/gpu_pipeline.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "comm/nccl_communicator.h"
@@ -22,12 +23,12 @@ struct GpuPipeline::Impl {
   DevMem recv_act[2], recv_grad[2];  // alternating receive buffers (bf16 / fp32)
   comm::WorkPtr recv_act_w[2], recv_grad_w[2];
   std::vector<comm::WorkPtr> send_act_w, send_grad_w;  // per stage slot: the last send out of it
-  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> waits, fwd_ev, bwd_ev;
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> fwd_ev, bwd_ev;
   PipelineStats acc;
 
   Impl(GpuModel& s, comm::Communicator& a, comm::Communicator& g) : st(s), act(a), grad(g) {}
   ~Impl() {
-    for (auto* v : {&waits, &fwd_ev, &bwd_ev})
+    for (auto* v : {&fwd_ev, &bwd_ev})
       for (auto& [x, y] : *v) cudaEventDestroy(x), cudaEventDestroy(y);
   }
   std::pair<cudaEvent_t, cudaEvent_t> begin_ev() {
@@ -41,12 +42,14 @@ struct GpuPipeline::Impl {
     TREX_CUDA(cudaEventRecord(e.second, nullptr));
     into.push_back(e);
   }
-  // The compute stream waits (on the device) for an incoming tensor; the stall is measured.
+  // The host waits for an incoming tensor (the communicator's timeout turns a lost peer into an error naming the
+  // rank and transfer instead of a hang), then the compute stream is ordered after it. Host wait time measured.
   void wait_recv(comm::WorkPtr& w) {
     TREX_CHECK(w, "pipeline rank {}: waiting for a receive that was never posted", r);
-    auto e = begin_ev();
+    const auto t0 = std::chrono::steady_clock::now();
+    w->wait();
+    acc.recv_wait_ms += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * 1e3;
     comm::stream_wait(*w, nullptr);
-    end_ev(e, waits);
     w.reset();
   }
   // Before a slot's buffers are freed or reused: its last send must have left.
@@ -97,6 +100,14 @@ GpuPipeline::GpuPipeline(GpuModel& stage, comm::Communicator& act, comm::Communi
              m.l1);
   p.send_act_w.resize(size_t(p.slots));
   p.send_grad_w.resize(size_t(p.slots));
+  // Connect both directions now, in pipeline order (NCCL sets up a peer connection on its first send / recv and
+  // the host can block there until the peer's matching call): activations 0 -> P-1, then gradients P-1 -> 0.
+  DevMem tiny(16);
+  if (rank_ > 0) act.recv(tiny.as<void>(), 16, rank_ - 1, 0)->wait();
+  if (rank_ < P_ - 1) act.send(tiny.as<void>(), 16, rank_ + 1, 0)->wait();
+  if (rank_ < P_ - 1) grad.recv(tiny.as<void>(), 16, rank_ + 1, 0)->wait();
+  if (rank_ > 0) grad.send(tiny.as<void>(), 16, rank_ - 1, 0)->wait();
+  TREX_CUDA(cudaDeviceSynchronize());
 }
 
 GpuPipeline::~GpuPipeline() {
@@ -138,8 +149,10 @@ double GpuPipeline::step(const int32_t* ids, const int32_t* labels, const dsv4::
     }
     p.elems = elems;
   }
-  if (!first) p.post_recv_act(0);
-  if (!last) p.post_recv_grad(0);
+  // Receives are posted just before the compute that needs them: a receive posted earlier whose matching send
+  // the peer issues only after this rank's next compute deadlocks as soon as that compute synchronises the device
+  // (cudaFree, a pinned allocation, a cuBLASLt workspace) while the receive kernel spins. The transfer (about
+  // 1 ms of a 100+ ms micro-batch) is then exposed; the sends still overlap the next compute.
   double loss = 0;
   for (int64_t op : one_f_one_b(p.r, p.P, p.M)) {
     const int64_t m = std::abs(op) - 1;
@@ -147,24 +160,20 @@ double GpuPipeline::step(const int32_t* ids, const int32_t* labels, const dsv4::
     const int32_t* mi = ids + m * n_mb;
     const int32_t* ml = labels + m * n_mb;
     if (op > 0) {  // forward of m
-      if (!first) p.wait_recv(p.recv_act_w[m % 2]);
+      if (!first) p.post_recv_act(m), p.wait_recv(p.recv_act_w[m % 2]);
       Impl::wait_send(p.send_act_w[size_t(s)]);  // the slot's previous output has left
       auto e = p.begin_ev();
       loss += st.forward_stage(m, mi, ml, layout, first ? nullptr : p.recv_act[m % 2].as<void>());
       p.end_ev(e, p.fwd_ev);
       if (!last) p.send_act_w[size_t(s)] = p.act.send(st.stage_output(m), size_t(elems) * 2, p.r + 1, int(m));
-      // The next activation lands in the other buffer while this forward and the next compute run; the buffer it
-      // overwrites was last read by the forward just queued (the receive is ordered after it).
-      if (!first && m + 1 < p.M) p.post_recv_act(m + 1);
     } else {  // backward of m
-      if (!last) p.wait_recv(p.recv_grad_w[m % 2]);
+      if (!last) p.post_recv_grad(m), p.wait_recv(p.recv_grad_w[m % 2]);
       Impl::wait_send(p.send_act_w[size_t(s)]);   // the forward output is freed by this backward
       Impl::wait_send(p.send_grad_w[size_t(s)]);  // the slot's previous input gradient has left
       auto e = p.begin_ev();
       st.backward_stage(m, last ? nullptr : p.recv_grad[m % 2].as<float>());
       p.end_ev(e, p.bwd_ev);
       if (!first) p.send_grad_w[size_t(s)] = p.grad.send(st.stage_input_grad(m), size_t(elems) * 4, p.r - 1, int(m));
-      if (!last && m + 1 < p.M) p.post_recv_grad(m + 1);
     }
   }
   ++p.acc.steps;
@@ -189,7 +198,6 @@ PipelineStats GpuPipeline::stats() {
   TREX_CUDA(cudaDeviceSynchronize());
   p.acc.fwd_ms += Impl::drain(p.fwd_ev);
   p.acc.bwd_ms += Impl::drain(p.bwd_ev);
-  p.acc.recv_wait_ms += Impl::drain(p.waits);
   return p.acc;
 }
 
