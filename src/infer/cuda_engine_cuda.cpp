@@ -115,6 +115,9 @@ class StepProfile {
     if (!on) return;
     Acc& a = acc_[key_];
     const auto now = std::chrono::steady_clock::now();
+    // The events sit on the legacy default stream, which the engine's own stream does not order with: wait for
+    // the last one before reading intervals (the 22:45 device run read unfinished events: CUDA error 600).
+    if (used_ > 0) TREX_CUDA(cudaEventSynchronize(ev_[used_ - 1]));
     for (size_t k = 0; k < phase_of_.size(); ++k) {
       float ms = 0;
       TREX_CUDA(cudaEventElapsedTime(&ms, ev_[k], ev_[k + 1]));
