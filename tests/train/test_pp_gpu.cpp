@@ -14,35 +14,13 @@
 #include "comm/nccl_communicator.h"
 #include "train/cuda/dsv4_gpu.h"
 #include "train/cuda/gpu_pipeline.h"
+#include "train/tiny_gpu_config.h"
 
 namespace {
 
 using namespace trex;
 
-dsv4::ModelConfig pp_config() {
-  // Tiny shapes with every layer kind (sliding, CSA, HCA; hash and score MoE; shared expert); head_dim 256 is
-  // the smallest the attention kernel supports. Stage 0: layers 0-1 + embedding, stage 1: layer 2 + head.
-  nlohmann::json j = {{"vocab_size", 256},         {"hidden_size", 64},        {"num_hidden_layers", 3},
-                      {"num_attention_heads", 4},  {"num_key_value_heads", 1}, {"head_dim", 256},
-                      {"qk_rope_head_dim", 64},    {"q_lora_rank", 32},        {"o_groups", 2},
-                      {"o_lora_rank", 16},         {"n_routed_experts", 8},    {"num_experts_per_tok", 2},
-                      {"n_shared_experts", 1},     {"moe_intermediate_size", 32},
-                      {"routed_scaling_factor", 1.5}, {"scoring_func", "sqrtsoftplus"}, {"norm_topk_prob", true},
-                      {"swiglu_limit", 10.0},      {"index_n_heads", 4},       {"index_head_dim", 64},
-                      {"index_topk", 4},           {"sliding_window", 16},     {"compress_ratios", {0, 4, 16}},
-                      {"num_hash_layers", 1},      {"hc_mult", 4},             {"hc_sinkhorn_iters", 20},
-                      {"hc_eps", 1e-6},            {"rms_norm_eps", 1e-6},     {"rope_theta", 10000},
-                      {"compress_rope_theta", 160000},
-                      {"rope_scaling",
-                       {{"type", "yarn"},
-                        {"factor", 4},
-                        {"original_max_position_embeddings", 64},
-                        {"beta_fast", 32},
-                        {"beta_slow", 1}}},
-                      {"max_position_embeddings", 4096}, {"num_nextn_predict_layers", 0},
-                      {"bos_token_id", 0},         {"eos_token_id", 1}};
-  return dsv4::parse_model_config(j, "pp test config");
-}
+dsv4::ModelConfig pp_config() { return trex::testing::tiny_gpu_config("pp test config"); }
 
 constexpr int64_t kS = 64, kM = 4;
 constexpr int kSteps = 2;
