@@ -18,6 +18,7 @@
 #include "train/distributed_trainer.h"
 #include "train/dsv4_stage.h"
 #include "train/run.h"
+#include "train/sharded_checkpoint.h"
 
 namespace trex::train {
 
@@ -41,8 +42,26 @@ struct Dsv4Parts {
   std::vector<std::unique_ptr<Dsv4Stage>> stages;
 };
 
+// init_from_run: this rank's tensors (weights and router biases, by official name) from another run's newest
+// checkpoint of either format, like run.cpp's one-process path; the optimiser starts fresh.
+void load_run_weights(const std::vector<optim::ParamRef>& params, const fs::path& run_dir, const std::string& where,
+                      int rank) {
+  auto last = latest_checkpoint(run_dir / "checkpoints");
+  TREX_CHECK(last.has_value(), "{}: init_from_run (rank {}): no checkpoint in {}", where, rank,
+             (run_dir / "checkpoints").string());
+  CheckpointReader r(*last);
+  for (const auto& p : params) {
+    try {
+      r.read_param(p.name, p.shape, p.value);
+    } catch (const Error& e) {
+      fail("{}: init_from_run (rank {}): {}", where, rank, e.what());
+    }
+  }
+  if (rank == 0) log::info("initialised from {}", last->string());
+}
+
 StagedParts dsv4_staged_parts(const TrainConfig& cfg, const dsv4::ModelConfig& mc, const Dsv4TrainOptions& o,
-                              parallel::Mesh& mesh, const parallel::Schedule& sched) {
+                              parallel::Mesh& mesh, const parallel::Schedule& sched, int rank) {
   auto own = std::make_shared<Dsv4Parts>();
   const int P = mesh.spec.pp, V = mesh.spec.vpp;
   const std::vector<dsv4::ModelPartition> parts = dsv4::split_layers(mc, int64_t(P) * V);
@@ -60,6 +79,12 @@ StagedParts dsv4_staged_parts(const TrainConfig& cfg, const dsv4::ModelConfig& m
       own->stages.back()->model().set_expert_exchange(own->exchanges.back().get());
     }
   }
+  // Start weights: every rank loads the tensors of its chunks (and expert shard) by official name.
+  const std::string where = cfg.where + ": model";
+  if (cfg.model.contains("init_from"))
+    for (auto& s : own->stages) s->load_pretrained(cfg.model["init_from"].get<std::string>());
+  if (cfg.model.contains("init_from_run"))
+    for (auto& s : own->stages) load_run_weights(s->params(), cfg.model["init_from_run"].get<std::string>(), where, rank);
   StagedParts sp;
   Dsv4Parts* d = own.get();
   for (auto& s : d->stages) sp.chunks.push_back(s.get());
@@ -161,11 +186,9 @@ TrainResult run_distributed_training(const TrainConfig& cfg_in, const fs::path& 
                "{}: the toy model has no stages or experts: it runs data-parallel only (pp=1, ep=1)", config.string());
     model = make_trainable_rank_model(make_model(cfg, tok));
   } else {
-    TREX_CHECK(!cfg.model.contains("init_from") && !cfg.model.contains("init_from_run"),
-               "{}: model.init_from / init_from_run are not supported by distributed runs yet: convert the weights "
-               "with one process first", config.string());
     const parallel::Schedule sched = parallel::make_schedule(spec);
-    model = make_pipelined_rank_model(dsv4_staged_parts(cfg, mc, o, mesh, sched), *mesh.pp_group, spec);
+    model = make_pipelined_rank_model(dsv4_staged_parts(cfg, mc, o, mesh, sched, world->rank()), *mesh.pp_group,
+                                      spec);
   }
   DistributedOptions dopt;
   dopt.stop_at = opts.max_steps;

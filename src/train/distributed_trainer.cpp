@@ -185,9 +185,6 @@ TrainResult DistributedTrainer::run() {
   const int D = mesh_.spec.dp, P = mesh_.spec.pp;
   const int64_t A = cfg_.grad_accum, M = A / D;
   TREX_CHECK(A % D == 0, "{}: grad_accum {} is not a multiple of dp={}", cfg_.where, A, D);
-  TREX_CHECK(world_.size() == 1 || cfg_.spike.action != "rollback",
-             "{}: spike.action rollback needs checkpoints every rank can reload; a {}-process layout has none yet "
-             "(sharded checkpoints, issue 10 part 6): use skip", cfg_.where, world_.size());
   if (lead) fs::create_directories(out_);
   const fs::path metrics = out_ / "metrics.jsonl", events = out_ / "events.jsonl", ckroot = out_ / "checkpoints";
 
@@ -303,11 +300,36 @@ TrainResult DistributedTrainer::run() {
     bool skipped = false;
     if (spike) {
       res.spikes++;
+      json ev = {{"event", "spike"}, {"step", st.step}, {"loss", std::isfinite(loss) ? json(loss) : json("non-finite")},
+                 {"action", cfg_.spike.action}};
+      if (cfg_.spike.action == "rollback") {
+        // Every rank sees the same newest checkpoint (saving is collective and the directory is shared) and
+        // makes the same decision, as trainer.cpp does: reload the weights and this rank's optimiser state,
+        // keep the sampler past the offending batch.
+        if (auto last = latest_checkpoint(ckroot)) {
+          TREX_CHECK(st.rollbacks < cfg_.spike.max_rollbacks, "loss spike at step {} after {} rollbacks: giving up",
+                     st.step, st.rollbacks);
+          const data::SamplerState past = sampler.state();
+          const int64_t rollbacks = st.rollbacks + 1;
+          st = opt.plain ? load_checkpoint(*last, params, *opt.plain) : load_into_zero1(*last, params, *opt.zero);
+          st.sampler = past;
+          st.rollbacks = rollbacks;
+          res.rollbacks++;
+          if (lead) {
+            truncate_metrics(metrics, st.step);
+            ev["to_step"] = st.step;
+            append_jsonl(events, ev);
+            log::warn("loss spike ({}) at step {}: rolled back to {}", loss, ev["step"].get<int64_t>(),
+                      last->string());
+          }
+          world_.barrier();  // no rank runs ahead of the others' reload
+          continue;
+        }
+        ev["note"] = "no checkpoint yet: skipped the batch instead";
+      }
       skipped = cfg_.spike.action != "none" || !std::isfinite(loss) || !std::isfinite(grad_norm);
       if (lead) {
-        append_jsonl(events, {{"event", "spike"}, {"step", st.step},
-                              {"loss", std::isfinite(loss) ? json(loss) : json("non-finite")},
-                              {"action", cfg_.spike.action}});
+        append_jsonl(events, ev);
         if (skipped) log::warn("loss spike ({}) at step {}: batch skipped", loss, st.step);
       }
     }

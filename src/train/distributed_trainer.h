@@ -10,7 +10,8 @@
 // Rank 0 writes metrics.jsonl, events.jsonl, the progress bar and the loss plot. Checkpoints: a one-
 // process layout uses the ordinary state checkpoint (state_checkpoint.h); layouts of several processes write
 // sharded checkpoints (sharded_checkpoint.h; DistributedOptions::save_sharded replaces that writer when given).
-// Resuming reads the newest checkpoint of either format, whatever layout saved it.
+// Resuming reads the newest checkpoint of either format, whatever layout saved it; so does spike.action
+// rollback (every rank reloads its parameters and optimiser state; the data continues past the spike).
 #pragma once
 #include <cstdint>
 #include <filesystem>
