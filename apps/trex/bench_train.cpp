@@ -35,6 +35,21 @@ constexpr double kH200Bf16Peak = 989.4e12;
 #ifdef TREX_HAVE_CUDA
 double r2(double x) { return std::round(x * 100) / 100; }
 
+// The benchmark's optimiser step: the baseline's AdamW (opt) on everything, or Muon on the Muon group with that
+// AdamW on the rest (--optimizer muon).
+void bench_optimizer_step(dsv4gpu::GpuModel& model, const TrainBenchArgs& a, const cuda::AdamWStep& opt) {
+  if (a.optimizer == "adamw") {
+    model.adamw_step(opt);
+    return;
+  }
+  TREX_CHECK(a.optimizer == "muon", "bench train: --optimizer {} (expected adamw or muon)", a.optimizer);
+  optim::OptimizerConfig oc;
+  oc.kind = "muon";
+  oc.adamw.beta1 = opt.beta1, oc.adamw.beta2 = opt.beta2, oc.adamw.eps = opt.eps;
+  oc.adamw.weight_decay = opt.weight_decay;
+  model.optimizer_step(oc, opt.lr, opt.step);
+}
+
 // Pipeline parallel (--mesh pp=P,micro_batches=M[,stage_layers=a+b+...]): one process per stage, the global
 // batch of --batch sequences cut into M micro-batches of batch / M sequences, 1F1B (src/train/cuda/gpu_pipeline.h).
 // Rank 0 prints one JSON line with the step's throughput and, per stage, compute / idle / receive-wait times.
@@ -59,6 +74,7 @@ void bench_train_pp(const TrainBenchArgs& a, const dsv4::ModelConfig& cfg, doubl
   for (int i = 0; i < r; ++i) l0 += counts[size_t(i)];
   dsv4gpu::GpuModelOptions mo;
   mo.timing = a.sections;
+  if (a.moe_gemm != "default") mo.moe_grouped_gemm = a.moe_gemm == "grouped";
   mo.layer_begin = l0, mo.layer_end = l0 + counts[size_t(r)];
   // 1F1B needs P - r slots; a second one on the last stages decouples a backward from the previous input-gradient
   // send (its buffer lives in the slot) at no activation cost (slots are freed by their backward).
@@ -89,7 +105,7 @@ void bench_train_pp(const TrainBenchArgs& a, const dsv4::ModelConfig& cfg, doubl
       TREX_CUDA(cudaEventRecord(e0, nullptr));
     }
     opt.step = ++step;
-    model.adamw_step(opt);
+    bench_optimizer_step(model, a, opt);
     if (timed) {
       TREX_CUDA(cudaEventRecord(e1, nullptr));
       TREX_CUDA(cudaEventSynchronize(e1));  // after the step's last compute: costs nothing on the device
@@ -185,6 +201,8 @@ void bench_train_pp(const TrainBenchArgs& a, const dsv4::ModelConfig& cfg, doubl
   j["seq"] = a.seq;
   j["batch"] = a.batch;
   j["micro_batches"] = M;
+  j["optimizer"] = a.optimizer;
+  j["moe_gemm"] = mo.moe_grouped_gemm ? "grouped" : "per-expert";
   j["micro_batch_seqs"] = B_mb;
   j["params"] = int64_t(n_params);
   j["step_s"] = std::round(dt * 1e4) / 1e4;
@@ -233,6 +251,7 @@ void bench_train(const TrainBenchArgs& a) {
   const double flops_tok = model_flops_per_token(a.config, a.seq);
   dsv4gpu::GpuModelOptions mo;
   mo.timing = a.sections;
+  if (a.moe_gemm != "default") mo.moe_grouped_gemm = a.moe_gemm == "grouped";
   // Multi-GPU: the world NCCL communicator from the launcher, split into the mesh's groups.
   std::unique_ptr<comm::Communicator> world;
   parallel::Mesh mesh;
@@ -294,11 +313,11 @@ void bench_train(const TrainBenchArgs& a) {
   int64_t step = 0;
   double first_loss = 0, last_loss = 0;
   auto train_step = [&] {
-    const double loss = model.forward(ids.data(), labels.data(), layout);
-    model.zero_grads();
+    model.zero_grads();  // before the forward: a training forward accumulates the LM head's gradient
+    const double loss = model.forward(ids.data(), labels.data(), layout, nullptr, dsv4gpu::HeadMode::LossAndGrad);
     model.backward();
     opt.step = ++step;
-    model.adamw_step(opt);
+    bench_optimizer_step(model, a, opt);
     return loss;
   };
   for (int i = 0; i < a.warmup; ++i) first_loss = train_step();
@@ -338,6 +357,8 @@ void bench_train(const TrainBenchArgs& a) {
   j["params"] = model.n_params();
   j["step_s"] = std::round(dt * 1e4) / 1e4;
   j["mesh"] = a.mesh.empty() ? "single" : a.mesh;
+  j["optimizer"] = a.optimizer;
+  j["moe_gemm"] = mo.moe_grouped_gemm ? "grouped" : "per-expert";
   j["gpus"] = world_size;
   j["launcher"] = world ? comm::detect_launch_env().launcher : "none";
   j["tokens_per_s"] = std::llround(tok_s);

@@ -12,6 +12,13 @@ struct TrainBenchArgs {
   int64_t seq = 4096, batch = 1;
   int steps = 5, warmup = 2;
   bool sections = false;  // add a per-section breakdown (CUDA events) to the JSON line
+  // "adamw": the baseline's torch AdamW (lr 1e-5, eps 1e-8, weight decay 0.01) on every tensor; "muon": the run
+  // optimiser's Muon on the Muon group (design §5 defaults) with that AdamW on the rest (one GPU or pipeline stages).
+  std::string optimizer = "adamw";
+  // Routed-expert GEMMs: "grouped" (one grouped GEMM per product over all local experts, sized on the device: no
+  // host synchronisation), "per-expert" (one cuBLASLt GEMM per expert after a host read of the counts), or
+  // "default" (GpuModelOptions' default).
+  std::string moe_gemm = "default";
   uint64_t seed = 1;
   // Multi-GPU layout, e.g. "dp=2" (data parallel, ZeRO-1), "pp=2,micro_batches=8", "ep=2"; empty = one GPU.
   // Pipeline: --batch sequences per step in micro_batches micro-batches (1F1B), "stage_layers=3+1" sets the layer

@@ -127,6 +127,14 @@ const bool registered = trex::cli::register_command(
        t->add_option("--warmup", targs->warmup, "untimed warm-up steps")->capture_default_str();
        t->add_option("--device", *tdev, "cuda (the only backend of this benchmark)")->capture_default_str();
        t->add_flag("--sections", targs->sections, "per-section CUDA-event breakdown in the JSON line");
+       t->add_option("--optimizer", targs->optimizer, "adamw (the baseline's) or muon (Muon group + AdamW)")
+           ->check(CLI::IsMember({"adamw", "muon"}))
+           ->capture_default_str();
+       t->add_option("--moe-gemm", targs->moe_gemm,
+                     "routed-expert GEMMs: grouped (sized on the device, no host sync), per-expert (cuBLASLt per "
+                     "expert after a host read of the counts) or default")
+           ->check(CLI::IsMember({"default", "grouped", "per-expert"}))
+           ->capture_default_str();
        t->add_option("--mesh", targs->mesh, "multi-GPU layout under mpirun/srun/torchrun, e.g. dp=2 (ZeRO-1), ep=2 (experts sharded, folded in DP), pp=2,micro_batches=8,stage_layers=3+1 (1F1B)");
        t->callback([=] {
          TREX_CHECK(*tdev == "cuda", "bench train: --device {} unsupported (only cuda)", *tdev);

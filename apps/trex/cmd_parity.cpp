@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <set>
 
 #include "ckpt/safetensors.h"
@@ -293,14 +294,17 @@ struct GpuTolerances {
   // Expert w1 / w3 when swiglu_limit < 10: bf16 moves pre-activations across the clamp, whose gradient is
   // discontinuous (test_dsv4_gpu saw 10-20% at limit 0.8).
   double grad_rel_clamp = 0.3;
-  // mHC / hc_head parameters (hc_*_fn, hc_*_base, hc_*_scale): cancellation-limited. The norm after every mHC
-  // collapse makes its input gradient orthogonal to the collapsed vector, so the gate gradients g . X_i cancel
-  // across nearly equal streams (exactly 0 in layer 0, whose streams are copies of the embedding); the GPU's
-  // bf16 copy of that gradient (and of the streams) leaves a residue of 2^-9 |g| |X| per token that dominates
-  // the small true totals (measured on the fixtures: rel L2 up to 6.5 for hc_head_base, hc=2/3/4, fast and
-  // generic kernels alike, while each mHC kernel matches the CPU op by op within 1e-3). Bound: gross errors only.
-  double grad_rel_mhc = 10.0;
-  double grads_all_rel = 5e-2;  // all gradients together, rel L2, without the cancellation-limited mHC ones
+  // mHC / hc_head parameters (hc_*_fn, hc_*_base, hc_*_scale): the ordinary bounds (grad_rel, grad_rel_small
+  // under 64 elements), widened for a tensor to mhc_sens_factor x its own sensitivity to bf16 rounding when that
+  // is larger. The norm after every mHC collapse makes its input gradient dc orthogonal to the collapse, so the
+  // gate gradients dc . X_i cancel across nearly equal streams, and the sums over tokens cancel again. The GPU
+  // keeps the collapse and dc in fp32 (src/kernels/cuda/mhc_norm.h), which removed the residue a bf16 copy left
+  // (rel L2 up to 6.5); what remains is the amplified drift of the bf16 forward, the same kind of perturbation as
+  // rounding the weights to bf16, which this run measures per tensor as e(cpu_bf16w, ref) (e.g. 2.9 for tiny's
+  // layers.1.hc_attn_base, 0.36 for hc_head_base). A gradient that moves that far when only the weights are
+  // rounded is held to mhc_sens_factor times it against bf16 activations, which perturb every layer.
+  double mhc_sens_factor = 4.0;
+  double grads_all_rel = 5e-2;  // all gradients together, rel L2
   double grads_all_rel_clamp = 0.1;  // the same when swiglu_limit < 10 (the FFN gradients move up to 0.3)
 };
 
@@ -391,7 +395,7 @@ void run_parity_cuda(const ParityArgs& args) {
                        {"grad_rel_l2", tol.grad_rel},
                        {"grad_rel_l2_small_tensor", tol.grad_rel_small},
                        {"grad_rel_l2_swiglu_clamp", tol.grad_rel_clamp},
-                       {"grad_rel_l2_mhc_cancellation_limited", tol.grad_rel_mhc},
+                       {"grad_rel_l2_mhc_sensitivity_factor", tol.mhc_sens_factor},
                        {"grads_all_rel_l2", tol.grads_all_rel},
                        {"grads_all_rel_l2_swiglu_clamp", tol.grads_all_rel_clamp},
                        {"why",
@@ -457,10 +461,34 @@ void run_parity_cuda(const ParityArgs& args) {
   }
   out["injected_topk_match_vs_ref"] = queries ? double(matched) / double(queries) : 1.0;
 
+  // Each mHC tensor's sensitivity to bf16 rounding alone, e(cpu_bf16w, ref) (see GpuTolerances::mhc_sens_factor),
+  // and the bound that gives it.
+  std::map<std::string, double> mhc_sens;
+  if (!args.grads_file.empty()) {
+    ckpt::SafetensorsReader gr(args.grads_file);
+    const GradOf cpu_grad_of = [&P](const std::string& n) {
+      const float* g = P.arena_grad(P.info(n));
+      return std::vector<float>(g, g + P.info(n).numel);
+    };
+    for (const std::string& tname : gr.names()) {
+      std::string label;
+      std::set<std::string> unused;
+      const std::vector<float> cpu_g = our_grad_for(tname, cfg, P, cpu_grad_of, &unused, &label);
+      if (!mhc_param(label)) continue;
+      const auto ref = to_f32(gr.view(tname), tname);
+      if (ref.size() == cpu_g.size()) mhc_sens[label] = rel_l2(cpu_g.data(), ref.data(), ref.size());
+    }
+  }
+  auto mhc_bound = [&](const std::string& name, size_t numel) {
+    const double cls = numel < 64 ? tol.grad_rel_small : tol.grad_rel;
+    const auto it = mhc_sens.find(name);
+    return std::max(cls, it == mhc_sens.end() ? 0.0 : tol.mhc_sens_factor * it->second);
+  };
+
   // Gradients vs the CPU (every parameter the LM loss reaches; the indexer's must be exactly 0 on both).
   {
     double num = 0, den = 0, num_all = 0, den_all = 0;
-    json per = json::object(), failing = json::array();
+    json per = json::object(), failing = json::array(), mhc_bounds = json::object();
     std::string worst_name;
     double worst = -1;
     for (const std::string& name : gpu.param_names()) {
@@ -487,19 +515,21 @@ void run_parity_cuda(const ParityArgs& args) {
       }
       per[name] = e;
       if (e > worst) worst = e, worst_name = name;
-      const double b = mhc                          ? tol.grad_rel_mhc
+      const double b = mhc                          ? mhc_bound(name, size_t(info.numel))
                        : info.numel < 64            ? tol.grad_rel_small
                        : clamp_sensitive(name, cfg) ? tol.grad_rel_clamp
                                                     : tol.grad_rel;
+      if (mhc) mhc_bounds[name] = b;
       if (!bound(e, b)) {
         pass = false;
         failing.push_back({{"name", name}, {"rel_err", e}, {"bound", b}});
       }
     }
-    const double all = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+    const double all = den_all > 0 ? std::sqrt(num_all / den_all) : std::sqrt(num_all);
     if (!bound(all, all_b)) pass = false;
     out["grads_vs_cpu"] = {{"all_rel_l2", all},
-                           {"all_rel_l2_with_mhc", den_all > 0 ? std::sqrt(num_all / den_all) : 0.0},
+                           {"mhc_bounds", mhc_bounds},
+                           {"all_rel_l2_without_mhc", den > 0 ? std::sqrt(num / den) : std::sqrt(num)},
                            {"worst", {{"name", worst_name}, {"rel_err", worst}}},
                            {"per_tensor", per},
                            {"failing", failing}};
@@ -535,12 +565,12 @@ void run_parity_cuda(const ParityArgs& args) {
         tc += double(cpu_g[i]) * cpu_g[i];
         tr += double(ref[i]) * ref[i];
       }
-      if (!mhc_param(label)) num += tn, num_cpu += tnc, den += tr, cc += tc;
+      num += tn, num_cpu += tnc, den += tr, cc += tc;
       per[label] = e;
       per_cpu[label] = e_cpu;
       if (e > worst) worst = e, worst_name = label;
       const bool mhc = mhc_param(label);
-      const double b = mhc                           ? tol.grad_rel_mhc
+      const double b = mhc                           ? mhc_bound(label, ref.size())
                        : ref.size() < 64             ? tol.grad_rel_small
                        : clamp_sensitive(label, cfg) ? tol.grad_rel_clamp
                                                      : tol.grad_rel;

@@ -14,6 +14,13 @@ while [ $# -gt 0 ]; do
   names+=("$1"); shift
 done
 T0=$(date +%s)
+# The device has no cpp-httplib package: a git-ignored drop-in (.devdeps/httplib: Debian 12's libcpp-httplib .so,
+# its header and a .pc, see its comment) lets `trex serve` build and run there for the HTTP load test.
+if [ -f .devdeps/httplib/pkgconfig/cpp-httplib.pc ] && [ "${TREX_DEV_HTTPLIB:-1}" != 0 ]; then
+  export PKG_CONFIG_PATH=$PWD/.devdeps/httplib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+  export LD_LIBRARY_PATH=$PWD/.devdeps/httplib/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  echo "== cpp-httplib drop-in: $(pkg-config --modversion cpp-httplib 2>&1)"
+fi
 nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
 gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
 cmake -S . -B build-dev "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DTREX_SOLVERS=OFF >"$OUT/build.log" 2>&1 ||

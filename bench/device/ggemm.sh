@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Helper "ggemm" device checks (issue 9): the grouped expert GEMMs (tests vs a CPU reference, then the benchmark
-# of every tile configuration against one cuBLASLt GEMM per expert at flash-l4 / small-s6 shapes), the router
+# Helper "ggemm" device checks (issue 9): the grouped expert GEMMs (tests vs a CPU reference for the mma.sync
+# variants 1-6 and the sm90 wgmma + TMA variants 7-11, then the benchmark of the fastest mma.sync tiles and every
+# sm90 variant against one cuBLASLt GEMM per expert at flash-l4 / small-s6 shapes: "BENCH <shape> <form>
+# tiles=<variant> ... grouped X ms Y TFLOP/s | cuBLASLt per-expert ..."), the router
 # tests, the GPU-vs-CPU training step parity, the model's grouped vs per-expert expert paths, expert parallelism on
 # 2 GPUs (when two are visible), and the MoE / optimizer sections of `trex bench train` on flash-l4 and small-s6
-# (default path: one cuBLASLt GEMM per expert). Assumes build-dev is built
+# (model default path: one cuBLASLt GEMM per expert until GpuModelOptions::moe_grouped_gemm flips). Assumes
+# build-dev is built
 # (trex, test_kernels_gpu, test_train_gpu). GPU 0, plus GPU 1 for the EP test when visible; about 20-30 s of
 # tests and benchmarks, then the two training benchmarks. Every result line starts PASS / FAIL / SKIP / BENCH.
 # Usage (repo root, device): bash bench/device/ggemm.sh
@@ -23,7 +26,7 @@ run_test() {  # name, timeout, binary, gtest args...
   elif echo "$log" | grep -q "SKIPPED \["; then echo "SKIP $name: $(echo "$log" | grep -m1 -iE 'needs|skipped' )"
   else echo "PASS $name"; fi
 }
-run_test "grouped GEMM + router tests (+ benchmark)" 40 $B/tests/test_kernels_gpu \
+run_test "grouped GEMM + router tests (+ benchmark: mma.sync 3, sm90 12, sm90 14 = auto)" 45 $B/tests/test_kernels_gpu \
   --gtest_filter='GroupedGemmGpu.*:GpuRouter.*' --gtest_also_run_disabled_tests
 echo "== after $(( $(date +%s) - T0 )) s"
 run_test "GPU vs CPU training step parity + grouped vs per-expert expert GEMMs (Dsv4Gpu.*:MoeGpuPaths.*)" 25 \

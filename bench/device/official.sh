@@ -19,6 +19,8 @@ one 90 ./build-dev/trex bench train --config .devdeps/flash-l4.json --seq 8192 -
 one 150 python3 .devdeps/hf_baseline.py .devdeps/flash-l4.json --seq 8192 --batch 1
 one 60 ./build-dev/trex bench train --config .devdeps/small-s6.json --seq 4096 --batch 1 --steps 5 --warmup 2 --sections --device cuda
 one 90 python3 .devdeps/hf_baseline.py .devdeps/small-s6.json --seq 4096 --batch 1
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && [ "${OFFICIAL_FSDP:-1}" = 1 ]; then
 export CUDA_VISIBLE_DEVICES=0,1
 one 150 torchrun --standalone --nproc-per-node 2 .devdeps/hf_baseline.py .devdeps/flash-l4.json --seq 8192 --batch 1
+fi
 echo "== official.sh done"; el

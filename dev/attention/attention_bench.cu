@@ -1,15 +1,20 @@
 // Sparse MQA kernels at the model's shapes (llm.c's dev/cuda style): every kernel version on the same data,
-// checked and timed. v1 = CUDA-core fp32 kernels (SparseAttnKernel::CudaCore), v2 = tensor cores
-// (SparseAttnKernel::TensorCore, attention_sparse_mma.cu, 32-key tiles), v3 / v4 = v2's forward with 64-key
-// tiles and 2 / 4 warps per 16 heads (forward only), v5 = multi-query blocks for H <= 32 (forward and backward);
-// all checked against v2. Cases at N tokens, H heads, head dim c:
+// checked and timed. v1 = CUDA-core fp32 kernels (SparseAttnKernel::CudaCore), prod = the production dispatch
+// (SparseAttnKernel::TensorCore: attention_sparse.cu picks a tiling per shape); numbered tensor-core variants
+// (attention_sparse_mma.h): forward v2 Keys32 (32-key tiles), v3 Keys64, v4 Keys64Warps4, v5 MultiQuery (H <= 32),
+// v6 SplitDims (4 warps per 16 heads, each c / 4 dims; P in registers), v7 SplitDims32 (v6 with <= 32 heads per
+// block), v8 = v4, v9 = v5, v10 = v3 with key sources prefetched two tiles ahead, v11 = sm_90a wgmma (64 heads
+// per block, two warpgroups), v12 = v11 with S split over the warpgroups by dims; backward v2 Keys32, v5 MultiQuery,
+// v6 SplitDims (16 heads per block), v7 SplitDims32 (32 heads per block when H > 16), v8 = v2 and v9 = v5
+// prefetched. ATTN_VARIANTS=2,6 runs only those; ATTN_V1=0 skips v1 (and the whole-problem prod vs v1 check).
+// Cases at N tokens, H heads, head dim c:
 //   sliding  window of 128 rows only;
 //   csa      window + k_sel = 512 selected entries among the causally visible ones of E = N / 4 (ratio 4;
 //            slots past the visible count are -1, as the indexer leaves them);
 //   hca      window + the dense visible range of E = N / 128 entries (ratio 128).
 // Checks: o / lse / dq of sampled queries against a double-precision reference computed here (o, dq relative
-// L2 < 1e-2; lse < 1e-4), and every output of v2 against v1 over the whole problem (dkv / dcmp / dsink have no
-// per-query reference). TFLOP/s counts the work done: fwd 4 * H * c * keys per query (QK^T and PV), bwd
+// L2 < 2e-2 / 1e-2; lse < 1e-4) for every version, every output of prod against v1 over the whole problem, and of
+// each variant against prod (dkv / dcmp / dsink have no per-query reference). TFLOP/s counts the work done: fwd 4 * H * c * keys per query (QK^T and PV), bwd
 // 10 * H * c * keys (QK^T, dO V^T, dS K, dS^T Q, P^T dO), keys = window rows + compressed slots (empty slots
 // are computed and masked, so they count).
 // Indexer (CSA's lightning indexer top-k, q [N, 64, 128] x keys [E = N / 4, 128], causal visible ranges,
@@ -24,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -239,7 +245,8 @@ void run_case(const Problem& p, int reps) {
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
   const double fwd_flop = 4.0 * H * c * p.keys_total, bwd_flop = 10.0 * H * c * p.keys_total;
-  for (int v = 0; v < 2; ++v) {
+  const bool with_v1 = !std::getenv("ATTN_V1") || std::string(std::getenv("ATTN_V1")) != "0";  // ATTN_V1=0: skip v1
+  for (int v = with_v1 ? 0 : 1; v < 2; ++v) {
     Outputs& x = out[v];
     auto fwd = [&] {
       trex::cuda::sparse_attention_fwd(q, kv, cmp, d_sink, N, H, c, ks, x.o, x.lse, nullptr, versions[v]);
@@ -275,66 +282,15 @@ void run_case(const Problem& p, int reps) {
     CK(cudaFree(dkv_t));
     CK(cudaFree(dcmp_t));
     CK(cudaFree(dsink_t));
-    std::printf("TIME %s v%d fwd %.3f ms = %.1f TFLOP/s | bwd %.3f ms = %.1f TFLOP/s\n", p.name.c_str(), v + 1,
-                ms_f, fwd_flop / (ms_f * 1e-3) / 1e12, ms_b, bwd_flop / (ms_b * 1e-3) / 1e12);
-  }
-
-  // v3, v4: the tensor-core forward with 64-key tiles (2 and 4 warps per 16 heads); v5: multi-query blocks
-  // (floor(64 / H) queries per block when H <= 32, else v2's tiling); all checked against v2.
-  for (int v = 3; v <= 5; ++v) {
-    bf16* o3 = dalloc<bf16>(N * H * c);
-    float* l3 = dalloc<float>(N * H);
-    using trex::cuda::mma_attn::FwdTiling;
-    const FwdTiling tiling = v == 3 ? FwdTiling::Keys64 : v == 4 ? FwdTiling::Keys64Warps4 : FwdTiling::MultiQuery;
-    auto fwd3 = [&] { trex::cuda::mma_attn::fwd(q, kv, cmp, d_sink, N, H, c, ks, o3, l3, nullptr, tiling); };
-    fwd3();
-    CK(cudaDeviceSynchronize());
-    CK(cudaEventRecord(e0));
-    for (int r = 0; r < reps; ++r) fwd3();
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    ms /= reps;
-    std::printf("TIME %s v%d fwd %.3f ms = %.1f TFLOP/s\n", p.name.c_str(), v, ms, fwd_flop / (ms * 1e-3) / 1e12);
-    const std::string tag = p.name + " v" + std::to_string(v) + " vs v2 (first + last N/16 queries) ";
-    check(tag + "o", rel_l2_ends(o3, out[1].o, N, H * c), 1e-2);
-    check(tag + "lse", rel_l2(download(l3, N * H), download(out[1].lse, N * H)), 1e-4);
-    CK(cudaFree(o3));
-    CK(cudaFree(l3));
-  }
-  {  // v5 backward: multi-query blocks (H <= 32; else v2's), checked against v2's dq / dkv / dcmp.
-    bf16* dq5 = dalloc<bf16>(N * H * c);
-    float *dkv5 = dalloc<float>(N * c), *dcmp5 = dalloc<float>(E * c), *part5 = dalloc<float>(N * H);
-    auto bwd5 = [&] {
-      trex::cuda::mma_attn::bwd(q, kv, cmp, d_sink, N, H, c, ks, out[1].o, out[1].lse, dout, dq5, dkv5, dcmp5, part5,
-                                nullptr, true);
-    };
-    CK(cudaMemset(dkv5, 0, size_t(N * c) * 4));
-    if (E) CK(cudaMemset(dcmp5, 0, size_t(E * c) * 4));
-    bwd5();
-    CK(cudaDeviceSynchronize());
-    const std::vector<float> dkv_once = download(dkv5, N * c), dcmp_once = download(dcmp5, E * c);
-    CK(cudaEventRecord(e0));
-    for (int r = 0; r < reps; ++r) bwd5();
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    ms /= reps;
-    std::printf("TIME %s v5 bwd %.3f ms = %.1f TFLOP/s\n", p.name.c_str(), ms, bwd_flop / (ms * 1e-3) / 1e12);
-    const std::string tag = p.name + " v5 bwd vs v2 (dq: first + last N/16 queries; dkv, dcmp: all) ";
-    check(tag + "dq", rel_l2_ends(dq5, out[1].dq, N, H * c), 2e-2);
-    check(tag + "dkv", rel_l2(dkv_once, download(out[1].dkv, N * c)), 1e-2);
-    if (E) check(tag + "dcmp", rel_l2(dcmp_once, download(out[1].dcmp, E * c)), 1e-2);
-    for (void* ptr : {(void*)dq5, (void*)dkv5, (void*)dcmp5, (void*)part5}) CK(cudaFree(ptr));
+    std::printf("TIME %s %s fwd %.3f ms = %.1f TFLOP/s | bwd %.3f ms = %.1f TFLOP/s\n", p.name.c_str(),
+                v == 0 ? "v1" : "prod", ms_f, fwd_flop / (ms_f * 1e-3) / 1e12, ms_b, bwd_flop / (ms_b * 1e-3) / 1e12);
   }
 
   // Reference on sampled queries (first, last, spread).
   const std::vector<float> kv_h = bf_vec(kv, N * c), cmp_h = bf_vec(cmp, E * c);
   std::vector<int64_t> sample = {0, 1, 5, 127, 128, 129, N / 3, N / 2 + 7, N - 2, N - 1};
   for (int k = 0; k < 6; ++k) sample.push_back((int64_t(k) * 1237 + 611) % N);
-  std::vector<float> ref_o, ref_l, ref_dq, got_o[2], got_l[2], got_dq[2];
+  std::vector<float> ref_o, ref_l, ref_dq;
   for (int64_t i : sample) {
     const std::vector<float> qi = bf_vec(q + i * H * c, H * c), doi = bf_vec(dout + i * H * c, H * c);
     std::vector<float> o, lse, dq;
@@ -342,27 +298,120 @@ void run_case(const Problem& p, int reps) {
     ref_o.insert(ref_o.end(), o.begin(), o.end());
     ref_l.insert(ref_l.end(), lse.begin(), lse.end());
     ref_dq.insert(ref_dq.end(), dq.begin(), dq.end());
-    for (int v = 0; v < 2; ++v) {
-      const std::vector<float> go = bf_vec(out[v].o + i * H * c, H * c), gdq = bf_vec(out[v].dq + i * H * c, H * c);
-      const std::vector<float> gl = download(out[v].lse + i * H, H);
-      got_o[v].insert(got_o[v].end(), go.begin(), go.end());
-      got_l[v].insert(got_l[v].end(), gl.begin(), gl.end());
-      got_dq[v].insert(got_dq[v].end(), gdq.begin(), gdq.end());
+  }
+  // The sampled rows of a device [N, H, c] bf16 / [N, H] fp32 output, in the reference's order.
+  auto sampled_bf = [&](const bf16* x) {
+    std::vector<float> r;
+    for (int64_t i : sample) {
+      const std::vector<float> v = bf_vec(x + i * H * c, H * c);
+      r.insert(r.end(), v.begin(), v.end());
     }
+    return r;
+  };
+  auto sampled_f = [&](const float* x) {
+    std::vector<float> r;
+    for (int64_t i : sample) {
+      const std::vector<float> v = download(x + i * H, H);
+      r.insert(r.end(), v.begin(), v.end());
+    }
+    return r;
+  };
+  auto time_ms = [&](const std::function<void()>& f) {
+    f();
+    CK(cudaDeviceSynchronize());
+    CK(cudaEventRecord(e0));
+    for (int r = 0; r < reps; ++r) f();
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    return ms / reps;
+  };
+  const char* only_v = std::getenv("ATTN_VARIANTS");  // e.g. "2,6": run only these numbered variants
+
+  // Forward variants of the tensor-core kernel (attention_sparse_mma.h FwdTiling): v2 Keys32, v3 Keys64, v4
+  // Keys64Warps4, v5 MultiQuery, v6 SplitDims, v7 SplitDims32; each checked against the double reference (sampled
+  // queries) and against the production dispatch (first + last N/16 queries).
+  using trex::cuda::mma_attn::BwdTiling;
+  using trex::cuda::mma_attn::FwdTiling;
+  const struct {
+    int v;
+    FwdTiling tiling;
+  } fwd_variants[] = {{2, FwdTiling::Keys32},    {3, FwdTiling::Keys64},    {4, FwdTiling::Keys64Warps4},
+                      {5, FwdTiling::MultiQuery}, {6, FwdTiling::SplitDims}, {7, FwdTiling::SplitDims32},
+                      {8, FwdTiling::Keys64Warps4Prefetch}, {9, FwdTiling::MultiQueryPrefetch},
+                      {10, FwdTiling::Keys64Prefetch}, {11, FwdTiling::Wgmma},
+                      {12, FwdTiling::WgmmaSplitS}};
+  auto wanted = [&](int v) {
+    return !only_v || (std::string(",") + only_v + ",").find("," + std::to_string(v) + ",") != std::string::npos;
+  };
+  for (const auto& fv : fwd_variants) {
+    if (!wanted(fv.v)) continue;
+    bf16* o3 = dalloc<bf16>(N * H * c);
+    float* l3 = dalloc<float>(N * H);
+    const float ms = time_ms([&] { trex::cuda::mma_attn::fwd(q, kv, cmp, d_sink, N, H, c, ks, o3, l3, nullptr, fv.tiling); });
+    std::printf("TIME %s v%d fwd %.3f ms = %.1f TFLOP/s\n", p.name.c_str(), fv.v, ms, fwd_flop / (ms * 1e-3) / 1e12);
+    const std::string tag = p.name + " v" + std::to_string(fv.v) + " fwd ";
+    check(tag + "vs reference (16 queries) o", rel_l2(sampled_bf(o3), ref_o), 1e-2);
+    check(tag + "vs reference (16 queries) lse", rel_l2(sampled_f(l3), ref_l), 1e-4);
+    check(tag + "vs prod (first + last N/16 queries) o", rel_l2_ends(o3, out[1].o, N, H * c), 1e-2);
+    check(tag + "vs prod (all) lse", rel_l2(download(l3, N * H), download(out[1].lse, N * H)), 1e-4);
+    CK(cudaFree(o3));
+    CK(cudaFree(l3));
   }
-  for (int v = 0; v < 2; ++v) {
-    const std::string tag = p.name + " v" + std::to_string(v + 1) + " vs reference (16 queries) ";
-    check(tag + "o", rel_l2(got_o[v], ref_o), 1e-2);
-    check(tag + "lse", rel_l2(got_l[v], ref_l), 1e-4);
-    check(tag + "dq", rel_l2(got_dq[v], ref_dq), 2e-2);
+  // Backward variants (BwdTiling): v2 Keys32, v5 MultiQuery, v6 SplitDims; from prod's o / lse; dq checked against
+  // the reference (sampled) and prod (ends), dkv / dcmp / dsink (summed partials) against prod (all).
+  const struct {
+    int v;
+    BwdTiling tiling;
+  } bwd_variants[] = {{2, BwdTiling::Keys32}, {5, BwdTiling::MultiQuery}, {6, BwdTiling::SplitDims},
+                      {7, BwdTiling::SplitDims32}, {8, BwdTiling::Keys32Prefetch},
+                      {9, BwdTiling::MultiQueryPrefetch}};
+  const std::vector<float> prod_dkv = download(out[1].dkv, N * c), prod_dcmp = download(out[1].dcmp, E * c),
+                           prod_dsink = download(out[1].dsink, H);
+  for (const auto& bv : bwd_variants) {
+    if (!wanted(bv.v)) continue;
+    bf16* dq5 = dalloc<bf16>(N * H * c);
+    float *dkv5 = dalloc<float>(N * c), *dcmp5 = dalloc<float>(E * c), *part5 = dalloc<float>(N * H);
+    auto bwd5 = [&] {
+      trex::cuda::mma_attn::bwd(q, kv, cmp, d_sink, N, H, c, ks, out[1].o, out[1].lse, dout, dq5, dkv5, dcmp5, part5,
+                                nullptr, bv.tiling);
+    };
+    CK(cudaMemset(dkv5, 0, size_t(N * c) * 4));
+    if (E) CK(cudaMemset(dcmp5, 0, size_t(E * c) * 4));
+    bwd5();
+    CK(cudaDeviceSynchronize());
+    const std::vector<float> dkv_once = download(dkv5, N * c), dcmp_once = download(dcmp5, E * c);
+    const std::vector<float> part_h = download(part5, N * H);
+    std::vector<float> dsink5(size_t(H), 0.f);
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t h = 0; h < H; ++h) dsink5[size_t(h)] += part_h[size_t(i * H + h)];
+    const float ms = time_ms(bwd5);
+    std::printf("TIME %s v%d bwd %.3f ms = %.1f TFLOP/s\n", p.name.c_str(), bv.v, ms, bwd_flop / (ms * 1e-3) / 1e12);
+    const std::string tag = p.name + " v" + std::to_string(bv.v) + " bwd ";
+    check(tag + "vs reference (16 queries) dq", rel_l2(sampled_bf(dq5), ref_dq), 2e-2);
+    check(tag + "vs prod (first + last N/16 queries) dq", rel_l2_ends(dq5, out[1].dq, N, H * c), 2e-2);
+    check(tag + "vs prod (all) dkv", rel_l2(dkv_once, prod_dkv), 1e-2);
+    if (E) check(tag + "vs prod (all) dcmp", rel_l2(dcmp_once, prod_dcmp), 1e-2);
+    check(tag + "vs prod dsink", rel_l2(dsink5, prod_dsink), 1e-2);
+    for (void* ptr : {(void*)dq5, (void*)dkv5, (void*)dcmp5, (void*)part5}) CK(cudaFree(ptr));
   }
-  const std::string tag = p.name + " v2 vs v1 (all queries) ";
-  check(tag + "o", rel_l2(bf_vec(out[1].o, N * H * c), bf_vec(out[0].o, N * H * c)), 1e-2);
-  check(tag + "lse", rel_l2(download(out[1].lse, N * H), download(out[0].lse, N * H)), 1e-4);
-  check(tag + "dq", rel_l2(bf_vec(out[1].dq, N * H * c), bf_vec(out[0].dq, N * H * c)), 2e-2);
-  check(tag + "dkv", rel_l2(download(out[1].dkv, N * c), download(out[0].dkv, N * c)), 1e-2);
-  if (E) check(tag + "dcmp", rel_l2(download(out[1].dcmp, E * c), download(out[0].dcmp, E * c)), 1e-2);
-  check(tag + "dsink", rel_l2(download(out[1].dsink, H), download(out[0].dsink, H)), 1e-2);
+
+  for (int v = with_v1 ? 0 : 1; v < 2; ++v) {
+    const std::string tag = p.name + (v == 0 ? " v1" : " prod") + " vs reference (16 queries) ";
+    check(tag + "o", rel_l2(sampled_bf(out[v].o), ref_o), 1e-2);
+    check(tag + "lse", rel_l2(sampled_f(out[v].lse), ref_l), 1e-4);
+    check(tag + "dq", rel_l2(sampled_bf(out[v].dq), ref_dq), 2e-2);
+  }
+  const std::string tag = p.name + " prod vs v1 (all queries) ";
+  if (with_v1) {
+    check(tag + "o", rel_l2(bf_vec(out[1].o, N * H * c), bf_vec(out[0].o, N * H * c)), 1e-2);
+    check(tag + "lse", rel_l2(download(out[1].lse, N * H), download(out[0].lse, N * H)), 1e-4);
+    check(tag + "dq", rel_l2(bf_vec(out[1].dq, N * H * c), bf_vec(out[0].dq, N * H * c)), 2e-2);
+    check(tag + "dkv", rel_l2(download(out[1].dkv, N * c), download(out[0].dkv, N * c)), 1e-2);
+    if (E) check(tag + "dcmp", rel_l2(download(out[1].dcmp, E * c), download(out[0].dcmp, E * c)), 1e-2);
+    check(tag + "dsink", rel_l2(download(out[1].dsink, H), download(out[0].dsink, H)), 1e-2);
+  }
 
   for (auto& x : out) {
     for (void* ptr : {(void*)x.o, (void*)x.dq, (void*)x.lse, (void*)x.dkv, (void*)x.dcmp, (void*)x.dsink,

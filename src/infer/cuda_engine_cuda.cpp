@@ -1,13 +1,17 @@
 // The CUDA engine: the Engine interface (engine.h) on one GPU. Weights are the GPU training model's bf16 compute
 // copy (GpuModel, random by seed or loaded from a CPU parameter table; its gradient and AdamW buffers are freed).
-// A step runs every per-token computation batched over all new tokens of all feeds (embedding, mHC sites, norms,
-// projections, MoE through the training model's moe_fwd, head) with the training kernels; only the stateful part
-// of attention goes through the decode kernels (kernels/cuda/decode_attention.h) against per-slot device caches
-// that hold what V4 needs and nothing else: the last `window` raw K=V rows, the compressed CSA / HCA entries and
-// the indexer keys (S/m each), and the compressor rows not yet pooled (m, or 2m when overlapped). A prompt chunk
-// and a decoded token are the same thing to a step, so prefill and decode of different slots share one step.
-// forward_greedy picks each feed's token on the device (one id per feed comes back instead of [feeds, vocab] fp32
-// logits); TREX_INFER_PROFILE=1 times the phases of every step with CUDA events (StepProfile).
+// A step runs every per-token computation batched over all new tokens of all feeds (embedding, fused mHC site +
+// norm, projections, MoE through the training model's moe_fwd with the grouped expert GEMMs, head) with the
+// training kernels. Per-slot device caches hold what V4 needs and nothing else: the last `window` raw K=V rows, the
+// compressed CSA / HCA entries and the indexer keys (S/m each), and the compressor rows not yet pooled (m, or 2m
+// when overlapped); the decode kernels (kernels/cuda/decode_attention.h) build entries and keep the rings. Core
+// attention of prefill chunks and decoded tokens alike runs on the training tensor-core kernel
+// (sparse_attention_fwd): the step's own kv rows are its window rows, and older window rows and compressed entries
+// are selected rows of the layer's combined [entries | window rings] array (decode_key_sets); the per-warp decode
+// kernel stays as the reference (TREX_INFER_ATTENTION=reference). A prompt chunk and a decoded token are the same
+// thing to a step, so prefill and decode of different slots share one step. forward_greedy picks each feed's token
+// on the device (one id per feed comes back instead of [feeds, vocab] fp32 logits); TREX_INFER_PROFILE=1 times the
+// phases of every step with CUDA events and host clocks (StepProfile).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -15,15 +19,19 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <set>
 
 #include "core/error.h"
 #include "infer/engine.h"
+#include "kernels/cuda/attention_sparse.h"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/gemm.h"
 #include "kernels/cuda/hc_head.h"
 #include "kernels/cuda/indexer.h"
+#include "kernels/cuda/mhc.h"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/tensor_ops.h"
 #include "model/dsv4/rope.h"
@@ -37,11 +45,20 @@ using dsv4gpu::DevMem;
 using dsv4gpu::Pool;
 
 constexpr int64_t kDefaultMaxContext = 16384;  // caches are allocated up front for this many tokens per slot
+// Steps of at most this many tokens run the routed experts as one grouped GEMM, larger ones one cuBLASLt GEMM per
+// expert after one host read of the expert counts per layer (a host stall per layer). Measured on flash-l4 (H200,
+// 00:40 call, bench/device/infer.sh): grouped everywhere was as fast or faster at every step size (16 sequences:
+// decode 4,865 vs 4,650 tok/s with per-expert prefill and 3,534 with per-expert everywhere; 8k-token prefill
+// steps' MoE 21 vs 24 ms), so every step is grouped; TREX_INFER_MOE_GROUPED_MAX_TOKENS overrides.
+constexpr int64_t kMoeGroupedMaxTokens = std::numeric_limits<int64_t>::max();
 
 // One layer's caches of all slots (contiguous per slot; slot s owns rows [s * per_slot, (s + 1) * per_slot)).
+// The compressed entries and the window ring share one allocation, so that the tensor-core attention reaches both
+// through one key array (decode_key_sets).
 struct LayerCache {
-  DevMem win;          // [slots, W, c]
-  DevMem cmp;          // [slots, cap, c] compressed entries (CSA / HCA)
+  DevMem keys;         // [slots * cap + slots * W, c]: the compressed entries, then the window rings
+  bf16* cmp = nullptr;  // [slots, cap, c] compressed entries (CSA / HCA; start of keys)
+  bf16* win = nullptr;  // [slots, W, c] window rings (keys + slots * cap rows)
   DevMem ckv, cgate;   // [slots, rows, w*c] compressor rows not yet pooled (and, CSA, the previous window's)
   DevMem ikeys;        // CSA: [slots, cap, c_I] indexer keys
   DevMem ikv, igate;   // CSA: [slots, 2m, 2 c_I]
@@ -77,8 +94,9 @@ struct StepPlan {
 // time inside forward and between forwards (the scheduler's own work). Printed to stderr when the engine dies.
 class StepProfile {
  public:
-  static constexpr int kPhases = 6;
-  static constexpr const char* kNames[kPhases] = {"embed", "mhc+norm", "attention", "moe", "head", "copy"};
+  static constexpr int kPhases = 8;
+  static constexpr const char* kNames[kPhases] = {"embed",     "mhc+norm", "attn-proj+cmp+idx", "attn-core",
+                                                  "attn-out", "moe",      "head",              "copy"};
   bool on = false;
 
   StepProfile() {
@@ -92,16 +110,21 @@ class StepProfile {
       std::string line = fmt::format("PROFILE {} steps {}: per step ms", key, a.steps);
       double tot = 0;
       for (int k = 0; k < kPhases; ++k) line += fmt::format(" {} {:.3f}", kNames[k], a.ms[k] / n), tot += a.ms[k];
-      line += fmt::format(" | device total {:.3f}, host in forward {:.3f}, host between forwards {:.3f}", tot / n,
-                          a.host_in / n, a.host_out / n);
+      line += fmt::format(" | device total {:.3f}, host in forward {:.3f}, host between forwards {:.3f} | host "
+                          "enqueue ms",
+                          tot / n, a.host_in / n, a.host_out / n);
+      for (int k = 0; k < kPhases; ++k) line += fmt::format(" {} {:.3f}", kNames[k], a.host_ms[k] / n);
+      line += fmt::format(" | GEMM heuristic queries {}", a.heuristics);
+      if (a.unreadable) line += fmt::format(" ({} intervals unreadable)", a.unreadable);
       std::fprintf(stderr, "%s\n", line.c_str());
     }
     for (cudaEvent_t e : ev_) cudaEventDestroy(e);
   }
   // Starts a step; mark(phase) closes the running interval into `phase`'s sum.
-  void begin(const std::string& key) {
+  void begin(const std::string& key, const cuda::Gemm* gemm) {
     if (!on) return;
     key_ = key, used_ = 0, phase_of_.clear();
+    gemm_ = gemm, heur0_ = gemm ? gemm->heuristic_calls() : 0;
     t_begin_ = std::chrono::steady_clock::now();
     record();
   }
@@ -115,15 +138,19 @@ class StepProfile {
     if (!on) return;
     Acc& a = acc_[key_];
     const auto now = std::chrono::steady_clock::now();
-    // The events sit on the legacy default stream, which the engine's own stream does not order with: wait for
-    // the last one before reading intervals (the 22:45 device run read unfinished events: CUDA error 600).
-    if (used_ > 0) TREX_CUDA(cudaEventSynchronize(ev_[used_ - 1]));
+    // Every event is waited for before its interval is read (the 22:45 device run read an unfinished one: CUDA
+    // error 600 killed the requests). A profile never fails a step: an unreadable interval is counted and skipped.
+    for (size_t k = 0; k < used_; ++k) TREX_CUDA(cudaEventSynchronize(ev_[k]));
     for (size_t k = 0; k < phase_of_.size(); ++k) {
+      a.host_ms[phase_of_[k]] += std::chrono::duration<double, std::milli>(t_[k + 1] - t_[k]).count();
       float ms = 0;
-      TREX_CUDA(cudaEventElapsedTime(&ms, ev_[k], ev_[k + 1]));
-      a.ms[phase_of_[k]] += ms;
+      if (cudaEventElapsedTime(&ms, ev_[k], ev_[k + 1]) == cudaSuccess)
+        a.ms[phase_of_[k]] += ms;
+      else
+        a.unreadable += 1, (void)cudaGetLastError();
     }
     a.steps += 1;
+    if (gemm_) a.heuristics += gemm_->heuristic_calls() - heur0_;
     a.host_in += std::chrono::duration<double, std::milli>(now - t_begin_).count();
     if (has_last_) a.host_out += std::chrono::duration<double, std::milli>(t_begin_ - t_last_end_).count();
     t_last_end_ = now, has_last_ = true;
@@ -132,8 +159,11 @@ class StepProfile {
  private:
   struct Acc {
     int64_t steps = 0;
-    double ms[kPhases] = {};
+    double ms[kPhases] = {};     // between the phase's events on the stream (device time, or host-bound gaps)
+    double host_ms[kPhases] = {};  // host time enqueueing the phase (a phase with host >= device is host-bound)
     double host_in = 0, host_out = 0;
+    int64_t unreadable = 0;
+    int64_t heuristics = 0;  // cuBLASLt heuristic queries (GEMM plan cache misses) during these steps
   };
   void record() {
     if (used_ == ev_.size()) {
@@ -141,9 +171,14 @@ class StepProfile {
       TREX_CUDA(cudaEventCreate(&e));
       ev_.push_back(e);
     }
+    if (t_.size() <= used_) t_.resize(used_ + 1);
+    t_[used_] = std::chrono::steady_clock::now();
     TREX_CUDA(cudaEventRecord(ev_[used_++], nullptr));
   }
+  const cuda::Gemm* gemm_ = nullptr;
+  int64_t heur0_ = 0;
   std::vector<cudaEvent_t> ev_;
+  std::vector<std::chrono::steady_clock::time_point> t_;  // host time of each record
   size_t used_ = 0;
   std::vector<int> phase_of_;
   std::string key_;
@@ -183,13 +218,14 @@ class CudaEngine final : public Engine {
       const dsv4::AttentionDims& D = m.blocks[size_t(l)]->dims;
       LayerCache C;
       const size_t S = size_t(slots_), c = size_t(D.head_dim);
-      C.win = zeroed(S * size_t(D.window) * c * sizeof(bf16));
+      if (D.type != dsv4::AttnType::Sliding) C.cap = max_context_ / D.ratio;
+      C.keys = zeroed(S * size_t(C.cap + D.window) * c * sizeof(bf16));
+      C.cmp = C.keys.as<bf16>();
+      C.win = C.cmp + S * size_t(C.cap) * c;
       if (D.type != dsv4::AttnType::Sliding) {
         const bool csa = D.type == dsv4::AttnType::CSA;
-        C.cap = max_context_ / D.ratio;
         C.rows = (csa ? 2 : 1) * D.ratio;
         const size_t w = csa ? 2 : 1;
-        C.cmp = zeroed(S * size_t(std::max<int64_t>(C.cap, 1)) * c * sizeof(bf16));
         C.ckv = zeroed(S * size_t(C.rows) * w * c * sizeof(bf16));
         C.cgate = zeroed(S * size_t(C.rows) * w * c * sizeof(bf16));
         if (csa) {
@@ -202,6 +238,14 @@ class CudaEngine final : public Engine {
       caches_.push_back(std::move(C));
     }
     lengths_.assign(size_t(slots_), 0);
+    if (const char* e = std::getenv("TREX_INFER_ATTENTION")) {
+      const std::string v(e);
+      TREX_CHECK(v == "reference" || v == "tensor" || v.empty(),
+                 "cuda engine: TREX_INFER_ATTENTION={} (expected reference or tensor)", v);
+      reference_attention_ = v == "reference";
+    }
+    moe_grouped_max_tokens_ = o.moe_grouped_gemm ? std::numeric_limits<int64_t>::max() : kMoeGroupedMaxTokens;
+    if (const char* e = std::getenv("TREX_INFER_MOE_GROUPED_MAX_TOKENS")) moe_grouped_max_tokens_ = std::atoll(e);
     TREX_CUDA(cudaDeviceSynchronize());
   }
 
@@ -236,6 +280,10 @@ class CudaEngine final : public Engine {
   dsv4gpu::RopeDev rope_main_, rope_compress_;
   std::vector<LayerCache> caches_;
   std::vector<int64_t> lengths_;
+  bool reference_attention_ = false;  // TREX_INFER_ATTENTION=reference: the per-warp decode kernel
+  // Routed experts as one grouped GEMM (no host read of the expert counts) for steps of at most this many tokens,
+  // else one cuBLASLt GEMM per expert after one host read per layer (kMoeGroupedMaxTokens: every step by default).
+  int64_t moe_grouped_max_tokens_ = 0;
   dsv4gpu::DevLayout lay_;  // what moe_fwd reads of a step: N and the token ids (hash routing)
   Pool step_;               // the running step's buffers (freed stream-ordered when the next step starts)
   StepProfile prof_;
@@ -335,7 +383,7 @@ void CudaEngine::attention(int64_t l, const StepPlan& P, const cuda::DecodeStep&
 
   // Compressors: this step's completed entries, then the rows still needed by later entries.
   auto compress = [&](const bf16* wkv, const bf16* wgate, const float* ape, const bf16* norm, int64_t c, bool overlap,
-                      int64_t rows, DevMem& ring_kv, DevMem& ring_gate, DevMem& entries) {
+                      int64_t rows, DevMem& ring_kv, DevMem& ring_gate, bf16* entries) {
     const int64_t width = (overlap ? 2 : 1) * c;
     bf16* skv = tmp.take<bf16>(N * width);
     bf16* sgate = tmp.take<bf16>(N * width);
@@ -350,7 +398,7 @@ void CudaEngine::attention(int64_t l, const StepPlan& P, const cuda::DecodeStep&
     dcmp.ring_kv = ring_kv.as<bf16>(), dcmp.ring_gate = ring_gate.as<bf16>();
     dcmp.ape = ape, dcmp.norm = norm, dcmp.eps = eps, dcmp.rope_dim = r;
     dcmp.cos = rope.cos.as<float>(), dcmp.sin = rope.sin.as<float>();
-    dcmp.cap = C.cap, dcmp.entries = entries.as<bf16>();
+    dcmp.cap = C.cap, dcmp.entries = entries;
     cuda::decode_compress_entries(st, dcmp);
     cuda::decode_store_rows(st, ring_kv.as<bf16>(), skv, rows, width);
     cuda::decode_store_rows(st, ring_gate.as<bf16>(), sgate, rows, width);
@@ -360,7 +408,8 @@ void CudaEngine::attention(int64_t l, const StepPlan& P, const cuda::DecodeStep&
     compress(w.cmp_wkv, w.cmp_wgate, w.cmp_ape, w.cmp_norm, hd, csa, C.rows, C.ckv, C.cgate, C.cmp);
     if (csa) {
       const int64_t nI = D.index_heads, cI = D.index_head_dim, k = D.index_topk;
-      compress(w.idx_wkv, w.idx_wgate, w.idx_ape, w.idx_norm, cI, true, 2 * D.ratio, C.ikv, C.igate, C.ikeys);
+      compress(w.idx_wkv, w.idx_wgate, w.idx_ape, w.idx_norm, cI, true, 2 * D.ratio, C.ikv, C.igate,
+               C.ikeys.as<bf16>());
       bf16* iq = tmp.take<bf16>(N * nI * cI);
       lin.fwd(iq, cq, w.idx_wq_b, N, dc, nI * cI);
       cuda::rope_apply(iq, rargs(N, nI, cI, pos, +1));
@@ -379,16 +428,42 @@ void CudaEngine::attention(int64_t l, const StepPlan& P, const cuda::DecodeStep&
     }
   }
 
+  prof_.mark(2);
   // Core attention against the caches, then the window ring takes the newest rows.
   bf16* o = tmp.take<bf16>(N * H * hd);
-  cuda::DecodeAttention da;
-  da.heads = H, da.c = hd, da.scale = float(1.0 / std::sqrt(double(hd)));
-  da.q = q, da.kv = kv, da.win = C.win.as<bf16>(), da.window = D.window;
-  if (compressed) da.cmp = C.cmp.as<bf16>(), da.cap = C.cap, da.ratio = D.ratio;
-  if (csa) da.sel = sel, da.k_sel = D.index_topk;
-  da.sink = w.sink, da.o = o;
-  cuda::decode_attention(st, da);
-  cuda::decode_store_rows(st, C.win.as<bf16>(), kv, D.window, hd);
+  if (reference_attention_) {  // the per-warp decode kernel (TREX_INFER_ATTENTION=reference)
+    cuda::DecodeAttention da;
+    da.heads = H, da.c = hd, da.scale = float(1.0 / std::sqrt(double(hd)));
+    da.q = q, da.kv = kv, da.win = C.win, da.window = D.window;
+    if (compressed) da.cmp = C.cmp, da.cap = C.cap, da.ratio = D.ratio;
+    if (csa) da.sel = sel, da.k_sel = D.index_topk;
+    da.sink = w.sink, da.o = o;
+    cuda::decode_attention(st, da);
+  } else {
+    // The training tensor-core kernel: window rows of this step from the step's kv, older window rows and the
+    // compressed entries as selected rows of the layer's key array. Column counts are this step's maxima (a
+    // prompt chunk on an empty slot has no history columns; CSA's indexer leaves at most max_visible valid).
+    cuda::DecodeKeySets ks;
+    ks.window = D.window, ks.ring_base = slots_ * C.cap;
+    for (int32_t f : P.first) ks.n_hist = std::max<int64_t>(ks.n_hist, std::min<int64_t>(f, D.window - 1));
+    if (compressed) {
+      const int64_t vis = P.max_visible.at(D.ratio);
+      ks.n_cmp = csa ? std::min<int64_t>(D.index_topk, vis) : vis;
+      ks.cap = C.cap, ks.ratio = D.ratio;
+      if (csa) ks.sel = sel, ks.k_sel = D.index_topk;
+    }
+    const int64_t cols = ks.n_hist + ks.n_cmp;
+    ks.win_begin = tmp.take<int64_t>(N);
+    if (cols > 0) ks.cols = tmp.take<int64_t>(N * cols);
+    cuda::decode_key_sets(st, ks);
+    cuda::SparseKeySets keys;
+    keys.win_begin = ks.win_begin;
+    if (cols > 0) keys.cmp_sel = ks.cols, keys.k_sel = cols;
+    float* lse = tmp.take<float>(N * H);
+    cuda::sparse_attention_fwd(q, kv, C.keys.as<bf16>(), w.sink, N, H, hd, keys, o, lse);
+  }
+  cuda::decode_store_rows(st, C.win, kv, D.window, hd);
+  prof_.mark(3);
 
   // Inverse RoPE and the grouped output projection, as in the training forward.
   cuda::rope_apply(o, rargs(N, H, hd, pos, -1));
@@ -408,7 +483,7 @@ void CudaEngine::forward(const std::vector<EngineFeed>& feeds, std::vector<float
   if (!dlog) return;
   logits.resize(feeds.size() * size_t(cfg_.vocab_size));
   TREX_CUDA(cudaMemcpy(logits.data(), dlog, logits.size() * sizeof(float), cudaMemcpyDeviceToHost));
-  prof_.mark(5);
+  prof_.mark(7);
   prof_.end();
 }
 
@@ -420,7 +495,7 @@ void CudaEngine::forward_greedy(const std::vector<EngineFeed>& feeds, std::vecto
   cuda::decode_argmax_rows(dlog, int64_t(feeds.size()), cfg_.vocab_size, dtok);
   tokens.resize(feeds.size());
   TREX_CUDA(cudaMemcpy(tokens.data(), dtok, tokens.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
-  prof_.mark(5);
+  prof_.mark(7);
   prof_.end();
 }
 
@@ -431,7 +506,9 @@ const float* CudaEngine::run_step(const std::vector<EngineFeed>& feeds) {
   if (prof_.on) {
     bool decode = true;
     for (const EngineFeed& f : feeds) decode = decode && f.n == 1;
-    prof_.begin(decode ? fmt::format("decode N={:3d}", feeds.size()) : std::string("prefill/mixed"));
+    prof_.begin(decode ? fmt::format("decode N={:3d}", feeds.size())
+                       : fmt::format("prefill/mixed ~{:5d} tokens", cuda::Gemm::extent_class(int64_t(P.ids.size()))),
+                &model_->impl().gemm);
   }
   dsv4gpu::GpuModel::Impl& m = model_->impl();
   const int64_t N = int64_t(P.ids.size()), I = int64_t(P.slot.size()), d = cfg_.hidden, hc = cfg_.hc_mult;
@@ -465,6 +542,7 @@ const float* CudaEngine::run_step(const std::vector<EngineFeed>& feeds) {
   dsv4gpu::Ctx c;
   c.cfg = &cfg_, c.gemm = &m.gemm, c.lin = dsv4gpu::Linear{&m.gemm}, c.lay = &lay_;
   c.rope_main = &rope_main_, c.rope_compress = &rope_compress_;
+  c.grouped_experts = N <= moe_grouped_max_tokens_;
   cuda::MhcDims md;
   md.n_tok = N, md.d = d, md.sinkhorn_iters = int(cfg_.hc_sinkhorn_iters);
   md.hc_eps = float(cfg_.hc_eps), md.rms_eps = float(cfg_.rms_eps);
@@ -481,24 +559,34 @@ const float* CudaEngine::run_step(const std::vector<EngineFeed>& feeds) {
   bf16* y = step.take<bf16>(N * d);
   float* rstd = step.take<float>(N);
   const cuda::MhcActs sa = site_acts(step), sf = site_acts(step);
+  // mHC site + the RMSNorm after it: fused with the collapse kept in fp32 as the training forward does (the same
+  // numbers as the uncached model), or the two kernels where the fused one does not serve d.
+  const bool fused_site = cuda::mhc_site_norm_fwd_serves(d);
+  auto site_norm = [&](const bf16* Xs, const float* fn, const float* base, const float* scale, const cuda::MhcActs& a,
+                       const bf16* norm_w) {
+    if (fused_site) {
+      cuda::mhc_site_norm_fwd(md, Xs, fn, base, scale, a, norm_w, float(cfg_.rms_eps), an, rstd);
+    } else {
+      cuda::mhc_site_fwd(md, Xs, fn, base, scale, a, col);
+      cuda::rmsnorm_fwd(an, rstd, col, norm_w, N, d, float(cfg_.rms_eps));
+    }
+  };
   cuda::embed_streams_fwd(X, dev + o_ids, m.b16("embed.weight"), N, d, hc);
   prof_.mark(0);
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     dsv4gpu::GpuBlock& b = *m.blocks[size_t(l)];
     Pool tmp;
-    cuda::mhc_site_fwd(md, X, b.hc_attn_fn, b.hc_attn_base, b.hc_attn_scale, sa, col);
-    cuda::rmsnorm_fwd(an, rstd, col, b.attn_norm, N, d, float(cfg_.rms_eps));
+    site_norm(X, b.hc_attn_fn, b.hc_attn_base, b.hc_attn_scale, sa, b.attn_norm);
     prof_.mark(1);
     attention(l, P, st, dev + o_pos, ent, an, y, tmp);
-    prof_.mark(2);
+    prof_.mark(4);
     cuda::mhc_expand_fwd(md, X, y, sa.post, sa.comb, Xmid);
-    cuda::mhc_site_fwd(md, Xmid, b.hc_ffn_fn, b.hc_ffn_base, b.hc_ffn_scale, sf, col);
-    cuda::rmsnorm_fwd(an, rstd, col, b.ffn_norm, N, d, float(cfg_.rms_eps));
+    site_norm(Xmid, b.hc_ffn_fn, b.hc_ffn_base, b.hc_ffn_scale, sf, b.ffn_norm);
     prof_.mark(1);
     b.keep.clear();
     b.u = an, b.y_f = y;
     dsv4gpu::moe_fwd(c, b, nullptr);
-    prof_.mark(3);
+    prof_.mark(5);
     cuda::mhc_expand_fwd(md, Xmid, y, sf.post, sf.comb, X);
     b.keep.clear();
     prof_.mark(1);
@@ -518,7 +606,7 @@ const float* CudaEngine::run_step(const std::vector<EngineFeed>& feeds) {
   cuda::rmsnorm_fwd(hn, hrstd, hcol, m.b16("norm.weight"), I, d, float(cfg_.rms_eps));
   float* dlog = step.take<float>(I * V);
   dsv4gpu::Linear{&m.gemm}.fwd(dlog, hn, m.b16("head.weight"), I, d, V, true);
-  prof_.mark(4);
+  prof_.mark(6);
   return dlog;
 }
 

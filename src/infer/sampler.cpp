@@ -45,17 +45,40 @@ int32_t Sampler::sample(const float* logits, int64_t n) {
   std::vector<double> prob(static_cast<size_t>(n));
   double sum = 0;
   for (int64_t i = 0; i < n; ++i) sum += prob[size_t(i)] = std::exp(double(logits[i]) * inv_t - mx);
+  if (p_.top_p >= 1.0) {
+    // No nucleus: the inverse CDF over the whole vocabulary in index order (no sort of the 129k entries).
+    const double u = uniform() * sum;
+    double acc = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      acc += prob[size_t(i)];
+      if (u < acc) return int32_t(i);
+    }
+    return int32_t(n - 1);
+  }
+  // Nucleus: the shortest prefix, by decreasing probability (ties: lower index first), whose mass reaches top_p
+  // (always at least one token). Only that prefix is ordered: partial sorts of a growing head (1,024, 4,096, ...
+  // entries) until the head holds the nucleus, which is the same prefix a full sort gives.
   std::vector<int32_t> order(static_cast<size_t>(n));
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int32_t a, int32_t b) { return prob[size_t(a)] > prob[size_t(b)]; });
-  // Nucleus: the shortest prefix whose mass reaches top_p (always at least one token).
+  auto before = [&](int32_t a, int32_t b) {
+    return prob[size_t(a)] > prob[size_t(b)] || (prob[size_t(a)] == prob[size_t(b)] && a < b);
+  };
   size_t keep = 0;
-  double mass = 0;
-  while (keep < order.size()) {
-    mass += prob[size_t(order[keep])] / sum;
-    ++keep;
-    if (mass >= p_.top_p) break;
+  for (size_t head = std::min<size_t>(1024, order.size());;
+       head = head * 4 >= order.size() / 2 ? order.size() : head * 4) {  // past half: one full sort
+    std::partial_sort(order.begin(), order.begin() + std::ptrdiff_t(head), order.end(), before);
+    keep = 0;
+    double mass = 0;
+    bool reached = false;
+    while (keep < head) {
+      mass += prob[size_t(order[keep])] / sum;
+      ++keep;
+      if (mass >= p_.top_p) {
+        reached = true;
+        break;
+      }
+    }
+    if (reached || head == order.size()) break;
   }
   double kept = 0;
   for (size_t k = 0; k < keep; ++k) kept += prob[size_t(order[k])];

@@ -2,8 +2,10 @@
 // temperature 0 equal greedy, and the same on the tiny model end to end.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <vector>
 
 #include "infer/generate.h"
 #include "infer/sampler.h"
@@ -68,6 +70,42 @@ TEST(Sampler, TopPKeepsTheSmallestNucleusRenormalised) {
     const double q = p[i] / z;
     EXPECT_NEAR(f[i], q, 5 * std::sqrt(q * (1 - q) / n)) << "token " << i;
   }
+}
+
+// A vocabulary-sized row whose nucleus is far larger than the sampler's first partially sorted head (1,024):
+// every draw must come from the nucleus a full sort defines (ties by lower index), and draws must reach beyond the
+// first 1,024 entries of that order (the head grew instead of truncating the nucleus).
+TEST(Sampler, LargeNucleusBeyondThePartialSortHeadMatchesAFullSort) {
+  const int64_t V = 20000;
+  std::vector<float> z(static_cast<size_t>(V));
+  uint64_t h = 12345;
+  for (auto& v : z) {
+    h = h * 6364136223846793005ull + 1442695040888963407ull;
+    v = float(double(h >> 40) / double(1ull << 24)) * 0.5f;  // nearly flat: the 0.6 nucleus holds ~11k tokens
+  }
+  const auto p = softmax(z, 1.0);
+  std::vector<int64_t> order(static_cast<size_t>(V));
+  for (int64_t i = 0; i < V; ++i) order[size_t(i)] = i;
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return p[size_t(a)] > p[size_t(b)]; });
+  std::vector<int> rank(static_cast<size_t>(V));
+  size_t keep = 0;
+  for (double mass = 0; keep < order.size();) {
+    mass += p[size_t(order[keep])];
+    rank[size_t(order[keep])] = int(keep);
+    ++keep;
+    if (mass >= 0.6) break;
+  }
+  ASSERT_GT(keep, size_t(4096)) << "the test needs a nucleus beyond two partial-sort heads";
+  std::vector<bool> in(static_cast<size_t>(V), false);
+  for (size_t k = 0; k < keep; ++k) in[size_t(order[k])] = true;
+  Sampler s({1.0, 0.6, 5});
+  int beyond_head = 0;
+  for (int i = 0; i < 300; ++i) {
+    const int32_t t = s.sample(z.data(), V);
+    ASSERT_TRUE(in[size_t(t)]) << "draw " << i << ": token " << t << " is outside the nucleus";
+    beyond_head += rank[size_t(t)] >= 1024;
+  }
+  EXPECT_GT(beyond_head, 150) << "most of the nucleus lies beyond the first 1,024 entries";
 }
 
 TEST(Sampler, TinyTopPAndZeroTemperatureAreGreedy) {

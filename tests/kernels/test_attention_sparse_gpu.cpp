@@ -2,8 +2,8 @@
 // fp32 CUDA-core kernels), against trex::cpu::sparse_attention_* in fp32 on the same bf16-rounded inputs:
 // packed documents, a sliding window, CSA selections with empty (-1) slots, HCA ranges, head counts that are
 // not a multiple of the heads a block serves (16 for CUDA cores; 16, 32 or 64 for tensor cores), V4's
-// c = 512 x 64 heads, and key counts that are not a multiple of the 32- or 64-key tiles (every forward tiling
-// of the tensor-core kernel is checked).
+// c = 512 x 64 heads, small-s6's 16 heads, and key counts that are not a multiple of the 32- or 64-key tiles (every
+// forward and backward tiling of the tensor-core kernel is checked, including the split-dims kernels).
 // Tolerances (relative L2): o, dq 1e-2 (bf16 outputs: 2^-9 rounding, fp32 sums in another order);
 // lse 1e-5 (fp32); dkv, dcmp, dsink 1e-2 (fp32 sums over bf16 o, whose rounding enters D = dO . O).
 #include <gtest/gtest.h>
@@ -105,22 +105,27 @@ void run_case(const Case& cs, SparseAttnKernel kernel) {
   EXPECT_LT(rel_err(g_dcmp.to_host<float>(), dcmp), 1e-2) << what;
   EXPECT_LT(rel_err(g_dsink.to_host<float>(), dsink), 1e-2) << what;
   if (kernel != SparseAttnKernel::TensorCore) return;
-  // The other forward tilings of the tensor-core kernel (the default is Keys32).
+  // Every forward tiling of the tensor-core kernel (the default above picks one per shape in attention_sparse.cu).
   using trex::cuda::mma_attn::FwdTiling;
-  for (FwdTiling tiling : {FwdTiling::Keys64, FwdTiling::Keys64Warps4, FwdTiling::MultiQuery}) {
+  for (FwdTiling tiling : {FwdTiling::Keys32, FwdTiling::Keys64, FwdTiling::Keys64Warps4, FwdTiling::MultiQuery,
+                           FwdTiling::SplitDims, FwdTiling::SplitDims32, FwdTiling::Keys64Warps4Prefetch,
+                           FwdTiling::MultiQueryPrefetch, FwdTiling::Keys64Prefetch, FwdTiling::Wgmma,
+                           FwdTiling::WgmmaSplitS}) {
     auto t_o = poisoned<uint16_t>(N * H * c), t_lse = poisoned<float>(N * H);
     trex::cuda::mma_attn::fwd(d_q.as<bf16>(), d_kv.as<bf16>(), d_cmp.as<bf16>(), d_sink.as<float>(), N, H, c, gk,
                               t_o.as<bf16>(), t_lse.as<float>(), nullptr, tiling);
     TREX_CUDA(cudaDeviceSynchronize());
-    const std::string tw = what + (tiling == FwdTiling::Keys64         ? " tiling Keys64"
-                                   : tiling == FwdTiling::Keys64Warps4 ? " tiling Keys64Warps4"
-                                                                       : " tiling MultiQuery");
+    const std::string tw = what + " forward tiling " + std::to_string(int(tiling)) +
+                           " (attention_sparse_mma.h FwdTiling order)";
     EXPECT_LT(rel_err(to_f32(t_o.to_host<uint16_t>()), o), 1e-2) << tw;
     EXPECT_LT(rel_err(t_lse.to_host<float>(), lse), 1e-5) << tw;
   }
-  // The multi-query backward (blocks of floor(64 / H) queries when H <= 32; else the default), from the CPU o / lse
-  // rounded as the GPU keeps them. dsink from its per-(query, head) partials summed here.
-  {
+  // Every backward tiling (Keys32; MultiQuery: blocks of floor(64 / H) queries when H <= 32, else Keys32;
+  // SplitDims: 16 heads per block, 4 warps splitting c), from the CPU o / lse rounded as the GPU keeps them.
+  // dsink from its per-(query, head) partials summed here.
+  using trex::cuda::mma_attn::BwdTiling;
+  for (BwdTiling tiling : {BwdTiling::Keys32, BwdTiling::MultiQuery, BwdTiling::SplitDims, BwdTiling::Keys32Prefetch,
+                           BwdTiling::MultiQueryPrefetch, BwdTiling::SplitDims32}) {
     std::vector<uint16_t> o_bits(o.size());
     for (size_t k = 0; k < o.size(); ++k) o_bits[k] = trex::f32_to_bf16(o[k]);
     auto m_o = DeviceBuffer::from_host(o_bits), m_lse = DeviceBuffer::from_host(lse);
@@ -128,13 +133,13 @@ void run_case(const Case& cs, SparseAttnKernel kernel) {
     auto m_dkv = zeroed<float>(N * c), m_dcmp = zeroed<float>(E * c);
     trex::cuda::mma_attn::bwd(d_q.as<bf16>(), d_kv.as<bf16>(), d_cmp.as<bf16>(), d_sink.as<float>(), N, H, c, gk,
                               m_o.as<bf16>(), m_lse.as<float>(), d_do.as<bf16>(), m_dq.as<bf16>(), m_dkv.as<float>(),
-                              m_dcmp.as<float>(), m_part.as<float>(), nullptr, /*multi_query=*/true);
+                              m_dcmp.as<float>(), m_part.as<float>(), nullptr, tiling);
     TREX_CUDA(cudaDeviceSynchronize());
     const std::vector<float> part = m_part.to_host<float>();
     std::vector<float> m_dsink(H, 0.f);
     for (int64_t i = 0; i < N; ++i)
       for (int64_t h = 0; h < H; ++h) m_dsink[h] += part[size_t(i * H + h)];
-    const std::string tw = what + " multi-query backward";
+    const std::string tw = what + " backward tiling " + std::to_string(int(tiling)) + " (BwdTiling order)";
     EXPECT_LT(rel_err(to_f32(m_dq.to_host<uint16_t>()), dq), 1e-2) << tw;
     EXPECT_LT(rel_err(m_dkv.to_host<float>(), dkv), 1e-2) << tw;
     EXPECT_LT(rel_err(m_dcmp.to_host<float>(), dcmp), 1e-2) << tw;
@@ -168,6 +173,12 @@ TEST(GpuSparseAttention, CsaV4HeadsMatchesCpu) {
 
 TEST(GpuSparseAttention, HcaV4HeadsMatchesCpu) {
   run_both({/*N=*/180, /*H=*/64, /*c=*/512, /*E=*/90, /*window=*/128, /*k_sel=*/0, false, 51});
+}
+
+// small-s6 shapes: c = 512, 16 heads (one m-tile: the split-dims kernels' H = 16 path), a 128-row window and 70
+// selected slots with empty ones.
+TEST(GpuSparseAttention, CsaSixteenHeadsMatchesCpu) {
+  run_both({/*N=*/260, /*H=*/16, /*c=*/512, /*E=*/64, /*window=*/128, /*k_sel=*/70, true, 91});
 }
 
 // 48 heads: the tensor-core kernel pads a 64-head block; 24 heads: a 32-head block; c = 256 with 64 heads.

@@ -36,7 +36,7 @@ TEST(GpuHcHead, ForwardBackwardMatchCpuAccumulateDeterministic) {
                           scratch.data());
 
   // GPU.
-  auto d_X = DeviceBuffer::from_host(X.bits), d_dy = DeviceBuffer::from_host(dy.bits),
+  auto d_X = DeviceBuffer::from_host(X.bits), d_dy = DeviceBuffer::from_host(dy.values),
        d_fn = DeviceBuffer::from_host(fn), d_base = DeviceBuffer::from_host(base),
        d_scale = DeviceBuffer::from_host(scale);
   auto g_mix = poisoned<float>(N * n), g_rstd = poisoned<float>(N), g_w = poisoned<float>(N * n),
@@ -45,7 +45,7 @@ TEST(GpuHcHead, ForwardBackwardMatchCpuAccumulateDeterministic) {
                           d_fn.as<float>(), d_base.as<float>(), d_scale.as<float>(), N, d, float(cs.hc_eps),
                           float(cs.rms_eps));
   auto run_bwd = [&](DeviceBuffer& gX, DeviceBuffer& gfn, DeviceBuffer& gbase, DeviceBuffer& gscale) {
-    trex::cuda::hc_head_bwd(gX.as<float>(), gfn.as<float>(), gbase.as<float>(), gscale.as<float>(), d_dy.as<bf16>(),
+    trex::cuda::hc_head_bwd(gX.as<float>(), gfn.as<float>(), gbase.as<float>(), gscale.as<float>(), d_dy.as<float>(),
                             d_X.as<bf16>(), d_fn.as<float>(), d_base.as<float>(), d_scale.as<float>(),
                             g_mix.as<float>(), g_rstd.as<float>(), g_w.as<float>(), N, d, g_scratch.as<float>());
   };
@@ -68,4 +68,43 @@ TEST(GpuHcHead, ForwardBackwardMatchCpuAccumulateDeterministic) {
   EXPECT_EQ(h_dfn.to_host<float>(), g_dfn.to_host<float>());
   EXPECT_EQ(h_dbase.to_host<float>(), g_dbase.to_host<float>());
   EXPECT_EQ(h_dscale.to_host<float>(), g_dscale.to_host<float>());
+
+  // The gate gradients given (dpre = dy . X[i], as mhc_collapse_norm_bwd forms them): the same results.
+  std::vector<float> dpre(N * n);
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t i = 0; i < n; ++i) {
+      double acc = 0;
+      for (int64_t e = 0; e < d; ++e) acc += double(dy.values[t * d + e]) * X.values[t * D + i * d + e];
+      dpre[t * n + i] = float(acc);
+    }
+  auto d_dpre = DeviceBuffer::from_host(dpre);
+  auto k_dX = DeviceBuffer::from_host(dX0), k_dfn = DeviceBuffer::from_host(dfn0),
+       k_dbase = DeviceBuffer::from_host(dbase0), k_dscale = DeviceBuffer::from_host(dscale0);
+  trex::cuda::hc_head_bwd(k_dX.as<float>(), k_dfn.as<float>(), k_dbase.as<float>(), k_dscale.as<float>(),
+                          d_dy.as<float>(), d_X.as<bf16>(), d_fn.as<float>(), d_base.as<float>(), d_scale.as<float>(),
+                          g_mix.as<float>(), g_rstd.as<float>(), g_w.as<float>(), N, d, g_scratch.as<float>(), nullptr,
+                          d_dpre.as<float>());
+  TREX_CUDA(cudaDeviceSynchronize());
+  EXPECT_LT(rel_err(k_dX.to_host<float>(), dX), 1e-4) << "with dpre";
+  EXPECT_LT(rel_err(k_dfn.to_host<float>(), dfn), 1e-4) << "with dpre";
+  EXPECT_LT(rel_err(k_dbase.to_host<float>(), dbase), 1e-4) << "with dpre";
+  EXPECT_LT(rel_err(k_dscale.to_host<float>(), dscale), 1e-4) << "with dpre";
+
+  // The writing form (accumulate = false, as the training step calls it): dX into a NaN-poisoned buffer equals
+  // the CPU backward from a zero dX; the parameter gradients still accumulate.
+  std::vector<float> zX(N * D, 0.f), zfn = dfn0, zbase = dbase0, zscale = dscale0;
+  trex::dsv4::hc_head_bwd(cs, X.values.data(), fn.data(), base.data(), scale.data(), mix.data(), rstd.data(),
+                          w.data(), dy.values.data(), zX.data(), zfn.data(), zbase.data(), zscale.data(),
+                          scratch.data());
+  auto p_dX = poisoned<float>(N * D), p_dfn = DeviceBuffer::from_host(dfn0), p_dbase = DeviceBuffer::from_host(dbase0),
+       p_dscale = DeviceBuffer::from_host(dscale0);
+  trex::cuda::hc_head_bwd(p_dX.as<float>(), p_dfn.as<float>(), p_dbase.as<float>(), p_dscale.as<float>(),
+                          d_dy.as<float>(), d_X.as<bf16>(), d_fn.as<float>(), d_base.as<float>(), d_scale.as<float>(),
+                          g_mix.as<float>(), g_rstd.as<float>(), g_w.as<float>(), N, d, g_scratch.as<float>(), nullptr,
+                          d_dpre.as<float>(), /*accumulate=*/false);
+  TREX_CUDA(cudaDeviceSynchronize());
+  EXPECT_LT(rel_err(p_dX.to_host<float>(), zX), 1e-4) << "writing form";
+  EXPECT_LT(rel_err(p_dfn.to_host<float>(), zfn), 1e-4) << "writing form";
+  EXPECT_LT(rel_err(p_dbase.to_host<float>(), zbase), 1e-4) << "writing form";
+  EXPECT_LT(rel_err(p_dscale.to_host<float>(), zscale), 1e-4) << "writing form";
 }

@@ -111,3 +111,54 @@ TEST(GpuIndexer, TopkSmallHeadsAndPartialTilesMatchesReference) {
   run_case({/*N=*/130, /*NI=*/16, /*CI=*/64, /*E=*/90, /*k_sel=*/40, 17}, IndexerKernel::CudaCore);
   run_case({/*N=*/90, /*NI=*/8, /*CI=*/64, /*E=*/60, /*k_sel=*/10, 27}, IndexerKernel::Auto);  // CUDA cores only
 }
+
+// Many exactly equal scores (the keys repeat 5 distinct rows, so every entry of a class scores the same bits on
+// either scorer): the selection must be the exact top-k with ties taken by the lower entry, best first, also when
+// the cut-off falls inside a class (the radix select's equal-key ranks).
+TEST(GpuIndexer, TopkTiesTakeLowerEntriesFirst) {
+  const int64_t N = 40, NI = 16, CI = 64, E = 700, k = 100, n_cls = 5;
+  auto q = random_bf16(N * NI * CI, 41), base = random_bf16(n_cls * CI, 42);
+  std::vector<float> w = random_f32(N * NI, 43);
+  std::vector<uint16_t> kbits(size_t(E * CI));
+  std::vector<float> kvals(size_t(E * CI));
+  for (int64_t s = 0; s < E; ++s)
+    for (int64_t d = 0; d < CI; ++d) {
+      kbits[size_t(s * CI + d)] = base.bits[size_t((s % n_cls) * CI + d)];
+      kvals[size_t(s * CI + d)] = base.values[size_t((s % n_cls) * CI + d)];
+    }
+  std::vector<int64_t> vb(N), ve(N);
+  for (int64_t i = 0; i < N; ++i) vb[i] = i % 3, ve[i] = E - (i % 7);  // 600+ visible: past the k-slot buffer
+  auto d_q = DeviceBuffer::from_host(q.bits), d_k = DeviceBuffer::from_host(kbits), d_w = DeviceBuffer::from_host(w),
+       d_vb = DeviceBuffer::from_host(vb), d_ve = DeviceBuffer::from_host(ve);
+  for (IndexerKernel kernel : {IndexerKernel::Auto, IndexerKernel::CudaCore}) {
+    auto d_sel = poisoned<int64_t>(N * k);
+    trex::cuda::IndexerTopkArgs a;
+    a.n_tok = N, a.n_heads = NI, a.head_dim = CI, a.k_sel = k, a.max_visible = E;
+    a.w_scale = 0.25f, a.vis_begin = d_vb.as<int64_t>(), a.vis_end = d_ve.as<int64_t>();
+    trex::cuda::indexer_topk(d_sel.as<int64_t>(), d_q.as<bf16>(), d_w.as<float>(), d_k.as<bf16>(), a, nullptr,
+                             kernel);
+    TREX_CUDA(cudaDeviceSynchronize());
+    const std::vector<int64_t> sel = d_sel.to_host<int64_t>();
+    for (int64_t i = 0; i < N; ++i) {
+      std::vector<double> cls(static_cast<size_t>(n_cls));
+      for (int64_t c = 0; c < n_cls; ++c) {
+        double score = 0;
+        for (int64_t h = 0; h < NI; ++h) {
+          double dot = 0;
+          for (int64_t d = 0; d < CI; ++d)
+            dot += double(q.values[size_t((i * NI + h) * CI + d)]) * kvals[size_t(c * CI + d)];
+          score += w[size_t(i * NI + h)] * std::max(dot, 0.0);
+        }
+        cls[size_t(c)] = score;
+      }
+      std::vector<int64_t> want;
+      for (int64_t s = vb[i]; s < ve[i]; ++s) want.push_back(s);
+      std::stable_sort(want.begin(), want.end(),
+                       [&](int64_t x, int64_t y) { return cls[size_t(x % n_cls)] > cls[size_t(y % n_cls)]; });
+      want.resize(size_t(k));
+      const std::vector<int64_t> got(sel.begin() + i * k, sel.begin() + (i + 1) * k);
+      ASSERT_EQ(got, want) << (kernel == IndexerKernel::CudaCore ? "CUDA cores" : "tensor cores") << ": query "
+                           << i;
+    }
+  }
+}

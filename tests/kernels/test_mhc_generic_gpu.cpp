@@ -33,7 +33,7 @@ void run_mhc(int64_t n, uint32_t seed) {
   trex::dsv4::MhcSiteActs<float> ca{mix.data(), rstd.data(), pre.data(), post.data(), comb.data()};
   trex::dsv4::mhc_site_fwd(cs, X.values.data(), fn.data(), base.data(), scale.data(), ca, col.data());
   auto d_X = DeviceBuffer::from_host(X.bits), d_y = DeviceBuffer::from_host(y.bits),
-       d_dcol = DeviceBuffer::from_host(dcol.bits), d_fn = DeviceBuffer::from_host(fn),
+       d_dcol = DeviceBuffer::from_host(dcol.values), d_fn = DeviceBuffer::from_host(fn),
        d_base = DeviceBuffer::from_host(base), d_scale = DeviceBuffer::from_host(scale);
   auto g_mix = poisoned<float>(N * M), g_rstd = poisoned<float>(N), g_pre = poisoned<float>(N * n),
        g_post = poisoned<float>(N * n), g_comb = poisoned<float>(N * n * n),
@@ -86,7 +86,7 @@ void run_mhc(int64_t n, uint32_t seed) {
   auto s_dX = zeroed<float>(N * D), s_dfn = zeroed<float>(M * D), s_dbase = zeroed<float>(M),
        s_dscale = zeroed<float>(3), s_scr = poisoned<float>(trex::cuda::mhc_site_bwd_scratch_any(n, gs));
   trex::cuda::mhc_site_bwd_any(n, gs, d_X.as<bf16>(), d_fn.as<float>(), d_base.as<float>(),
-                               d_scale.as<float>(), cga, d_dcol.as<bf16>(), d_dpost.as<float>(),
+                               d_scale.as<float>(), cga, d_dcol.as<float>(), d_dpost.as<float>(),
                                d_dcomb.as<float>(), s_dX.as<float>(), s_dfn.as<float>(), s_dbase.as<float>(),
                                s_dscale.as<float>(), s_scr.as<float>());
   TREX_CUDA(cudaDeviceSynchronize());
@@ -122,7 +122,7 @@ void run_mhc(int64_t n, uint32_t seed) {
   auto c_hmix = DeviceBuffer::from_host(hmix), c_hrstd = DeviceBuffer::from_host(hrstd),
        c_hw = DeviceBuffer::from_host(hw);
   trex::cuda::hc_head_bwd_any(n, g_hdX.as<float>(), g_hdfn.as<float>(), g_hdbase.as<float>(),
-                              g_hdscale.as<float>(), d_dcol.as<bf16>(), d_X.as<bf16>(), d_hfn.as<float>(),
+                              g_hdscale.as<float>(), d_dcol.as<float>(), d_X.as<bf16>(), d_hfn.as<float>(),
                               d_hbase.as<float>(), d_hscale.as<float>(), c_hmix.as<float>(),
                               c_hrstd.as<float>(), c_hw.as<float>(), N, d, g_hscr.as<float>());
   TREX_CUDA(cudaDeviceSynchronize());

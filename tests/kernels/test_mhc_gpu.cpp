@@ -1,10 +1,12 @@
 // The CUDA mHC site (mixing, Sinkhorn, collapse), expand and their backward passes against
 // trex::dsv4::mhc_* (src/model/dsv4/mhc.cpp, compiled into this test as the reference) in fp32 on the same
-// bf16 streams. N is not a multiple of the 8 tokens a block serves; the second case's stream width (4d = 1056)
+// bf16 streams. N is not a multiple of the 16 tokens a block serves; the second case's stream width (4d = 1056)
 // is not a multiple of the 64 columns a weight-gradient block owns, and every accumulated gradient (dX, dy, dfn,
 // dbase, dscale) starts from random values on both sides. The backward runs twice on the GPU: bitwise equal
 // results (no atomics, fixed reduction order). The third case has enough tokens (1030) for the dfn reduction to
-// split the tokens into two ranges (partials in scratch, summed in order).
+// split the tokens into two ranges (partials in scratch, summed in order). The site backward runs once more with
+// the gate gradients given (dpre, the form the training step uses); the first case also runs the expand backward
+// in its writing form (accumulate = false, dy as bf16) into NaN-poisoned buffers.
 // Tolerances (relative L2): mix, rstd, pre, post, comb 1e-5 (fp32 both sides, other summation order);
 // collapsed and Xout 1e-2 (bf16 outputs); expand backward 1e-5; site backward (dX, dfn, dbase, dscale) 1e-4
 // (fp32 through 39 recomputed Sinkhorn steps against the CPU's fp32-with-fp64-sums).
@@ -56,7 +58,7 @@ void check_mhc(int64_t N, int64_t d, bool accumulate) {
   gs.n_tok = N;
   gs.d = d;
   auto d_X = DeviceBuffer::from_host(X.bits), d_y = DeviceBuffer::from_host(y.bits),
-       d_dcol = DeviceBuffer::from_host(dcol.bits), d_fn = DeviceBuffer::from_host(fn),
+       d_dcol = DeviceBuffer::from_host(dcol.values), d_fn = DeviceBuffer::from_host(fn),
        d_base = DeviceBuffer::from_host(base), d_scale = DeviceBuffer::from_host(scale),
        d_dXout = DeviceBuffer::from_host(dXout);
   auto g_mix = poisoned<float>(N * M), g_rstd = poisoned<float>(N), g_pre = poisoned<float>(N * n),
@@ -77,7 +79,7 @@ void check_mhc(int64_t N, int64_t d, bool accumulate) {
                              d_dXout.as<float>(), g_dXe.as<float>(), g_dy.as<float>(), g_dpost.as<float>(),
                              g_dcomb.as<float>());
   trex::cuda::mhc_site_bwd(gs, d_X.as<bf16>(), d_fn.as<float>(), d_base.as<float>(), d_scale.as<float>(), ga,
-                           d_dcol.as<bf16>(), g_dpost.as<float>(), g_dcomb.as<float>(), g_dX.as<float>(),
+                           d_dcol.as<float>(), g_dpost.as<float>(), g_dcomb.as<float>(), g_dX.as<float>(),
                            g_dfn.as<float>(), g_dbase.as<float>(), g_dscale.as<float>(),
                            g_scratch.as<float>());
   TREX_CUDA(cudaDeviceSynchronize());
@@ -105,7 +107,7 @@ void check_mhc(int64_t N, int64_t d, bool accumulate) {
                              d_dXout.as<float>(), h_dXe.as<float>(), h_dy.as<float>(), g_dpost.as<float>(),
                              g_dcomb.as<float>());
   trex::cuda::mhc_site_bwd(gs, d_X.as<bf16>(), d_fn.as<float>(), d_base.as<float>(), d_scale.as<float>(), ga,
-                           d_dcol.as<bf16>(), g_dpost.as<float>(), g_dcomb.as<float>(), h_dX.as<float>(),
+                           d_dcol.as<float>(), g_dpost.as<float>(), g_dcomb.as<float>(), h_dX.as<float>(),
                            h_dfn.as<float>(), h_dbase.as<float>(), h_dscale.as<float>(),
                            g_scratch.as<float>());
   TREX_CUDA(cudaDeviceSynchronize());
@@ -115,6 +117,40 @@ void check_mhc(int64_t N, int64_t d, bool accumulate) {
   EXPECT_EQ(h_dfn.to_host<float>(), g_dfn.to_host<float>());
   EXPECT_EQ(h_dbase.to_host<float>(), g_dbase.to_host<float>());
   EXPECT_EQ(h_dscale.to_host<float>(), g_dscale.to_host<float>());
+
+  if (!accumulate) {  // the writing form (accumulate = false) into poisoned buffers, dy rounded to bf16
+    auto w_dX = poisoned<float>(N * D), w_dyb = poisoned<uint16_t>(N * d), w_dpost = poisoned<float>(N * n),
+         w_dcomb = poisoned<float>(N * n * n);
+    trex::cuda::mhc_expand_bwd(gs, d_X.as<bf16>(), d_y.as<bf16>(), g_post.as<float>(), g_comb.as<float>(),
+                               d_dXout.as<float>(), w_dX.as<float>(), nullptr, w_dpost.as<float>(),
+                               w_dcomb.as<float>(), nullptr, false, w_dyb.as<bf16>());
+    TREX_CUDA(cudaDeviceSynchronize());
+    EXPECT_LT(rel_err(w_dX.to_host<float>(), dX_exp), 1e-5) << "expand bwd, writing form";
+    EXPECT_LT(rel_err(to_f32(w_dyb.to_host<uint16_t>()), dy), 1e-2) << "expand bwd, bf16 dy";
+    EXPECT_EQ(w_dpost.to_host<float>(), g_dpost.to_host<float>());
+    EXPECT_EQ(w_dcomb.to_host<float>(), g_dcomb.to_host<float>());
+  }
+
+  // The gate gradients given (dpre = dcol . X[i], as mhc_collapse_norm_bwd forms them): the same results.
+  std::vector<float> dpre(N * n);
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t i = 0; i < n; ++i) {
+      double acc = 0;
+      for (int64_t e = 0; e < d; ++e) acc += double(dcol.values[t * d + e]) * X.values[t * D + i * d + e];
+      dpre[t * n + i] = float(acc);
+    }
+  auto d_dpre = DeviceBuffer::from_host(dpre);
+  auto k_dX = DeviceBuffer::from_host(dX0), k_dfn = DeviceBuffer::from_host(dfn0),
+       k_dbase = DeviceBuffer::from_host(dbase0), k_dscale = DeviceBuffer::from_host(dscale0);
+  trex::cuda::mhc_site_bwd(gs, d_X.as<bf16>(), d_fn.as<float>(), d_base.as<float>(), d_scale.as<float>(), ga,
+                           d_dcol.as<float>(), g_dpost.as<float>(), g_dcomb.as<float>(), k_dX.as<float>(),
+                           k_dfn.as<float>(), k_dbase.as<float>(), k_dscale.as<float>(), g_scratch.as<float>(),
+                           nullptr, d_dpre.as<float>());
+  TREX_CUDA(cudaDeviceSynchronize());
+  EXPECT_LT(rel_err(k_dX.to_host<float>(), dX), 1e-4) << "with dpre";
+  EXPECT_LT(rel_err(k_dfn.to_host<float>(), dfn), 1e-4) << "with dpre";
+  EXPECT_LT(rel_err(k_dbase.to_host<float>(), dbase), 1e-4) << "with dpre";
+  EXPECT_LT(rel_err(k_dscale.to_host<float>(), dscale), 1e-4) << "with dpre";
 }
 
 }  // namespace
@@ -129,4 +165,11 @@ TEST(GpuMhc, BackwardAccumulatesOddWidthDeterministic) {
 
 TEST(GpuMhc, BackwardTokenSplitWeightGradMatchesCpu) {
   check_mhc(1030, 64, true);
+}
+
+// Few tokens (a decode step): the forward projection is split over a cluster of 16 blocks (1 token) or 4
+// (200 tokens = 13 token blocks); 37 and 45 tokens above use 16, 1030 the single-block form.
+TEST(GpuMhc, FewTokensClusterSplitProjectionMatchesCpu) {
+  check_mhc(1, 256, false);
+  check_mhc(200, 64, true);
 }

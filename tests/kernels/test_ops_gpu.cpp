@@ -2,6 +2,7 @@
 // bf16-appropriate tolerances (relative L2 error; the CPU side runs on the bf16-rounded inputs in fp32).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -34,6 +35,51 @@ TEST(GpuOps, GemmBf16MatchesCpuAllTransposes) {
       TREX_CUDA(cudaDeviceSynchronize());
       EXPECT_LT(rel_err(dc.to_host<float>(), ref), 1e-5) << "trans_a=" << ta << " trans_b=" << tb;
     }
+}
+
+// The plan cache keys varying extents by class (four per octave): every extent of a class must still compute its
+// own exact product (the layouts are re-described per call), and the heuristic must run once per class, not once
+// per extent — the per-expert GEMMs of MoE see new row counts every step.
+TEST(GpuOps, GemmExtentClassesServeEveryExtentExactly) {
+  using trex::cuda::Gemm;
+  for (int64_t x : {1, 7, 16, 17, 20, 21, 33, 100, 513, 640, 641, 777, 1000, 4096, 4097, 49152}) {
+    const int64_t c = Gemm::extent_class(x);
+    EXPECT_GE(c, x);
+    EXPECT_LE(c, x <= 16 ? x : x + x / 4 + 4) << x;
+    EXPECT_EQ(Gemm::extent_class(c), c) << "a class's representative is its own class: " << x;
+  }
+  EXPECT_EQ(Gemm::extent_class(8192), 8192);  // powers of two keep their exact algorithm
+  Gemm gemm;
+  const int64_t n = 96, fixed = 136;
+  // (trans_a, trans_b, which extent varies): forward y = x W^T (m), dx = dy W (m), dW += dy^T x (k, beta = 1).
+  struct Form { bool ta, tb, vary_k; float beta; };
+  const std::vector<int64_t> extents = {700, 650, 777, 1000, 513, 640, 999, 3, 1, 12, 700};
+  int64_t seed = 11;
+  for (const Form f : {Form{false, true, false, 0.f}, Form{false, false, false, 0.f}, Form{true, false, true, 1.f}}) {
+    const int64_t calls0 = gemm.heuristic_calls();
+    std::vector<int64_t> classes;
+    for (int64_t e : extents) {
+      const int64_t m = f.vary_k ? fixed : e, k = f.vary_k ? e : fixed;
+      auto a = random_bf16(m * k, int(++seed)), b = random_bf16(k * n, int(++seed));
+      std::vector<float> ref(size_t(m * n), 0.f), c0(size_t(m * n), 0.f);
+      if (f.beta != 0.f) {
+        auto init = random_bf16(m * n, int(++seed));
+        c0 = init.values;
+      }
+      trex::cpu::gemm(ref.data(), a.values.data(), b.values.data(), m, n, k, f.ta, f.tb);
+      for (size_t i = 0; i < ref.size(); ++i) ref[i] += f.beta * c0[i];
+      auto da = DeviceBuffer::from_host(a.bits), db = DeviceBuffer::from_host(b.bits);
+      auto dc = DeviceBuffer::from_host(c0);
+      trex::cuda::GemmShape s{m, n, k, f.ta, f.tb, trex::cuda::GemmType::BF16, trex::cuda::GemmType::F32};
+      gemm.run(s, da.as(), db.as(), dc.as(), 1.f, f.beta);
+      TREX_CUDA(cudaDeviceSynchronize());
+      EXPECT_LT(rel_err(dc.to_host<float>(), ref), 1e-5) << "ta=" << f.ta << " tb=" << f.tb << " m=" << m << " k=" << k;
+      const int64_t cls = Gemm::extent_class(e);
+      if (std::find(classes.begin(), classes.end(), cls) == classes.end()) classes.push_back(cls);
+    }
+    EXPECT_LE(gemm.heuristic_calls() - calls0, int64_t(classes.size()))
+        << "one heuristic query per extent class (ta=" << f.ta << " tb=" << f.tb << ")";
+  }
 }
 
 namespace {
@@ -69,6 +115,14 @@ TEST(GpuOps, RmsNormForwardBackwardMatchesCpu) {
 
 TEST(GpuOps, RmsNormScalarWidthMatchesCpu) {
   check_rmsnorm(37, 1004);
+}
+
+// Widths <= 1024 take the warp-per-row backward (1, 2 or 4 chunks per lane; 333 rows: a partial last block),
+// wider ones the block-per-row kernel.
+TEST(GpuOps, RmsNormWarpRowAndWideWidthsMatchCpu) {
+  check_rmsnorm(333, 512);
+  check_rmsnorm(45, 128);
+  check_rmsnorm(21, 2048);
 }
 
 TEST(GpuOps, ClampedSwigluForwardBackwardMatchesCpu) {

@@ -138,14 +138,19 @@ TEST(MoeEpGpu, TwoRanksMatchAllLocalExperts) {
   });
   if (HasFailure()) return;
   const int64_t E = cfg.n_routed_experts;
-  auto bound = [](double ref) { return 10 * ref + 1e-4; };
+  // The reference noise is the distance between the two expert-GEMM paths on the same run; since the sm90 grouped
+  // kernel reproduces cuBLASLt bit for bit it is ~0, so the floor is what legitimately separates an expert-parallel
+  // run from an all-local one: per-expert GEMMs see other row counts (other cuBLASLt algorithms, other fp32
+  // summation orders) and round to bf16 differently. Measured 2e-4..6e-4 rel L2 (01:47 call); the floor is 2e-3,
+  // about one bf16 rounding (2^-9). The losses are held to 1e-6 (they came out bitwise equal).
+  auto bound = [](double ref) { return 10 * ref + 2e-3; };
   for (int r = 0; r < 2; ++r) {
     const double ref = std::abs(runs[r].loss_local[1] / runs[r].loss_local[0] - 1);
     for (int p = 0; p < 2; ++p) {
       const double e = std::abs(runs[r].loss_ep[p] / runs[r].loss_local[p] - 1);
       std::printf("rank %d %s: loss all-local %.7f expert-parallel %.7f (rel %.1e, reference %.1e)\n", r,
                   p ? "grouped" : "per-expert", runs[r].loss_local[p], runs[r].loss_ep[p], e, ref);
-      EXPECT_LE(e, bound(ref)) << "rank " << r << " path " << p;
+      EXPECT_LE(e, 10 * ref + 1e-6) << "rank " << r << " path " << p;
     }
   }
   for (int p = 0; p < 2; ++p) {

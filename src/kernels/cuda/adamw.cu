@@ -19,8 +19,8 @@ __device__ inline float adamw_one(float& w, float g, float& m, float& v, float b
 // Four elements per thread and iteration through 16-byte loads: the update is pure streaming (30 bytes per
 // parameter), so what matters is keeping enough bytes in flight per thread. vec = false (arrays not 16-byte
 // aligned, e.g. a ZeRO shard at an odd offset) runs everything through the scalar tail loop.
-__global__ void adamw_kernel(float* w, const float* g, float* m, float* v, __nv_bfloat16* wb, int64_t n, bool vec,
-                             float b1, float b2, float step_size, float inv_sqrt_bc2, float eps, float shrink) {
+__global__ void adamw_kernel(float* w, float* g, float* m, float* v, __nv_bfloat16* wb, int64_t n, bool vec,
+                             bool zero_grad, float b1, float b2, float step_size, float inv_sqrt_bc2, float eps, float shrink) {
   const int64_t n4 = vec ? n / 4 : 0;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4; i += stride) {
@@ -35,6 +35,7 @@ __global__ void adamw_kernel(float* w, const float* g, float* m, float* v, __nv_
     reinterpret_cast<float4*>(w)[i] = wi;
     reinterpret_cast<float4*>(m)[i] = mi;
     reinterpret_cast<float4*>(v)[i] = vi;
+    if (zero_grad) reinterpret_cast<float4*>(g)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
     if (wb) {
       __nv_bfloat162 lo = __floats2bfloat162_rn(wi.x, wi.y), hi = __floats2bfloat162_rn(wi.z, wi.w);
       uint2 packed;
@@ -47,13 +48,14 @@ __global__ void adamw_kernel(float* w, const float* g, float* m, float* v, __nv_
     float wi = w[i], mi = m[i], vi = v[i];
     adamw_one(wi, g[i], mi, vi, b1, b2, step_size, inv_sqrt_bc2, eps, shrink);
     w[i] = wi, m[i] = mi, v[i] = vi;
+    if (zero_grad) g[i] = 0.f;
     if (wb) wb[i] = __float2bfloat16(wi);
   }
 }
 
 }  // namespace
 
-void adamw_step(float* w, const float* g, float* m, float* v, __nv_bfloat16* w_bf16, int64_t n, const AdamWStep& a,
+void adamw_step(float* w, float* g, float* m, float* v, __nv_bfloat16* w_bf16, int64_t n, const AdamWStep& a,
                 cudaStream_t s) {
   if (n <= 0) return;
   TREX_CHECK(a.step >= 1, "adamw_step: step {} must be >= 1", a.step);
@@ -62,7 +64,7 @@ void adamw_step(float* w, const float* g, float* m, float* v, __nv_bfloat16* w_b
   const bool vec =
       aligned(w, 16) && aligned(g, 16) && aligned(m, 16) && aligned(v, 16) && (!w_bf16 || aligned(w_bf16, 8));
   const int64_t blocks = std::min<int64_t>((n / 4 + 255) / 256 + 1, 132 * 8);
-  adamw_kernel<<<unsigned(blocks), 256, 0, s>>>(w, g, m, v, w_bf16, n, vec, float(a.beta1), float(a.beta2),
+  adamw_kernel<<<unsigned(blocks), 256, 0, s>>>(w, g, m, v, w_bf16, n, vec, a.zero_grad, float(a.beta1), float(a.beta2),
                                                 float(a.lr / bc1), float(1.0 / std::sqrt(bc2)), float(a.eps),
                                                 float(1.0 - a.lr * a.weight_decay));
   TREX_CUDA_LAUNCHED();

@@ -2,8 +2,8 @@
 // trex::dsv4::compressor_forward / _backward: entry e pools, per channel, a softmax over its candidates' logits
 // (gate + ape[offset]) of their values: the m tokens of its own window (channels [off, off + c), off = c when
 // overlapped, else 0) and, when overlapped and the entry is not its document's first, the previous window's
-// tokens (channels [0, c)). The weighted RMSNorm and RoPE that follow are separate launches (rmsnorm_fwd,
-// rope_apply). bf16 projections, fp32 ape and softmax math.
+// tokens (channels [0, c)). The weighted RMSNorm and RoPE that follow are another launch (rmsnorm_rope_fwd
+// in elementwise.h). bf16 projections, fp32 ape and softmax math.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -27,7 +27,8 @@ struct CompressArgs {
 void compress_pool_fwd(bf16* pooled, const bf16* kv, const bf16* gate, const float* ape, const CompressArgs& a,
                        cudaStream_t s = nullptr);
 // dpooled [E, c] -> dkv, dgate [N, width*c] (bf16; only candidate positions are written: the caller zeroes
-// them first), and ACCUMULATES dape [m, width*c] (fp32, deterministic: a second pass over the entries).
+// them first), and ACCUMULATES dape [m, width*c] (fp32, deterministic: per-slice sums over the entries added
+// in a fixed order).
 void compress_pool_bwd(bf16* dkv, bf16* dgate, float* dape, const bf16* dpooled, const bf16* kv,
                        const bf16* gate, const float* ape, const CompressArgs& a, cudaStream_t s = nullptr);
 

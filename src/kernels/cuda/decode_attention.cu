@@ -190,6 +190,30 @@ __global__ void attention_kernel(DecodeStep st, DecodeAttention a) {
   }
 }
 
+// One block per token.
+__global__ void key_sets_kernel(DecodeStep st, DecodeKeySets a) {
+  const int64_t i = blockIdx.x;
+  const int64_t it = st.tok_item[i], p = st.tok_pos[i];
+  const int64_t slot = st.item_slot[it], f = st.item_first[it];
+  const int64_t w0 = p - a.window + 1;  // first position of the token's window (may be < 0)
+  if (threadIdx.x == 0) a.win_begin[i] = i - (p - (w0 > f ? w0 : f));
+  const int64_t n = a.n_hist + a.n_cmp;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    int64_t v = -1;
+    if (j < a.n_hist) {
+      const int64_t t = f - a.n_hist + j;
+      if (t >= 0 && t >= w0) v = a.ring_base + slot * a.window + t % a.window;
+    } else {
+      const int64_t e = j - a.n_hist;
+      if (a.sel)
+        v = a.sel[i * a.k_sel + e];
+      else if (e < (p + 1) / a.ratio)
+        v = slot * a.cap + e;
+    }
+    a.cols[i * n + j] = v;
+  }
+}
+
 __global__ void last_rows_kernel(DecodeStep st, const bf16* x, int64_t width, bf16* out) {
   const int64_t it = blockIdx.x;
   const int64_t row = st.item_begin[it + 1] - 1;
@@ -272,6 +296,19 @@ void decode_attention(const DecodeStep& st, const DecodeAttention& a, cudaStream
     attention_kernel<2, 4><<<grid, kWarps * 32, 0, s>>>(st, a);
   else
     attention_kernel<2, 1><<<grid, kWarps * 32, 0, s>>>(st, a);
+  TREX_CUDA_LAUNCHED();
+}
+
+void decode_key_sets(const DecodeStep& st, const DecodeKeySets& a, cudaStream_t s) {
+  if (st.n_tok == 0) return;
+  TREX_CHECK(a.window >= 1 && a.n_hist >= 0 && a.n_hist < a.window && a.n_cmp >= 0,
+             "decode_key_sets: window {} / history columns {} / compressed columns {} inconsistent", a.window,
+             a.n_hist, a.n_cmp);
+  TREX_CHECK(a.n_hist + a.n_cmp == 0 || a.cols, "decode_key_sets: {} columns but no output", a.n_hist + a.n_cmp);
+  TREX_CHECK(a.n_cmp == 0 || (a.sel ? a.n_cmp <= a.k_sel : a.ratio > 0 && a.cap > 0),
+             "decode_key_sets: {} compressed columns need a selection of >= that many (k_sel {}) or a ratio ({})",
+             a.n_cmp, a.k_sel, a.ratio);
+  key_sets_kernel<<<unsigned(st.n_tok), 128, 0, s>>>(st, a);
   TREX_CUDA_LAUNCHED();
 }
 

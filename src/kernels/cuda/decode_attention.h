@@ -80,6 +80,30 @@ struct DecodeAttention {
 // Softmax attention with a per-head sink over window rows + compressed entries (K = V).
 void decode_attention(const DecodeStep& st, const DecodeAttention& a, cudaStream_t s = nullptr);
 
+// The key sets of a step's queries for the training tensor-core attention (attention_sparse.h,
+// sparse_attention_fwd), so that prefill chunks and decoded tokens both run on it: its keys of query i are the kv
+// rows [win_begin[i], i] plus selected rows of one second array `cmp`. The step's own kv rows [N, c] are the kv
+// array: the in-step part of a token's window (rows of its item from max(first, pos - W + 1) on) is contiguous
+// there. Everything older goes through the selection, indices into one combined per-layer key array
+// [slots * cap compressed entries | slots * W window ring rows] (ring row of position t of slot s at
+// ring_base + s * W + t % W): columns [0, n_hist) the item's ring rows of positions first - n_hist .. first - 1
+// (-1 when outside the token's window or before the sequence start), then n_cmp compressed columns: CSA the
+// indexer's selection (best first, -1 trailing, so its first n_cmp columns hold every valid one when n_cmp >=
+// the visible count), HCA the entries [0, (pos + 1) / ratio) of the slot. Same keys as decode_attention, in
+// another order (softmax is order-free up to rounding).
+struct DecodeKeySets {
+  int64_t window = 0;             // W
+  int64_t ring_base = 0;          // first ring row in the combined array (slots * cap)
+  int64_t n_hist = 0;             // history columns: max over the step's items of min(first, W - 1)
+  int64_t n_cmp = 0;              // compressed columns (0: sliding layer)
+  int64_t cap = 0, ratio = 0;     // HCA range (used when sel is null and n_cmp > 0)
+  const int64_t* sel = nullptr;   // CSA: [N, k_sel] indexer selection, global entry indices (n_cmp <= k_sel)
+  int64_t k_sel = 0;
+  int64_t* win_begin = nullptr;   // out [N]
+  int64_t* cols = nullptr;        // out [N, n_hist + n_cmp] (may be null when that is 0)
+};
+void decode_key_sets(const DecodeStep& st, const DecodeKeySets& a, cudaStream_t s = nullptr);
+
 // Rows of the last token of every item: out [I, width] = x[item_begin[i + 1] - 1].
 void decode_last_rows(const DecodeStep& st, const bf16* x, int64_t width, bf16* out, cudaStream_t s = nullptr);
 

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/rope.h"
+
 namespace trex::cuda {
 
 using bf16 = __nv_bfloat16;
@@ -20,6 +22,18 @@ void rmsnorm_bwd(bf16* dx, float* dw_partial, const bf16* dy, const bf16* x, con
                  int64_t n, int64_t d, cudaStream_t s = nullptr);
 int64_t rmsnorm_dw_partial_rows(int64_t n);
 void rmsnorm_dw_reduce(float* dw, const float* dw_partial, int64_t partial_rows, int64_t d, cudaStream_t s = nullptr);
+
+// Per-head RMSNorm then partial RoPE in one pass (warp per row), the math of rmsnorm_fwd followed by rope_apply on
+// its output (the normalised value is rounded to bf16 before the rotation, as there; only the sum of squares is
+// reduced in another order). x, y [a.rows, a.heads, a.c] as rows * heads norm rows of width c; w [c] or null;
+// rstd [rows * heads] fp32.
+void rmsnorm_rope_fwd(bf16* y, float* rstd, const bf16* x, const bf16* w, float eps, const RopeArgs& a,
+                      cudaStream_t s = nullptr);
+// Backward of the weightless rmsnorm_rope_fwd: dx = rmsnorm_bwd(rope(dy)) where a is the transposed rotation
+// (the forward's args with sign -1); dy is left unchanged (the rotated gradient is rounded to bf16 as an in-place
+// rope_apply would). dx, dy, x [a.rows, a.heads, a.c]; rstd from the forward.
+void rope_rmsnorm_bwd(bf16* dx, const bf16* dy, const bf16* x, const float* rstd, const RopeArgs& a,
+                      cudaStream_t s = nullptr);
 
 // Clamped SwiGLU on a fused [n, 2f] gate|up buffer (gate in columns [0,f), up in [f,2f)): h [n, f].
 void swiglu_fwd(bf16* h, const bf16* gate_up, int64_t n, int64_t f, float limit, cudaStream_t s = nullptr);

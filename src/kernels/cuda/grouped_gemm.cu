@@ -7,10 +7,14 @@
 // K-major tiles are stored [rows][kBK + 8] and read with ldmatrix; M/N-major tiles [kBK][cols + 8] and read
 // with ldmatrix.trans. The 16-byte row padding keeps both conflict-free. Out-of-range 16-byte chunks are
 // zero-filled by cp.async (src-size 0), so any row count works; in/out need to be multiples of 8.
+// On Hopper the launchers take the wgmma + TMA kernel of grouped_gemm_sm90.cuh instead (variant 14 by default;
+// see sm90_variant), and these mma.sync kernels remain for other GPUs, unaligned operands and the dw overload
+// without a row count.
 #include <algorithm>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/grouped_gemm.h"
+#include "kernels/cuda/grouped_gemm_sm90.cuh"
 
 namespace trex::cuda {
 namespace {
@@ -176,43 +180,6 @@ __device__ inline void mainloop(bf16* smem, const bf16* A, int64_t lda, int64_t 
   cp_async_wait<0>();
 }
 
-// tile_start[e] = sum over e' < e of ceil(rows_e' / bm); tile_start[E] = the m-tiles in use. One block of
-// kPrefixThreads threads scans kPrefixThreads experts at a time (warp shuffles, then the warp totals).
-constexpr int kPrefixThreads = 1024;
-__global__ void __launch_bounds__(kPrefixThreads) tile_prefix_kernel(const int32_t* offsets, int E, int bm,
-                                                                     int32_t* tile_start) {
-  __shared__ int32_t warp_sum[kPrefixThreads / 32];
-  __shared__ int32_t carry;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (threadIdx.x == 0) carry = 0;
-  for (int base = 0; base < E; base += kPrefixThreads) {
-    const int e = base + int(threadIdx.x);
-    const int32_t own = e < E ? (offsets[e + 1] - offsets[e] + bm - 1) / bm : 0;
-    int32_t v = own;  // inclusive scan within the warp
-    for (int o = 1; o < 32; o <<= 1) {
-      const int32_t t = __shfl_up_sync(0xffffffffu, v, o);
-      if (lane >= o) v += t;
-    }
-    if (lane == 31) warp_sum[warp] = v;
-    __syncthreads();  // also orders the carry written by the previous round
-    if (warp == 0) {
-      int32_t w = warp_sum[lane];
-      for (int o = 1; o < 32; o <<= 1) {
-        const int32_t t = __shfl_up_sync(0xffffffffu, w, o);
-        if (lane >= o) w += t;
-      }
-      warp_sum[lane] = w;  // inclusive over warps
-    }
-    __syncthreads();
-    const int32_t incl = carry + v + (warp > 0 ? warp_sum[warp - 1] : 0);
-    if (e < E) tile_start[e] = incl - own;
-    __syncthreads();  // everyone has read carry
-    if (threadIdx.x == kPrefixThreads - 1) carry = incl;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) tile_start[E] = carry;
-}
-
 // Row-grouped product (fwd / dx): block = (m-tile over all experts, n-tile), n-tile fastest so neighbours share
 // the A rows. BKMajor: W_e is [n, k] (fwd) or [k, n] (dx).
 template <class C, bool BKMajor>
@@ -317,7 +284,7 @@ void launch_rows(bf16* y, const bf16* x, const bf16* W, const int32_t* offsets, 
                  int64_t n, int64_t k, int32_t* scratch, cudaStream_t stream) {
   constexpr size_t smem = smem_bytes<C, true, BKMajor>();
   allow_smem(grouped_rows_kernel<C, BKMajor>, smem);
-  tile_prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(offsets, int(E), C::kBM, scratch);
+  sm90::tile_prefix_kernel<<<1, sm90::kPrefixThreads, 0, stream>>>(offsets, int(E), C::kBM, scratch);
   TREX_CUDA_LAUNCHED();
   const int64_t n_tiles = (n + C::kBN - 1) / C::kBN;
   const int64_t m_bound = (rows + C::kBM - 1) / C::kBM + E;  // each expert adds at most one partial tile
@@ -341,9 +308,22 @@ void launch_dw(float* dW, const bf16* dy, const bf16* x, const int32_t* offsets,
   TREX_CUDA_LAUNCHED();
 }
 
-// Which tile configuration the launchers use: 0 = choose by size, 1 = CfgSmall, 2 = CfgLarge, 3 = CfgLargeK64,
-// 4 = CfgLarge4, 5 = CfgLargeK64s4, 6 = CfgTallK64.
+// Which kernel the launchers use: 0 = choose (kAutoSm90 below), 1 = CfgSmall, 2 = CfgLarge, 3 = CfgLargeK64,
+// 4 = CfgLarge4, 5 = CfgLargeK64s4, 6 = CfgTallK64 (mma.sync); 7, 8, 9 = the sm90 wgmma kernel with 128 x 256
+// tiles and 4 stages, 128 x 256 and 3 stages, 128 x 128 and 6 stages; 10, 11 = 128 x 256 / 4 stages in clusters
+// of two CTAs along N (A multicast) / along M (B multicast). A cluster variant that cannot pair the tiles of a
+// shape (odd tile count) runs 7 instead. 12, 13 = 7, 9 with the epilogue staged through shared memory (16-byte
+// row vectors to global instead of 4 / 8-byte fragment stores); 14 = 12 with dw added by L2 vector reductions
+// (red.global.add) instead of starting the accumulators from the loaded dW tile.
 int g_variant = 0;
+constexpr int kFirstSm90 = 7, kLastVariant = 14;
+
+// Whether auto (variant 0) takes the sm90 kernel where it runs (Hopper, supported operands), as variant 14.
+// H200, 2026-11-30 00:40 (test_kernels_gpu GroupedGemmGpu.DISABLED_Bench, against one cuBLASLt GEMM per expert
+// through trex::cuda::Gemm): flash-l4 w13 fwd / dx / dw 732 / 681 / 630 TFLOP/s (cuBLASLt 623-777 / 594-773 /
+// 557-668 over the run), w2 722 / 746 / 649; small-s6 1.3-2.1x cuBLASLt (its per-expert GEMMs are small).
+constexpr bool kAutoSm90 = true;
+constexpr int kAutoVariant = 14;
 
 // The large tile (k steps of 64: the fastest measured, 290-320 TFLOP/s at flash-l4 shapes on an H200) pays off
 // once there are enough of them to fill the GPU (about two waves of 132 SMs).
@@ -363,20 +343,69 @@ void with_cfg(int v, F&& f) {
   else f(CfgSmall{});
 }
 
+// The sm90 variant to run (7..9), or 0 for the mma.sync kernels: forced by the knob, else by kAutoSm90 on a
+// device and operands the sm90 kernel takes.
+int sm90_variant(const void* a, const void* b, int64_t rows, int64_t in, int64_t out, int64_t E) {
+  if (g_variant != 0) {
+    if (g_variant < kFirstSm90) return 0;
+    TREX_CHECK(sm90::available(), "grouped GEMM variant {} needs an sm_90 device and the driver's tensor-map "
+               "encoder", g_variant);
+    TREX_CHECK(sm90::supported(a, b, rows, in, out, E), "grouped GEMM variant {}: operands not 16-byte aligned "
+               "or extents past int32 (rows {}, in {}, out {})", g_variant, rows, in, out);
+    return g_variant;
+  }
+  if (!kAutoSm90) return 0;
+  static const bool avail = sm90::available();
+  return avail && sm90::supported(a, b, rows, in, out, E) ? kAutoVariant : 0;
+}
+
+template <sm90::Form F>
+void launch_sm90(int v, void* y, const bf16* a, const bf16* b, const int32_t* offsets, int64_t E, int64_t rows,
+                 int64_t in, int64_t out, int32_t* scratch, cudaStream_t stream) {
+  const int64_t n = F == sm90::Form::Fwd ? out : in;
+  if (v == 10 && !sm90::cluster_ok(n, 256)) v = 7;
+  if (v == 11 && F == sm90::Form::Dw && !sm90::cluster_ok(out, sm90::kBM)) v = 7;
+  if (F != sm90::Form::Dw) {
+    const int bm = v == 11 ? sm90::prefix_rows<2, true>() : sm90::kBM;
+    sm90::tile_prefix_kernel<<<1, sm90::kPrefixThreads, 0, stream>>>(offsets, int(E), bm, scratch);
+    TREX_CUDA_LAUNCHED();
+  }
+  cudaError_t err;
+  if (v == 7) err = sm90::launch<F, 256, 4>(y, a, b, offsets, scratch, E, rows, in, out, stream);
+  else if (v == 8) err = sm90::launch<F, 256, 3>(y, a, b, offsets, scratch, E, rows, in, out, stream);
+  else if (v == 9) err = sm90::launch<F, 128, 6>(y, a, b, offsets, scratch, E, rows, in, out, stream);
+  else if (v == 10) err = sm90::launch<F, 256, 4, 2>(y, a, b, offsets, scratch, E, rows, in, out, stream);
+  else if (v == 11) err = sm90::launch<F, 256, 4, 2, true>(y, a, b, offsets, scratch, E, rows, in, out, stream);
+  else if (v == 12)
+    err = sm90::launch<F, 256, 4, 1, false, true>(y, a, b, offsets, scratch, E, rows, in, out, stream);
+  else if (v == 14)
+    err = sm90::launch<F, 256, 4, 1, false, true, true>(y, a, b, offsets, scratch, E, rows, in, out, stream);
+  else err = sm90::launch<F, 128, 6, 1, false, true>(y, a, b, offsets, scratch, E, rows, in, out, stream);
+  TREX_CHECK(err == cudaSuccess, "grouped GEMM (sm90 variant {}, form {}): {} (E {}, rows {}, in {}, out {})", v,
+             int(F), cudaGetErrorString(err), E, rows, in, out);
+}
+
 }  // namespace
 
 int64_t grouped_linear_scratch(int64_t n_groups) { return n_groups + 1; }
 
 void grouped_gemm_set_variant(int v) {
-  TREX_CHECK(v >= 0 && v <= 6, "grouped_gemm_set_variant: {} is not 0 (auto), 1 (128x128x32), 2 (128x256x32), 3 "
-             "(128x256x64), 4 (128x256x32, 4 stages), 5 (128x256x64, 4 stages) or 6 (256x128x64)", v);
+  TREX_CHECK(v >= 0 && v <= kLastVariant, "grouped_gemm_set_variant: {} is not 0 (auto), 1 (128x128x32), 2 "
+             "(128x256x32), 3 (128x256x64), 4 (128x256x32, 4 stages), 5 (128x256x64, 4 stages), 6 (256x128x64), 7 "
+             "(sm90 128x256, 4 stages), 8 (sm90 128x256, 3 stages), 9 (sm90 128x128, 6 stages), 10 (sm90 "
+             "128x256, clusters along N), 11 (sm90 128x256, clusters along M), 12 (sm90 128x256, staged epilogue), 13 "
+             "(sm90 128x128, staged epilogue) or 14 (12 with dw by L2 reductions)", v);
   g_variant = v;
 }
+
+bool grouped_gemm_sm90_available() { return sm90::available(); }
 
 void grouped_linear_fwd(bf16* y, const bf16* x, const bf16* W, const int32_t* offsets, int64_t n_groups,
                         int64_t rows, int64_t in, int64_t out, int32_t* scratch, cudaStream_t stream) {
   check_dims("grouped_linear_fwd", n_groups, in, out);
   if (rows == 0) return;
+  if (const int v = sm90_variant(x, W, rows, in, out, n_groups))
+    return launch_sm90<sm90::Form::Fwd>(v, y, x, W, offsets, n_groups, rows, in, out, scratch, stream);
   with_cfg(pick((rows / CfgLarge::kBM) * (out / CfgLarge::kBN)), [&](auto c) {
     launch_rows<decltype(c), true>(y, x, W, offsets, n_groups, rows, out, in, scratch, stream);
   });
@@ -386,6 +415,8 @@ void grouped_linear_dx(bf16* dx, const bf16* dy, const bf16* W, const int32_t* o
                        int64_t rows, int64_t in, int64_t out, int32_t* scratch, cudaStream_t stream) {
   check_dims("grouped_linear_dx", n_groups, in, out);
   if (rows == 0) return;
+  if (const int v = sm90_variant(dy, W, rows, in, out, n_groups))
+    return launch_sm90<sm90::Form::Dx>(v, dx, dy, W, offsets, n_groups, rows, in, out, scratch, stream);
   with_cfg(pick((rows / CfgLarge::kBM) * (in / CfgLarge::kBN)), [&](auto c) {
     launch_rows<decltype(c), false>(dx, dy, W, offsets, n_groups, rows, in, out, scratch, stream);
   });
@@ -394,8 +425,18 @@ void grouped_linear_dx(bf16* dx, const bf16* dy, const bf16* W, const int32_t* o
 void grouped_linear_dw(float* dW, const bf16* dy, const bf16* x, const int32_t* offsets, int64_t n_groups,
                        int64_t in, int64_t out, cudaStream_t stream) {
   check_dims("grouped_linear_dw", n_groups, in, out);
-  with_cfg(pick(n_groups * (out / CfgLarge::kBM) * (in / CfgLarge::kBN)),
+  const int v = g_variant >= kFirstSm90 ? 3 : g_variant;  // without the row count: the mma.sync kernels only
+  with_cfg(v != 0 ? v : pick(n_groups * (out / CfgLarge::kBM) * (in / CfgLarge::kBN)),
            [&](auto c) { launch_dw<decltype(c)>(dW, dy, x, offsets, n_groups, in, out, stream); });
+}
+
+void grouped_linear_dw(float* dW, const bf16* dy, const bf16* x, const int32_t* offsets, int64_t n_groups,
+                       int64_t rows, int64_t in, int64_t out, cudaStream_t stream) {
+  check_dims("grouped_linear_dw", n_groups, in, out);
+  if (rows == 0) return;  // no expert has rows: every gradient stays as it is
+  if (const int v = sm90_variant(dy, x, rows, in, out, n_groups))
+    return launch_sm90<sm90::Form::Dw>(v, dW, dy, x, offsets, n_groups, rows, in, out, nullptr, stream);
+  grouped_linear_dw(dW, dy, x, offsets, n_groups, in, out, stream);
 }
 
 }  // namespace trex::cuda

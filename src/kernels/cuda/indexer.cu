@@ -10,10 +10,10 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Bitonic sort of sc / ix [P] (descending by score, ties by ascending index; padding: -inf with the largest
-// indices), then the best min(k_sel, nv) entries of query t as global indices vb + ix, the remaining slots -1.
-__device__ void sort_and_select(int64_t* sel, float* sc, int* ix, int P, int64_t t, int64_t vb, int nv,
-                                int64_t k_sel) {
+// Bitonic sort of sc / ix [P] (P a power of two), descending by score, ties by ascending index. A step with
+// stride < 32 pairs indices that differ in their low 5 bits only, which the same warp owns (blockDim is a
+// multiple of 32), so between two such steps a warp barrier is enough.
+__device__ void bitonic_sort(float* sc, int* ix, int P) {
   for (int size = 2; size <= P; size <<= 1)
     for (int stride = size >> 1; stride > 0; stride >>= 1) {
       for (int i = threadIdx.x; i < P; i += blockDim.x) {
@@ -29,10 +29,117 @@ __device__ void sort_and_select(int64_t* sel, float* sc, int* ix, int P, int64_t
           }
         }
       }
-      __syncthreads();
+      // A step with stride >= 32 writes elements other warps own; one whose successor has such a stride
+      // hands its elements to other warps; the last step hands them to the caller.
+      const int next = stride > 1 ? stride >> 1 : (2 * size <= P ? size : P);
+      if (stride >= 32 || next >= 32 || (stride == 1 && 2 * size > P))
+        __syncthreads();
+      else
+        __syncwarp();
     }
+}
+
+// Shared memory of the selection after the scores: a 256-bin histogram, 4 broadcast slots, 32 warp sums, and the
+// candidate buffer (scores, indices) of KP = the power of two >= k_sel entries.
+constexpr int kSelHeader = 256 + 4 + 32;
+__host__ __device__ inline int pow2_at_least(int64_t x) {
+  int p = 1;
+  while (p < x) p <<= 1;
+  return p;
+}
+inline size_t select_smem_bytes(int64_t k_sel) { return size_t(kSelHeader) * 4 + size_t(pow2_at_least(k_sel)) * 8; }
+
+// Order-preserving key of a score (larger score, larger key); -0 counts as +0 like the float comparison does.
+__device__ inline uint32_t score_key(float v) {
+  const uint32_t u = __float_as_uint(v == 0.f ? 0.f : v);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// The best min(k_sel, nv) of the scores sc[0, nv) (ties: the lower index), written best first to sel[t] as global
+// indices vb + s, the remaining slots -1. With more visible entries than k_sel, a radix select (four 8-bit
+// histogram passes, MSB first) finds the k_sel-th largest key T; every entry above T and the lowest-index entries
+// equal to T fill the k_sel candidates, which alone are sorted (KP entries instead of P). The result is the one a
+// full sort of the P scores gives.
+__device__ void select_topk(int64_t* sel, const float* sc, int P, int64_t t, int64_t vb, int nv, int64_t k_sel,
+                            int* sel_smem) {
+  const int KP = pow2_at_least(k_sel);
+  int* hist = sel_smem;
+  int* vars = hist + 256;
+  int* wsum = vars + 4;
+  float* bsc = reinterpret_cast<float*>(wsum + 32);
+  int* bix = reinterpret_cast<int*>(bsc + KP);
+  const int tid = threadIdx.x, nthr = blockDim.x, lane = tid % 32, warp = tid / 32;
   const int take = nv < k_sel ? nv : int(k_sel);
-  for (int s = threadIdx.x; s < k_sel; s += blockDim.x) sel[t * k_sel + s] = s < take ? vb + ix[s] : -1;
+  (void)P;
+  if (nv <= k_sel) {
+    for (int s = tid; s < nv; s += nthr) bsc[s] = sc[s], bix[s] = s;
+  } else {
+    uint32_t prefix = 0, mask = 0;
+    int remaining = int(k_sel);  // how many of the entries matching prefix under mask are still to take
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      for (int i = tid; i < 256; i += nthr) hist[i] = 0;
+      __syncthreads();
+      // Plain shared atomics: a build that aggregated equal digits per warp (__match_any_sync) ran the flash-l4
+      // CSA layer's top-k in 1.44 ms against 1.23.
+      for (int s = tid; s < nv; s += nthr) {
+        const uint32_t key = score_key(sc[s]);
+        if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
+      }
+      __syncthreads();
+      if (warp == 0) {  // the bin holding the remaining-th largest: lane l owns bins [8l, 8l + 8)
+        int h[8], tot = 0;
+#pragma unroll
+        for (int b = 0; b < 8; ++b) h[b] = hist[8 * lane + b], tot += h[b];
+        int suffix = tot;  // sum over lanes >= lane
+        for (int o = 1; o < 32; o <<= 1) {
+          const int v = __shfl_down_sync(0xffffffffu, suffix, o);
+          if (lane + o < 32) suffix += v;
+        }
+        int above = suffix - tot;
+#pragma unroll
+        for (int b = 7; b >= 0; --b) {
+          if (above < remaining && remaining <= above + h[b]) vars[0] = 8 * lane + b, vars[1] = above;
+          above += h[b];
+        }
+      }
+      __syncthreads();
+      prefix |= uint32_t(vars[0]) << shift;
+      mask |= 255u << shift;
+      remaining -= vars[1];
+      __syncthreads();  // vars / hist are rewritten by the next pass
+    }
+    // Entries with key > T: all; equal to T: the `remaining` lowest indices. Each thread owns a contiguous range
+    // so the ranks of the equal ones follow from a block scan of per-thread counts.
+    const uint32_t T = prefix;
+    const int per = (nv + nthr - 1) / nthr, s0 = tid * per, s1 = min(nv, s0 + per);
+    int n_eq = 0;
+    for (int s = s0; s < s1; ++s) n_eq += score_key(sc[s]) == T;
+    int incl = n_eq;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += v;
+    }
+    if (lane == 31) wsum[warp] = incl;
+    if (tid == 0) vars[2] = 0;
+    __syncthreads();
+    int rank = incl - n_eq;
+    for (int w = 0; w < warp; ++w) rank += wsum[w];
+    for (int s = s0; s < s1; ++s) {
+      const uint32_t key = score_key(sc[s]);
+      bool keep = key > T;
+      if (key == T) keep = rank++ < remaining;
+      if (keep) {
+        const int slot = atomicAdd(&vars[2], 1);
+        bsc[slot] = sc[s], bix[slot] = s;
+      }
+    }
+  }
+  __syncthreads();
+  const int SP = pow2_at_least(take);  // only the taken candidates are sorted (an early query has few)
+  for (int s = take + tid; s < SP; s += nthr) bsc[s] = -INFINITY, bix[s] = 0x7fffffff;
+  __syncthreads();
+  bitonic_sort(bsc, bix, SP);
+  for (int s = tid; s < k_sel; s += nthr) sel[t * k_sel + s] = s < take ? vb + bix[s] : -1;
 }
 
 // CUDA cores. Shared: q [NI][cI] bf16, w [NI] fp32, scores [P] fp32, index [P] int32 (P = power of two >= max visible).
@@ -44,7 +151,7 @@ __global__ void indexer_topk_kernel(int64_t* sel, const bf16* q, const float* w,
   bf16* qs = reinterpret_cast<bf16*>(smem);
   float* ws = reinterpret_cast<float*>(qs + NI * cI);
   float* sc = ws + NI;
-  int* ix = reinterpret_cast<int*>(sc + P);
+  int* sel_smem = reinterpret_cast<int*>(sc + P);
   const int64_t t = blockIdx.x;
   for (int i = threadIdx.x; i < NI * cI; i += blockDim.x) qs[i] = q[t * NI * cI + i];
   for (int i = threadIdx.x; i < NI; i += blockDim.x) ws[i] = w[t * NI + i] * a.w_scale;
@@ -79,10 +186,9 @@ __global__ void indexer_topk_kernel(int64_t* sel, const bf16* q, const float* w,
       score *= inv_sqrt_c;
     }
     sc[s] = score;
-    ix[s] = s;
   }
   __syncthreads();
-  sort_and_select(sel, sc, ix, P, t, vb, nv, a.k_sel);
+  select_topk(sel, sc, P, t, vb, nv, a.k_sel, sel_smem);
 }
 
 template <int NI>
@@ -106,7 +212,7 @@ struct MmaIdxSmem {
   static constexpr size_t q = size_t(NI) * (CI + 8) * 2;
   static constexpr size_t k = size_t(2) * kIdxTile * (CI + 8) * 2;
   static constexpr size_t w = size_t(NI) * 4;
-  static size_t total(int P) { return q + k + w + size_t(P) * 8; }
+  static size_t total(int P, int64_t k_sel) { return q + k + w + size_t(P) * 4 + select_smem_bytes(k_sel); }
 };
 
 template <int NI, int CI>
@@ -121,7 +227,7 @@ __global__ void __launch_bounds__(kThreads)
   bf16* ks = reinterpret_cast<bf16*>(smem + L::q);
   float* ws = reinterpret_cast<float*>(smem + L::q + L::k);
   float* sc = ws + NI;
-  int* ix = reinterpret_cast<int*>(sc + P);
+  int* sel_smem = reinterpret_cast<int*>(sc + P);
   const int64_t t = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
   const int64_t vb = a.vis_begin[t];
@@ -184,18 +290,15 @@ __global__ void __launch_bounds__(kThreads)
       }
     __syncthreads();  // the next iteration's loads overwrite this buffer
   }
-  for (int s = threadIdx.x; s < P; s += kThreads) {
-    if (s >= n_tiles * kIdxTile) sc[s] = -INFINITY;
-    ix[s] = s;
-  }
+  for (int s = n_tiles * kIdxTile + threadIdx.x; s < P; s += kThreads) sc[s] = -INFINITY;
   __syncthreads();
-  sort_and_select(sel, sc, ix, P, t, vb, nv, a.k_sel);
+  select_topk(sel, sc, P, t, vb, nv, a.k_sel, sel_smem);
 }
 
 template <int NI, int CI>
 bool launch_mma(int64_t* sel, const bf16* q, const float* w, const bf16* keys, const IndexerTopkArgs& a, int P,
                 cudaStream_t s) {
-  const size_t smem = MmaIdxSmem<NI, CI>::total(P);
+  const size_t smem = MmaIdxSmem<NI, CI>::total(P, a.k_sel);
   if (smem > 220 * 1024) return false;
   TREX_CUDA(cudaFuncSetAttribute(indexer_topk_mma_kernel<NI, CI>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  int(smem)));
@@ -230,7 +333,8 @@ void indexer_topk(int64_t* sel, const bf16* q, const float* w, const bf16* keys,
   TREX_CHECK(a.k_sel > 0, "indexer_topk: k_sel {} must be positive", a.k_sel);
   int P = 1;
   while (P < a.max_visible) P <<= 1;
-  const size_t smem = size_t(a.n_heads * a.head_dim) * 2 + size_t(a.n_heads) * 4 + size_t(P) * 8;
+  const size_t smem =
+      size_t(a.n_heads * a.head_dim) * 2 + size_t(a.n_heads) * 4 + size_t(P) * 4 + select_smem_bytes(a.k_sel);
   TREX_CHECK(smem <= 220 * 1024, "indexer_topk: {} visible entries need {} bytes of shared memory", a.max_visible,
              smem);
   if (kernel != IndexerKernel::CudaCore && try_mma(sel, q, w, keys, a, P, s)) return;

@@ -139,6 +139,7 @@ __global__ void site_fwd_kernel(MhcDims s, int n, const bf16* X, const float* fn
   float logits[kMaxNN];
   for (int k = 0; k < n * n; ++k) logits[k] = scale[2] * mx[2 * n + k] + base[2 * n + k];
   sinkhorn_fwd(logits, n, s.sinkhorn_iters, s.hc_eps, a.comb + t * n * n);
+  if (!collapsed) return;  // the caller collapses in fp32 (mhc_norm.h)
   for (int64_t e = 0; e < d; ++e) {
     float acc = 0.f;
     for (int i = 0; i < n; ++i) acc += pre[i] * __bfloat162float(x[i * d + e]);
@@ -163,7 +164,7 @@ __global__ void expand_fwd_kernel(MhcDims s, int n, const bf16* X, const bf16* y
 
 __global__ void expand_bwd_kernel(MhcDims s, int n, const bf16* X, const bf16* y, const float* post,
                                   const float* comb, const float* dXout, float* dX, float* dy, float* dpost,
-                                  float* dcomb) {
+                                  float* dcomb, bool accum, bf16* dyb) {
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= s.n_tok) return;
   const int64_t d = s.d;
@@ -183,27 +184,31 @@ __global__ void expand_bwd_kernel(MhcDims s, int n, const bf16* X, const bf16* y
   for (int64_t e = 0; e < d; ++e) {
     float acc = 0.f;
     for (int j = 0; j < n; ++j) acc += post[t * n + j] * g[j * d + e];
-    dy[t * d + e] += acc;
+    if (dyb)
+      dyb[t * d + e] = __float2bfloat16(acc);
+    else
+      dy[t * d + e] = accum ? dy[t * d + e] + acc : acc;
   }
   for (int i = 0; i < n; ++i)
     for (int64_t e = 0; e < d; ++e) {
       float acc = 0.f;
       for (int j = 0; j < n; ++j) acc += c[i * n + j] * g[j * d + e];
-      dX[t * n * d + i * d + e] += acc;
+      float* o = dX + t * n * d + i * d + e;
+      *o = accum ? *o + acc : acc;
     }
 }
 
 // Per token: collapse backward, gates and Sinkhorn backward -> dz [N, M] (d pre-activation), then the mix
 // projection's backward into dX; dmix [N, M] (scaled by rstd) kept for the fn gradient.
 __global__ void site_bwd_kernel(MhcDims s, int n, const bf16* X, const float* fn, const float* base,
-                                const float* scale, MhcActs a, const bf16* dcollapsed, const float* dpost,
+                                const float* scale, MhcActs a, const float* dcollapsed, const float* dpost,
                                 const float* dcomb, float* dX, float* dz_out, float* dmix_out) {
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= s.n_tok) return;
   const int M = (2 + n) * n;
   const int64_t d = s.d, D = n * d;
   const bf16* x = X + t * D;
-  const bf16* g = dcollapsed + t * d;
+  const float* g = dcollapsed + t * d;
   const float* mx = a.mix + t * M;
   float* dx = dX + t * D;
   float z[kMaxM];
@@ -211,7 +216,7 @@ __global__ void site_bwd_kernel(MhcDims s, int n, const bf16* X, const float* fn
     float dp = 0.f;
     const float p = a.pre[t * n + i];
     for (int64_t e = 0; e < d; ++e) {
-      const float ge = __bfloat162float(g[e]);
+      const float ge = g[e];
       dp += ge * __bfloat162float(x[i * d + e]);
       dx[i * d + e] += p * ge;
     }
@@ -274,6 +279,7 @@ __global__ void head_fwd_kernel(int n, bf16* y, float* mix, float* rstd, float* 
   const bf16* x = X + t * D;
   rstd[t] = mix_proj(x, fn, D, n, rms_eps, mix + t * n);
   for (int i = 0; i < n; ++i) w[t * n + i] = sigm(scale[0] * mix[t * n + i] + base[i]) + hc_eps;
+  if (!y) return;  // the caller collapses in fp32 (mhc_norm.h)
   for (int64_t e = 0; e < d; ++e) {
     float acc = 0.f;
     for (int i = 0; i < n; ++i) acc += w[t * n + i] * __bfloat162float(x[i * d + e]);
@@ -281,20 +287,22 @@ __global__ void head_fwd_kernel(int n, bf16* y, float* mix, float* rstd, float* 
   }
 }
 
-__global__ void head_bwd_kernel(int n, float* dX, const bf16* dy, const bf16* X, const float* fn,
+__global__ void head_bwd_kernel(int n, float* dX, const float* dy, const bf16* X, const float* fn,
                                 const float* base, const float* scale, const float* mix, const float* rstd,
-                                const float* w, int64_t N, int64_t d, float* dz_out, float* dmix_out) {
+                                const float* w, int64_t N, int64_t d, float* dz_out, float* dmix_out, bool accum) {
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= N) return;
   const int64_t D = n * d;
   const bf16* x = X + t * D;
-  const bf16* g = dy + t * d;
+  const float* g = dy + t * d;
   float* dx = dX + t * D;
+  if (!accum)
+    for (int64_t j = 0; j < D; ++j) dx[j] = 0.f;  // the writing form: this token's row starts from 0
   float dmix[kMaxN];
   for (int i = 0; i < n; ++i) {
     float dw = 0.f;
     for (int64_t e = 0; e < d; ++e) {
-      const float ge = __bfloat162float(g[e]);
+      const float ge = g[e];
       dw += ge * __bfloat162float(x[i * d + e]);
       dx[i * d + e] += w[t * n + i] * ge;
     }
@@ -336,11 +344,12 @@ void mhc_expand_fwd_generic(const MhcDims& s, int64_t n_hc, const bf16* X, const
 
 void mhc_expand_bwd_generic(const MhcDims& s, int64_t n_hc, const bf16* X, const bf16* y, const float* post,
                             const float* comb, const float* dXout, float* dX, float* dy, float* dpost,
-                            float* dcomb, cudaStream_t stream) {
+                            float* dcomb, cudaStream_t stream, bool accumulate, bf16* dy_bf16) {
   check("mhc_expand_bwd_generic", n_hc, s.n_tok, s.d);
+  TREX_CHECK(!(accumulate && dy_bf16), "mhc_expand_bwd_generic: the bf16 dy output needs accumulate = false");
   if (s.n_tok == 0) return;
   expand_bwd_kernel<<<blocks(s.n_tok), kThreads, 0, stream>>>(s, int(n_hc), X, y, post, comb, dXout, dX, dy,
-                                                              dpost, dcomb);
+                                                              dpost, dcomb, accumulate, dy_bf16);
   TREX_CUDA_LAUNCHED();
 }
 
@@ -349,7 +358,7 @@ int64_t mhc_site_bwd_generic_scratch(const MhcDims& s, int64_t n_hc) {
 }
 
 void mhc_site_bwd_generic(const MhcDims& s, int64_t n_hc, const bf16* X, const float* fn, const float* base,
-                          const float* scale, const MhcActs& a, const bf16* dcollapsed, const float* dpost,
+                          const float* scale, const MhcActs& a, const float* dcollapsed, const float* dpost,
                           const float* dcomb, float* dX, float* dfn, float* dbase, float* dscale,
                           float* scratch, cudaStream_t stream) {
   check("mhc_site_bwd_generic", n_hc, s.n_tok, s.d);
@@ -384,16 +393,17 @@ void hc_head_fwd_generic(int64_t n_hc, bf16* y, float* mix, float* rstd, float* 
   TREX_CUDA_LAUNCHED();
 }
 
-void hc_head_bwd_generic(int64_t n_hc, float* dX, float* dfn, float* dbase, float* dscale, const bf16* dy,
+void hc_head_bwd_generic(int64_t n_hc, float* dX, float* dfn, float* dbase, float* dscale, const float* dy,
                          const bf16* X, const float* fn, const float* base, const float* scale,
                          const float* mix, const float* rstd, const float* w, int64_t N, int64_t d,
-                         float* scratch, cudaStream_t s) {
+                         float* scratch, cudaStream_t s, bool accumulate) {
   check("hc_head_bwd_generic", n_hc, N, d);
   if (N == 0) return;
   const int n = int(n_hc);
   float* dz = scratch;
   float* dmix = scratch + N * n;
-  head_bwd_kernel<<<blocks(N), kThreads, 0, s>>>(n, dX, dy, X, fn, base, scale, mix, rstd, w, N, d, dz, dmix);
+  head_bwd_kernel<<<blocks(N), kThreads, 0, s>>>(n, dX, dy, X, fn, base, scale, mix, rstd, w, N, d, dz, dmix,
+                                                 accumulate);
   TREX_CUDA_LAUNCHED();
   if (dfn) {
     dfn_kernel<<<blocks(n * n_hc * d), kThreads, 0, s>>>(dfn, dmix, X, N, n, n_hc * d);

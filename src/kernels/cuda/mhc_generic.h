@@ -4,7 +4,8 @@
 // src/model/dsv4/mhc.cpp), with n_hc strides: mix [N, (2 + n) n], pre / post [N, n], comb [N, n, n]. One
 // thread per token does a token's work serially in fp32 (the Sinkhorn backward recomputes the forward
 // iterations in local memory); parameter gradients are summed over tokens in token order by separate kernels
-// (deterministic, no atomics). Speed is not a goal (fixture-sized models only).
+// (deterministic, no atomics). Speed is not a goal (fixture-sized models only). As there, collapsed / y may be
+// null (the training step collapses in fp32, mhc_norm.h) and the collapse gradients are fp32.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -13,6 +14,7 @@
 
 #include "kernels/cuda/hc_head.h"
 #include "kernels/cuda/mhc.h"
+#include "kernels/cuda/mhc_norm.h"
 
 namespace trex::cuda {
 
@@ -30,10 +32,11 @@ void mhc_expand_fwd_generic(const MhcDims& s, int64_t n_hc, const bf16* X, const
                             const float* comb, bf16* Xout, cudaStream_t stream = nullptr);
 void mhc_expand_bwd_generic(const MhcDims& s, int64_t n_hc, const bf16* X, const bf16* y, const float* post,
                             const float* comb, const float* dXout, float* dX, float* dy, float* dpost,
-                            float* dcomb, cudaStream_t stream = nullptr);
+                            float* dcomb, cudaStream_t stream = nullptr, bool accumulate = true,
+                            bf16* dy_bf16 = nullptr);
 int64_t mhc_site_bwd_generic_scratch(const MhcDims& s, int64_t n_hc);
 void mhc_site_bwd_generic(const MhcDims& s, int64_t n_hc, const bf16* X, const float* fn, const float* base,
-                          const float* scale, const MhcActs& a, const bf16* dcollapsed, const float* dpost,
+                          const float* scale, const MhcActs& a, const float* dcollapsed, const float* dpost,
                           const float* dcomb, float* dX, float* dfn, float* dbase, float* dscale,
                           float* scratch, cudaStream_t stream = nullptr);
 
@@ -43,17 +46,18 @@ void hc_head_fwd_generic(int64_t n_hc, bf16* y, float* mix, float* rstd, float* 
 inline int64_t hc_head_bwd_generic_scratch(int64_t N, int64_t n_hc) {
   return 2 * N * n_hc;
 }
-void hc_head_bwd_generic(int64_t n_hc, float* dX, float* dfn, float* dbase, float* dscale, const bf16* dy,
+void hc_head_bwd_generic(int64_t n_hc, float* dX, float* dfn, float* dbase, float* dscale, const float* dy,
                          const bf16* X, const float* fn, const float* base, const float* scale,
                          const float* mix, const float* rstd, const float* w, int64_t N, int64_t d,
-                         float* scratch, cudaStream_t s = nullptr);
+                         float* scratch, cudaStream_t s = nullptr, bool accumulate = true);
 
 }  // namespace trex::cuda
 
 namespace trex::cuda {
 
 // Dispatch on the stream count: the fast kernels for n_hc = 4, the generic ones otherwise. Scratch sizes
-// cover both.
+// cover both. dpre (the gate gradients from mhc_collapse_norm_bwd) is used by the fast kernels; the generic ones
+// form the same sums themselves (they read the streams anyway).
 inline void mhc_site_fwd_any(int64_t n_hc, const MhcDims& s, const bf16* X, const float* fn,
                              const float* base, const float* scale, const MhcActs& a, bf16* collapsed,
                              cudaStream_t stream = nullptr) {
@@ -61,6 +65,19 @@ inline void mhc_site_fwd_any(int64_t n_hc, const MhcDims& s, const bf16* X, cons
     mhc_site_fwd(s, X, fn, base, scale, a, collapsed, stream);
   else
     mhc_site_fwd_generic(s, n_hc, X, fn, base, scale, a, collapsed, stream);
+}
+// The site forward and its RMSNorm on the fp32 collapse (mhc_norm.h): one fused kernel for n_hc = 4 (d <= 10264),
+// else the site (no collapse) + mhc_collapse_norm_fwd. Either way mhc_collapse_norm_bwd is the backward's norm.
+inline void mhc_site_norm_fwd_any(int64_t n_hc, const MhcDims& s, const bf16* X, const float* fn,
+                                  const float* base, const float* scale, const MhcActs& a, const bf16* norm_w,
+                                  float norm_eps, bf16* normed, float* norm_rstd, cudaStream_t stream = nullptr) {
+  if (mhc_fast_streams(n_hc) && mhc_site_norm_fwd_serves(s.d) && reinterpret_cast<uintptr_t>(norm_w) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(normed) % 16 == 0) {
+    mhc_site_norm_fwd(s, X, fn, base, scale, a, norm_w, norm_eps, normed, norm_rstd, stream);
+    return;
+  }
+  mhc_site_fwd_any(n_hc, s, X, fn, base, scale, a, nullptr, stream);
+  mhc_collapse_norm_fwd(n_hc, X, a.pre, norm_w, s.n_tok, s.d, norm_eps, normed, norm_rstd, stream);
 }
 inline void mhc_expand_fwd_any(int64_t n_hc, const MhcDims& s, const bf16* X, const bf16* y,
                                const float* post, const float* comb, bf16* Xout,
@@ -72,21 +89,24 @@ inline void mhc_expand_fwd_any(int64_t n_hc, const MhcDims& s, const bf16* X, co
 }
 inline void mhc_expand_bwd_any(int64_t n_hc, const MhcDims& s, const bf16* X, const bf16* y,
                                const float* post, const float* comb, const float* dXout, float* dX, float* dy,
-                               float* dpost, float* dcomb, cudaStream_t stream = nullptr) {
+                               float* dpost, float* dcomb, cudaStream_t stream = nullptr, bool accumulate = true,
+                               bf16* dy_bf16 = nullptr) {
   if (mhc_fast_streams(n_hc))
-    mhc_expand_bwd(s, X, y, post, comb, dXout, dX, dy, dpost, dcomb, stream);
+    mhc_expand_bwd(s, X, y, post, comb, dXout, dX, dy, dpost, dcomb, stream, accumulate, dy_bf16);
   else
-    mhc_expand_bwd_generic(s, n_hc, X, y, post, comb, dXout, dX, dy, dpost, dcomb, stream);
+    mhc_expand_bwd_generic(s, n_hc, X, y, post, comb, dXout, dX, dy, dpost, dcomb, stream, accumulate, dy_bf16);
 }
 inline int64_t mhc_site_bwd_scratch_any(int64_t n_hc, const MhcDims& s) {
   return mhc_fast_streams(n_hc) ? mhc_site_bwd_scratch(s) : mhc_site_bwd_generic_scratch(s, n_hc);
 }
 inline void mhc_site_bwd_any(int64_t n_hc, const MhcDims& s, const bf16* X, const float* fn,
-                             const float* base, const float* scale, const MhcActs& a, const bf16* dcollapsed,
+                             const float* base, const float* scale, const MhcActs& a, const float* dcollapsed,
                              const float* dpost, const float* dcomb, float* dX, float* dfn, float* dbase,
-                             float* dscale, float* scratch, cudaStream_t stream = nullptr) {
+                             float* dscale, float* scratch, cudaStream_t stream = nullptr,
+                             const float* dpre = nullptr) {
   if (mhc_fast_streams(n_hc))
-    mhc_site_bwd(s, X, fn, base, scale, a, dcollapsed, dpost, dcomb, dX, dfn, dbase, dscale, scratch, stream);
+    mhc_site_bwd(s, X, fn, base, scale, a, dcollapsed, dpost, dcomb, dX, dfn, dbase, dscale, scratch, stream,
+                 dpre);
   else
     mhc_site_bwd_generic(s, n_hc, X, fn, base, scale, a, dcollapsed, dpost, dcomb, dX, dfn, dbase, dscale,
                          scratch, stream);
@@ -103,14 +123,16 @@ inline void hc_head_fwd_any(int64_t n_hc, bf16* y, float* mix, float* rstd, floa
 inline int64_t hc_head_bwd_scratch_any(int64_t n_hc, int64_t N) {
   return mhc_fast_streams(n_hc) ? hc_head_bwd_scratch(N) : hc_head_bwd_generic_scratch(N, n_hc);
 }
-inline void hc_head_bwd_any(int64_t n_hc, float* dX, float* dfn, float* dbase, float* dscale, const bf16* dy,
+inline void hc_head_bwd_any(int64_t n_hc, float* dX, float* dfn, float* dbase, float* dscale, const float* dy,
                             const bf16* X, const float* fn, const float* base, const float* scale,
                             const float* mix, const float* rstd, const float* w, int64_t N, int64_t d,
-                            float* scratch, cudaStream_t s = nullptr) {
+                            float* scratch, cudaStream_t s = nullptr, const float* dpre = nullptr,
+                            bool accumulate = true) {
   if (mhc_fast_streams(n_hc))
-    hc_head_bwd(dX, dfn, dbase, dscale, dy, X, fn, base, scale, mix, rstd, w, N, d, scratch, s);
+    hc_head_bwd(dX, dfn, dbase, dscale, dy, X, fn, base, scale, mix, rstd, w, N, d, scratch, s, dpre, accumulate);
   else
-    hc_head_bwd_generic(n_hc, dX, dfn, dbase, dscale, dy, X, fn, base, scale, mix, rstd, w, N, d, scratch, s);
+    hc_head_bwd_generic(n_hc, dX, dfn, dbase, dscale, dy, X, fn, base, scale, mix, rstd, w, N, d, scratch, s,
+                        accumulate);
 }
 
 }  // namespace trex::cuda

@@ -27,4 +27,11 @@ struct RopeArgs {
 void rope_apply(bf16* x, const RopeArgs& a, cudaStream_t s = nullptr);
 void rope_apply(float* x, const RopeArgs& a, cudaStream_t s = nullptr);
 
+// RoPE fused with the [N, G, X] <-> [G, N, X] permutation of the grouped output projection (X = heads / G * c,
+// N = a.rows): to_group_major: out [G, N, X] = permute(rope(in)) with in [N, heads, c] left unchanged; otherwise
+// out [N, heads, c] = rope(permute^-1(in)). One pass instead of a copy, an in-place rope_apply and
+// permute_groups, with that sequence's math (the fp32 rotation of the bf16 values, rounded once).
+void rope_permute_groups(bf16* out, const bf16* in, int64_t G, const RopeArgs& a, bool to_group_major,
+                         cudaStream_t s = nullptr);
+
 }  // namespace trex::cuda

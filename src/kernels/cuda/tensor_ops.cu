@@ -40,6 +40,19 @@ __global__ void permute_kernel(bf16* out, const bf16* in, int64_t N, int64_t G, 
       out[i] = in[j];
   }
 }
+// 16-byte chunks (X % 8 == 0, aligned pointers), 32-bit indices (n < 2^31 - grid): the projection-sized
+// permutations are bandwidth-bound, the scalar kernel above is not.
+__global__ void permute8_kernel(uint4* out, const uint4* in, uint32_t N, uint32_t G, uint32_t X8, bool to_gm) {
+  const uint32_t total = N * G * X8;
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    const uint32_t x = i % X8, tg = i / X8, g = tg % G, t = tg / G;
+    const int64_t j = (int64_t(g) * N + t) * X8 + x;
+    if (to_gm)
+      out[j] = in[i];
+    else
+      out[i] = in[j];
+  }
+}
 __global__ void embed_fwd_kernel(bf16* X, const int32_t* ids, const bf16* table, int64_t d, int64_t n_hc) {
   const int64_t t = blockIdx.x;
   const bf16* row = table + int64_t(ids[t]) * d;
@@ -83,6 +96,14 @@ void scale_f32(float* y, float a, int64_t n, cudaStream_t s) {
 void permute_groups(bf16* out, const bf16* in, int64_t N, int64_t G, int64_t X, bool to_group_major,
                     cudaStream_t s) {
   if (N * G * X <= 0) return;
+  if (X % 8 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0 &&
+      N * G * X / 8 + int64_t(kThreads) * 65535 * 64 < (int64_t(1) << 32)) {
+    permute8_kernel<<<grid_for(N * G * X / 8), kThreads, 0, s>>>(reinterpret_cast<uint4*>(out),
+                                                                   reinterpret_cast<const uint4*>(in), uint32_t(N),
+                                                                   uint32_t(G), uint32_t(X / 8), to_group_major);
+    TREX_CUDA_LAUNCHED();
+    return;
+  }
   permute_kernel<<<grid_for(N * G * X), kThreads, 0, s>>>(out, in, N, G, X, to_group_major);
   TREX_CUDA_LAUNCHED();
 }

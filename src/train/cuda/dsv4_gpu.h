@@ -20,11 +20,17 @@
 #include "model/dsv4/config.h"
 #include "model/dsv4/seq_layout.h"
 #include "model/dsv4/weights.h"
+#include "optim/optimizer.h"
 
 namespace trex::dsv4gpu {
 
 struct GpuModelOptions {
-  int64_t lm_chunk = 8192;  // vocabulary columns per LM-head GEMM of the fused CE
+  int64_t lm_chunk = 8192;  // vocabulary columns per LM-head GEMM of the fused CE (loss-only forward, recompute)
+  // A training forward's LM-head pass (HeadMode::LossAndGrad) in row blocks: lm_rows rows' full-vocabulary fp32
+  // logits at once, and the bf16 dlogits of lm_grad_rows rows kept for one head.weight gradient GEMM (K =
+  // lm_grad_rows: its fp32 [vocab, d] output is re-read and re-written N / lm_grad_rows times). Scratch about
+  // (4 lm_rows + 2 lm_grad_rows) * vocab bytes: 1.6 GB at vocabulary 129280.
+  int64_t lm_rows = 1024, lm_grad_rows = 4096;
   bool timing = false;      // CUDA-event sections (forward/backward per sub-layer kind, head, optimizer)
   // Data-parallel group (an NCCL communicator on this rank's device, e.g. the mesh's dp_group): gradients
   // reduce-scattered over it, the optimiser sharded (ZeRO-1). Null or size 1: one GPU. Not owned.
@@ -32,9 +38,9 @@ struct GpuModelOptions {
   // Expert-parallel group (the mesh's ep_group) for the MoE's token dispatch / combine. Null: all experts local.
   comm::Communicator* ep = nullptr;
   // Routed experts as one grouped GEMM over all (local) experts, sized from device memory (no host read of the
-  // per-expert counts). Off: one cuBLASLt GEMM per expert after one host read of the counts per layer, which is
-  // faster today at the benchmark shapes (cuBLASLt's wgmma kernels vs the grouped kernel's mma.sync).
-  bool moe_grouped_gemm = false;
+  // per-expert counts; on sm_90 wgmma + TMA at cuBLASLt's rate or better). Off: one cuBLASLt GEMM per expert after
+  // one host read of the counts per layer (the comparison path: `trex bench train --moe-gemm per-expert`).
+  bool moe_grouped_gemm = true;
   // Pipeline stage: this model holds layers [layer_begin, layer_end) (layer_end -1: up to n_layers), the
   // embedding when layer_begin == 0 and hc_head + final norm + LM head when layer_end == n_layers; only those
   // parameters are allocated (same names and init values as the full model). Not combinable with dp / ep.
@@ -51,6 +57,13 @@ struct Injection {
   std::vector<std::vector<int32_t>> router_sel;  // [N * topk] expert ids
 };
 
+// What forward() computes at the LM head. Loss: the loss only (evaluation, inference, parity forward checks);
+// a backward() after it recomputes the logits. LossAndGrad: the forward of a training step: the CE gradient is
+// formed while the logits are at hand (3 vocabulary-sized GEMMs instead of 4): head.weight's gradient is
+// accumulated by the forward itself, so zero_grads() must come BEFORE it (zero_grads() between it and its
+// backward() is an error). Stage steps (begin_step / forward_stage) always run LossAndGrad.
+enum class HeadMode { Loss, LossAndGrad };
+
 class GpuModel {
  public:
   explicit GpuModel(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts = {});
@@ -66,10 +79,20 @@ class GpuModel {
   // ids, labels [B, S] on the host. Returns the loss (mean CE over labelled targets; with a DP group, over the
   // targets of every rank's batch: the same number a single GPU gives on the concatenated batch).
   double forward(const int32_t* ids, const int32_t* labels, const dsv4::SeqLayout& layout,
-                 const Injection* inject = nullptr);
-  void zero_grads();
+                 const Injection* inject = nullptr, HeadMode head = HeadMode::Loss);
+  void zero_grads();  // free when nothing wrote the gradients since the last zero_grads()
   void backward();  // accumulates fp32 gradients of the last forward
+  // AdamW with one decay rule on every tensor (the benchmark's torch-AdamW setting).
   void adamw_step(const cuda::AdamWStep& a);
+  // One step of the run's optimiser with the CPU's definition (optim::Optimizer, src/optim/optimizer.h): kind
+  // "muon" updates the Muon group of optim::dsv4_param_group with Muon (every matrix orthogonalised by batched
+  // bf16 Newton-Schulz, kernels/cuda/muon.h; learning rate lr * muon_lr_scale) and the rest with AdamW; kind
+  // "adamw" updates everything with AdamW (decay_vectors honoured). step is 1-based (AdamW bias corrections).
+  // Gradient clipping is not part of it (as Optimizer::step; the GPU model has none yet). One GPU only for Muon
+  // (a ZeRO-1 shard is a flat slice, a matrix's orthogonalisation needs all of it). Gradients are left as they are.
+  void optimizer_step(const optim::OptimizerConfig& c, double lr, int64_t step);
+  // Overwrites this rank's gradient of one parameter (tests: an optimiser step from known gradients).
+  void set_grad(const std::string& name, const std::vector<float>& g);
 
   // Pipeline stage step (any layer range, the full model too: one GPU accumulating micro-batches). begin_step
   // sets the loss normaliser: the labelled targets of the whole step (every micro-batch), so the accumulated
@@ -115,7 +138,7 @@ class GpuModel {
  private:
   std::unique_ptr<Impl> impl_;
   double forward_impl(const int32_t* ids, const int32_t* labels, const dsv4::SeqLayout& layout,
-                      const Injection* inject, const void* x_in);
+                      const Injection* inject, const void* x_in, HeadMode head);
   void backward_impl(const float* dx_out);
 };
 

@@ -27,6 +27,9 @@ struct GpuModel::Impl {
   std::vector<bf16*> X;
   bf16 *head_col = nullptr, *head_normed = nullptr;
   float *head_mix = nullptr, *head_rstd = nullptr, *head_w = nullptr, *norm_rstd = nullptr, *lse = nullptr;
+  // fp32 [N, d] d(loss)/d(normed) of a HeadMode::LossAndGrad forward (head.weight's gradient already accumulated);
+  // null after a loss-only forward or once backward consumed it (backward then recomputes the logits).
+  float* head_dnormed = nullptr;
   bool forward_done = false;
   // Pipeline stage (GpuModelOptions::layer_begin / layer_end): layers [l0, l1); the embedding on the first stage,
   // the head on the last. Declaration skips the other parameters (n_declared still counts them: the ordinal).
@@ -46,6 +49,7 @@ struct GpuModel::Impl {
     std::vector<bf16*> X;
     bf16 *head_col = nullptr, *head_normed = nullptr;
     float *head_mix = nullptr, *head_rstd = nullptr, *head_w = nullptr, *norm_rstd = nullptr, *lse = nullptr;
+    float* head_dnormed = nullptr;
     float* dx_in = nullptr;
     bool forward_done = false;
     std::vector<BlockSaved> blocks;  // [n_layers], used for [l0, l1)
@@ -96,6 +100,13 @@ struct GpuModel::Impl {
   double exposed_ms = 0;
   int64_t global_targets = 0;  // labelled targets of the whole DP batch (the loss normaliser)
   float* master_at(const GpuParam& p) const;
+  // Optimiser (gpu_params_cuda.cpp). grads_zero: the gradient arena is known to be all zero (allocation or a
+  // zero_grads() memset; a backward or set_grad clears the flag), so zero_grads() can skip its memset. opt_plan:
+  // which tensors Muon / AdamW update (built on the first optimizer_step), shared_ptr so the type can stay private
+  // to that file.
+  bool grads_zero = true;
+  struct OptPlan;
+  std::shared_ptr<OptPlan> opt_plan;
   void pad_to(int64_t multiple);
   void scatter_master(const float* full);  // full fp32 arena -> master shard + bf16 compute copy
   void reduce_bucket(int b);               // start the gradient reduce-scatter of bucket b

@@ -141,6 +141,7 @@ struct AttnActs {
   bf16 *ckv = nullptr, *cgate = nullptr, *pooled = nullptr, *cmp = nullptr;
   float* c_rstd = nullptr;
   int64_t* sel = nullptr;  // CSA [N, k_sel]
+  bf16* og = nullptr;       // [G, N, H/G*c] the wo_a input (inverse-RoPE'd o, group-major); the backward reuses it
 };
 
 struct MoeW {
@@ -216,6 +217,32 @@ struct Ctx {
   std::function<void(const char*, bool)> section;  // (name, begin) CUDA-event sections; may be empty
   comm::Communicator* ep = nullptr;  // expert-parallel group (GpuModelOptions::ep); null: all experts local
   bool grouped_experts = false;      // GpuModelOptions::moe_grouped_gemm
+};
+
+// Timing sub-sections of one sub-layer: "<prefix><part>" nested inside the caller's section (e.g. "fwd.moe/" +
+// "experts"), summed by name over the layers. next() closes the open part and opens the next; done() closes it.
+// No-ops when the model times nothing.
+class SectionParts {
+ public:
+  SectionParts(const Ctx& c, std::string prefix) : c_(c), prefix_(std::move(prefix)) {}
+  ~SectionParts() { done(); }
+  SectionParts(const SectionParts&) = delete;
+  SectionParts& operator=(const SectionParts&) = delete;
+  void next(const char* part) {
+    if (!c_.section) return;
+    done();
+    open_ = prefix_ + part;
+    c_.section(open_.c_str(), true);
+  }
+  void done() {
+    if (open_.empty()) return;
+    c_.section(open_.c_str(), false);
+    open_.clear();
+  }
+
+ private:
+  const Ctx& c_;
+  std::string prefix_, open_;
 };
 
 void attention_fwd(const Ctx& c, GpuBlock& b, const int64_t* injected_sel);

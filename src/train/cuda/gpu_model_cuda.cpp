@@ -1,11 +1,13 @@
 // The GPU model's step: batch layout upload, embedding, blocks (mHC site / norm / attention / expand, mHC site /
 // norm / MoE / expand), hc_head, final norm, fused LM head + CE; the hand-written backward in reverse order.
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/hc_head.h"
 #include "kernels/cuda/mhc_generic.h"
+#include "kernels/cuda/mhc_norm.h"
 #include "kernels/cuda/lm_head_ce.h"
 #include "kernels/cuda/tensor_ops.h"
 #include "model/dsv4/loss.h"
@@ -39,6 +41,57 @@ cuda::MhcDims mhc_dims(const dsv4::ModelConfig& c, int64_t N) {
   m.n_tok = N, m.d = c.hidden, m.sinkhorn_iters = int(c.hc_sinkhorn_iters);
   m.hc_eps = float(c.hc_eps), m.rms_eps = float(c.rms_eps);
   return m;
+}
+
+// TREX_MHC_DIAG_DROP_BITS (diagnostic, default 0): the streams lose that many more mantissa bits after every
+// expand (cuda::mhc_diag_coarsen_bf16), to measure how much the bf16 streams move the mHC gradients.
+int diag_drop_bits() {
+  static const int bits = [] {
+    const char* e = std::getenv("TREX_MHC_DIAG_DROP_BITS");
+    return e ? std::atoi(e) : 0;
+  }();
+  return bits;
+}
+
+// An mHC site's forward and its RMSNorm (the collapse kept in fp32). n_hc = 4: the 24-wide projection X fn^T as
+// a tensor-core GEMM on a hi / lo bf16 split of fn (near-fp32 products: mhc.h), then the fused gates / Sinkhorn /
+// collapse / norm kernel; otherwise the generic path.
+void site_norm_fwd(const Ctx& c, int64_t hc, const cuda::MhcDims& md, const bf16* X, const float* fn,
+                   const float* base, const float* scale, const cuda::MhcActs& a, const bf16* norm_w, float eps,
+                   bf16* normed, float* rstd) {
+  const int64_t N = md.n_tok, D = hc * md.d;
+  if (!cuda::mhc_fast_streams(hc) || !cuda::mhc_site_norm_fwd_serves(md.d) || N == 0) {
+    cuda::mhc_site_norm_fwd_any(hc, md, X, fn, base, scale, a, norm_w, eps, normed, rstd);
+    return;
+  }
+  Pool tmp;
+  bf16* fn2 = tmp.take<bf16>(2 * cuda::kMhcMix * D);  // [fn_hi; fn_lo]
+  float* proj = tmp.take<float>(N * 2 * cuda::kMhcMix);
+  cuda::mhc_split_bf16(fn, cuda::kMhcMix, D, D, fn2, fn2 + cuda::kMhcMix * D);
+  c.lin.fwd(proj, X, fn2, N, D, 2 * cuda::kMhcMix, /*f32_out=*/true);
+  cuda::mhc_site_norm_fwd_proj(md, X, proj, base, scale, a, norm_w, eps, normed, rstd);
+}
+
+// An mHC site's backward (dcol fp32, gate dots from mhc_collapse_norm_bwd). n_hc = 4: the fn gradient as a
+// tensor-core GEMM, dfn += dmix^T X with dmix split hi / lo (bf16 pair, ~2^-17), instead of the kernel's own pass.
+void site_bwd(const Ctx& c, int64_t hc, const cuda::MhcDims& md, const bf16* X, const float* fn, const float* base,
+              const float* scale, const cuda::MhcActs& a, const float* dcol, const float* dpost, const float* dcomb,
+              float* dX, float* dfn, float* dbase, float* dscale, float* scratch, const float* gate) {
+  const int64_t N = md.n_tok, D = hc * md.d, K = cuda::kMhcMix;
+  if (!cuda::mhc_fast_streams(hc) || !dfn || N == 0) {
+    cuda::mhc_site_bwd_any(hc, md, X, fn, base, scale, a, dcol, dpost, dcomb, dX, dfn, dbase, dscale, scratch,
+                           nullptr, gate);
+    return;
+  }
+  cuda::mhc_site_bwd_any(hc, md, X, fn, base, scale, a, dcol, dpost, dcomb, dX, nullptr, dbase, dscale, scratch,
+                         nullptr, gate);
+  Pool tmp;
+  bf16* dm = tmp.take<bf16>(N * 2 * K);  // [N, 48]: dmix_hi | dmix_lo
+  float* prod = tmp.take<float>(2 * K * D);
+  cuda::mhc_split_bf16(cuda::mhc_site_bwd_dmix(md, scratch), N, K, 2 * K, dm, dm + K);
+  cuda::GemmShape gs{2 * K, D, N, true, false, cuda::GemmType::BF16, cuda::GemmType::F32, 1};
+  c.gemm->run(gs, dm, X, prod, 1.f, 0.f);  // prod [48, D] = dm^T X
+  cuda::mhc_add_split_rows(dfn, prod, K, D);
 }
 
 }  // namespace
@@ -147,16 +200,16 @@ GpuModel::GpuModel(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts)
 GpuModel::~GpuModel() = default;
 
 double GpuModel::forward(const int32_t* ids, const int32_t* labels, const dsv4::SeqLayout& layout,
-                         const Injection* inject) {
+                         const Injection* inject, HeadMode head) {
   TREX_CHECK(impl_->first_stage() && impl_->last_stage(),
              "GPU model: forward() needs the whole model; a pipeline stage (layers [{}, {})) runs forward_stage",
              impl_->l0, impl_->l1);
   impl_->step_mode = false;
-  return forward_impl(ids, labels, layout, inject, nullptr);
+  return forward_impl(ids, labels, layout, inject, nullptr, head);
 }
 
 double GpuModel::forward_impl(const int32_t* ids, const int32_t* labels, const dsv4::SeqLayout& layout,
-                              const Injection* inject, const void* x_in) {
+                              const Injection* inject, const void* x_in, HeadMode head) {
   Impl& m = *impl_;
   const dsv4::ModelConfig& cfg = m.cfg;
   layout.validate();
@@ -215,6 +268,7 @@ double GpuModel::forward_impl(const int32_t* ids, const int32_t* labels, const d
 
   const Ctx c = m.ctx();
   m.acts.clear();
+  m.head_dnormed = nullptr;  // lived in acts
   m.X.assign(size_t(cfg.n_layers + 1), nullptr);
   for (int64_t l = m.l0; l <= m.l1; ++l) m.X[size_t(l)] = m.acts.take<bf16>(N * hc * d);
   if (m.first_stage()) {
@@ -235,14 +289,15 @@ double GpuModel::forward_impl(const int32_t* ids, const int32_t* labels, const d
       s->mix = k.take<float>(N * cuda::kMhcMix), s->rstd = k.take<float>(N), s->pre = k.take<float>(N * 4);
       s->post = k.take<float>(N * 4), s->comb = k.take<float>(N * 16);
     }
-    b.col_a = k.take<bf16>(N * d), b.a = k.take<bf16>(N * d), b.a_rstd = k.take<float>(N);
+    // col_a / col_f stay null: the collapse is normalised in fp32 and never stored (mhc_norm.h).
+    b.col_a = nullptr, b.a = k.take<bf16>(N * d), b.a_rstd = k.take<float>(N);
     b.y_a = k.take<bf16>(N * d), b.X_mid = k.take<bf16>(N * hc * d);
-    b.col_f = k.take<bf16>(N * d), b.u = k.take<bf16>(N * d), b.u_rstd = k.take<float>(N);
+    b.col_f = nullptr, b.u = k.take<bf16>(N * d), b.u_rstd = k.take<float>(N);
     b.y_f = k.take<bf16>(N * d);
     const bf16* Xin = m.X[size_t(l)];
     m.section("fwd.mhc+norm", true);
-    cuda::mhc_site_fwd_any(hc, md, Xin, b.hc_attn_fn, b.hc_attn_base, b.hc_attn_scale, b.sa, b.col_a);
-    cuda::rmsnorm_fwd(b.a, b.a_rstd, b.col_a, b.attn_norm, N, d, float(cfg.rms_eps));
+    site_norm_fwd(c, hc, md, Xin, b.hc_attn_fn, b.hc_attn_base, b.hc_attn_scale, b.sa, b.attn_norm,
+                  float(cfg.rms_eps), b.a, b.a_rstd);
     m.section("fwd.mhc+norm", false);
     const bool csa = b.dims.type == dsv4::AttnType::CSA;
     const int64_t* isel = nullptr;
@@ -258,8 +313,9 @@ double GpuModel::forward_impl(const int32_t* ids, const int32_t* labels, const d
     m.section(an, false);
     m.section("fwd.mhc+norm", true);
     cuda::mhc_expand_fwd_any(hc, md, Xin, b.y_a, b.sa.post, b.sa.comb, b.X_mid);
-    cuda::mhc_site_fwd_any(hc, md, b.X_mid, b.hc_ffn_fn, b.hc_ffn_base, b.hc_ffn_scale, b.sf, b.col_f);
-    cuda::rmsnorm_fwd(b.u, b.u_rstd, b.col_f, b.ffn_norm, N, d, float(cfg.rms_eps));
+    cuda::mhc_diag_coarsen_bf16(b.X_mid, N * hc * d, diag_drop_bits());
+    site_norm_fwd(c, hc, md, b.X_mid, b.hc_ffn_fn, b.hc_ffn_base, b.hc_ffn_scale, b.sf, b.ffn_norm,
+                  float(cfg.rms_eps), b.u, b.u_rstd);
     m.section("fwd.mhc+norm", false);
     const int32_t* rsel = nullptr;
     if (inject && !inject->router_sel.empty() && !inject->router_sel[size_t(l)].empty()) {
@@ -273,6 +329,7 @@ double GpuModel::forward_impl(const int32_t* ids, const int32_t* labels, const d
     m.section("fwd.moe", false);
     m.section("fwd.mhc+norm", true);
     cuda::mhc_expand_fwd_any(hc, md, b.X_mid, b.y_f, b.sf.post, b.sf.comb, m.X[size_t(l + 1)]);
+    cuda::mhc_diag_coarsen_bf16(m.X[size_t(l + 1)], N * hc * d, diag_drop_bits());
     m.section("fwd.mhc+norm", false);
   }
 
@@ -280,23 +337,48 @@ double GpuModel::forward_impl(const int32_t* ids, const int32_t* labels, const d
     m.forward_done = true;
     return 0.0;
   }
-  // Head: hc_head collapse -> norm -> LM head + CE in vocabulary chunks.
+  // Head: hc_head collapse -> norm -> LM head + CE. A training forward (HeadMode::LossAndGrad) forms the CE
+  // gradient here while the logits are at hand (row blocks of full-vocabulary logits, lm_head_ce_fwd_grad):
+  // head.weight's gradient is accumulated now and d(normed) kept for backward(). Its scale is 1 / the labelled
+  // targets of the whole step (begin_step) or DP batch, so with a DP group the count is all-reduced first. A
+  // loss-only forward runs the vocabulary-chunked pass; a backward() after it recomputes the logits.
+  const bool head_grad = head == HeadMode::LossAndGrad;
+  if (!m.step_mode) {
+    m.global_targets = L.n_targets;
+    if (m.dp_size > 1) {  // the loss normaliser over the whole DP batch
+      double h1 = double(L.n_targets);
+      DevMem d1(sizeof(h1));
+      TREX_CUDA(cudaMemcpy(d1.as<double>(), &h1, sizeof(h1), cudaMemcpyHostToDevice));
+      m.dp->all_reduce(d1.as<double>(), 1, comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
+      TREX_CUDA(cudaMemcpy(&h1, d1.as<double>(), sizeof(h1), cudaMemcpyDeviceToHost));
+      m.global_targets = int64_t(std::llround(h1));
+    }
+  }
   m.wait_gather(m.head_bucket);
   m.section("fwd.head", true);
-  m.head_col = m.acts.take<bf16>(N * d), m.head_normed = m.acts.take<bf16>(N * d);
+  m.head_col = nullptr, m.head_normed = m.acts.take<bf16>(N * d);  // the collapse stays fp32 (mhc_norm.h)
   m.head_mix = m.acts.take<float>(N * 4), m.head_rstd = m.acts.take<float>(N), m.head_w = m.acts.take<float>(N * 4);
   m.norm_rstd = m.acts.take<float>(N), m.lse = m.acts.take<float>(N);
-  cuda::hc_head_fwd_any(hc, m.head_col, m.head_mix, m.head_rstd, m.head_w, m.X[size_t(cfg.n_layers)],
+  m.head_dnormed = head_grad ? m.acts.take<float>(N * d) : nullptr;
+  cuda::hc_head_fwd_any(hc, nullptr, m.head_mix, m.head_rstd, m.head_w, m.X[size_t(cfg.n_layers)],
                         m.f32("hc_head_fn"), m.f32("hc_head_base"), m.f32("hc_head_scale"), N, d,
                         float(cfg.hc_eps), float(cfg.rms_eps));
-  cuda::rmsnorm_fwd(m.head_normed, m.norm_rstd, m.head_col, m.b16("norm.weight"), N, d, float(cfg.rms_eps));
-  cuda::LmHeadCeShape hs{N, d, V, std::min(m.opts.lm_chunk, V)};
+  cuda::mhc_collapse_norm_fwd(hc, m.X[size_t(cfg.n_layers)], m.head_w, m.b16("norm.weight"), N, d,
+                              float(cfg.rms_eps), m.head_normed, m.norm_rstd);
+  cuda::LmHeadCeShape hs{N, d, V, std::min(m.opts.lm_chunk, V), m.opts.lm_rows, m.opts.lm_grad_rows};
   Pool tmp;
-  void* scratch = tmp.take<char>(int64_t(cuda::lm_head_ce_scratch_bytes(hs)));
   float* row_loss = tmp.take<float>(N);
   float* loss_sum = tmp.take<float>(1);
-  cuda::lm_head_ce_fwd(m.gemm, hs, m.head_normed, m.b16("head.weight"), L.targets.as<int32_t>(), m.lse, row_loss,
-                       loss_sum, scratch);
+  if (head_grad) {
+    void* scratch = tmp.take<char>(int64_t(cuda::lm_head_ce_fwd_grad_scratch_bytes(hs)));
+    const float scale = m.global_targets > 0 ? float(1.0 / double(m.global_targets)) : 0.f;
+    cuda::lm_head_ce_fwd_grad(m.gemm, hs, m.head_normed, m.b16("head.weight"), L.targets.as<int32_t>(), scale,
+                              m.lse, row_loss, loss_sum, m.head_dnormed, m.g32("head.weight"), scratch);
+  } else {
+    void* scratch = tmp.take<char>(int64_t(cuda::lm_head_ce_scratch_bytes(hs)));
+    cuda::lm_head_ce_fwd(m.gemm, hs, m.head_normed, m.b16("head.weight"), L.targets.as<int32_t>(), m.lse, row_loss,
+                         loss_sum, scratch);
+  }
   float h_loss = 0.f;
   TREX_CUDA(cudaMemcpy(&h_loss, loss_sum, sizeof(float), cudaMemcpyDeviceToHost));
   m.section("fwd.head", false);
@@ -304,14 +386,11 @@ double GpuModel::forward_impl(const int32_t* ids, const int32_t* labels, const d
   if (m.step_mode)  // this micro-batch's share of the step's mean loss
     return m.global_targets > 0 ? double(h_loss) / double(m.global_targets) : 0.0;
   double total_loss = h_loss;
-  m.global_targets = L.n_targets;
-  if (m.dp_size > 1) {  // the loss and its normaliser over the whole DP batch
-    double h2[2] = {total_loss, double(L.n_targets)};
-    DevMem d2(sizeof(h2));
-    TREX_CUDA(cudaMemcpy(d2.as<double>(), h2, sizeof(h2), cudaMemcpyHostToDevice));
-    m.dp->all_reduce(d2.as<double>(), 2, comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
-    TREX_CUDA(cudaMemcpy(h2, d2.as<double>(), sizeof(h2), cudaMemcpyDeviceToHost));
-    total_loss = h2[0], m.global_targets = int64_t(std::llround(h2[1]));
+  if (m.dp_size > 1) {  // the loss over the whole DP batch
+    DevMem d1(sizeof(total_loss));
+    TREX_CUDA(cudaMemcpy(d1.as<double>(), &total_loss, sizeof(total_loss), cudaMemcpyHostToDevice));
+    m.dp->all_reduce(d1.as<double>(), 1, comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
+    TREX_CUDA(cudaMemcpy(&total_loss, d1.as<double>(), sizeof(total_loss), cudaMemcpyDeviceToHost));
   }
   return m.global_targets > 0 ? total_loss / double(m.global_targets) : 0.0;
 }
@@ -326,12 +405,13 @@ void GpuModel::backward() {
 void GpuModel::backward_impl(const float* dx_out) {
   Impl& m = *impl_;
   TREX_CHECK(m.forward_done, "GPU model: backward() called without a forward()");
+  m.grads_zero = false;  // gradients accumulate from here on (zero_grads() must clear them again)
   const dsv4::ModelConfig& cfg = m.cfg;
   const int64_t N = m.lay.N, d = cfg.hidden, hc = cfg.hc_mult, V = cfg.vocab_size;
   const Ctx c = m.ctx();
   const cuda::MhcDims md = mhc_dims(cfg, N);
   Pool bufs;
-  float* dX = m.last_stage() ? bufs.zeros<float>(N * hc * d) : bufs.take<float>(N * hc * d);
+  float* dX = bufs.take<float>(N * hc * d);  // written by hc_head's backward (accumulate = false) or the copy below
   float* dX_prev = bufs.take<float>(N * hc * d);
   if (!m.last_stage()) {  // the next stage's gradient of X[l1]
     TREX_CHECK(dx_out, "GPU model stage [{}, {}): backward needs the gradient dx_out of its output", m.l0, m.l1);
@@ -340,21 +420,43 @@ void GpuModel::backward_impl(const float* dx_out) {
     m.section("bwd.head", true);
     {
       Pool tmp;
-      cuda::LmHeadCeShape hs{N, d, V, std::min(m.opts.lm_chunk, V)};
-      void* scratch = tmp.take<char>(int64_t(cuda::lm_head_ce_scratch_bytes(hs)));
-      float* dnormed = tmp.zeros<float>(N * d);
-      // Mean over the targets of the whole (DP) batch: the reduce-scatter's sum is then the global gradient.
-      const float scale = m.global_targets > 0 ? float(1.0 / double(m.global_targets)) : 0.f;
-      cuda::lm_head_ce_bwd(m.gemm, hs, m.head_normed, m.b16("head.weight"), m.lay.targets.as<int32_t>(), m.lse,
-                           scale, dnormed, m.g32("head.weight"), scratch);
-      bf16* dn = tmp.take<bf16>(N * d);
-      cuda::cast_f32_to_bf16(dn, dnormed, N * d);
-      bf16* dcol = tmp.take<bf16>(N * d);
-      rmsnorm_bwd_full(c, dcol, m.g32("norm.weight"), dn, m.head_col, m.b16("norm.weight"), m.norm_rstd, N, d);
+      // A training forward left d(normed) and head.weight's gradient; after a loss-only forward the logits are
+      // recomputed chunk by chunk. Consumed either way: a second backward() recomputes (and accumulates again).
+      float* dnormed = m.head_dnormed;
+      m.head_dnormed = nullptr;
+      if (!dnormed) {
+        cuda::LmHeadCeShape hs{N, d, V, std::min(m.opts.lm_chunk, V)};
+        void* scratch = tmp.take<char>(int64_t(cuda::lm_head_ce_scratch_bytes(hs)));
+        dnormed = tmp.zeros<float>(N * d);
+        // Mean over the targets of the whole (DP) batch: the reduce-scatter's sum is then the global gradient.
+        const float scale = m.global_targets > 0 ? float(1.0 / double(m.global_targets)) : 0.f;
+        cuda::lm_head_ce_bwd(m.gemm, hs, m.head_normed, m.b16("head.weight"), m.lay.targets.as<int32_t>(), m.lse,
+                             scale, dnormed, m.g32("head.weight"), scratch);
+      }
+      // fp32 from here on: the hc_head gate gradients dcol . X[i] cancel (mhc_norm.h).
+      float* dcol = tmp.take<float>(N * d);
+      float* g_norm = m.g32("norm.weight");
+      float* dw_part = g_norm ? tmp.take<float>(cuda::mhc_collapse_norm_dw_rows(N) * d) : nullptr;
+      float* gate = cuda::mhc_fast_streams(hc) ? tmp.take<float>(N * hc) : nullptr;  // dcol . X[i]
+      cuda::mhc_collapse_norm_bwd(hc, m.X[size_t(cfg.n_layers)], m.head_w, m.b16("norm.weight"), m.norm_rstd,
+                                  dnormed, N, d, dcol, g_norm, dw_part, gate);
       float* hs_scratch = tmp.take<float>(cuda::hc_head_bwd_scratch_any(hc, N));
-      cuda::hc_head_bwd_any(hc, dX, m.g32("hc_head_fn"), m.g32("hc_head_base"), m.g32("hc_head_scale"), dcol,
+      // n_hc = 4: the fn gradient as a tensor-core GEMM on dmix split hi / lo (as site_bwd), not the kernel's pass.
+      float* g_hfn = m.g32("hc_head_fn");
+      const bool fn_gemm = cuda::mhc_fast_streams(hc) && g_hfn && N > 0;
+      cuda::hc_head_bwd_any(hc, dX, fn_gemm ? nullptr : g_hfn, m.g32("hc_head_base"), m.g32("hc_head_scale"), dcol,
                             m.X[size_t(cfg.n_layers)], m.f32("hc_head_fn"), m.f32("hc_head_base"),
-                            m.f32("hc_head_scale"), m.head_mix, m.head_rstd, m.head_w, N, d, hs_scratch);
+                            m.f32("hc_head_scale"), m.head_mix, m.head_rstd, m.head_w, N, d, hs_scratch, nullptr,
+                            gate, /*accumulate=*/false);
+      if (fn_gemm) {
+        const int64_t D = hc * d;
+        bf16* dm = tmp.take<bf16>(N * 2 * hc);  // [N, 8]: dmix_hi | dmix_lo
+        float* prod = tmp.take<float>(2 * hc * D);
+        cuda::mhc_split_bf16(cuda::hc_head_bwd_dmix(N, hs_scratch), N, hc, 2 * hc, dm, dm + hc);
+        cuda::GemmShape gs{2 * hc, D, N, true, false, cuda::GemmType::BF16, cuda::GemmType::F32, 1};
+        m.gemm.run(gs, dm, m.X[size_t(cfg.n_layers)], prod, 1.f, 0.f);  // prod [8, D] = dm^T X
+        cuda::mhc_add_split_rows(g_hfn, prod, hc, D);
+      }
     }
     m.section("bwd.head", false);
     m.reduce_bucket(m.head_bucket);
@@ -364,32 +466,31 @@ void GpuModel::backward_impl(const float* dx_out) {
     GpuBlock& b = *m.blocks[size_t(l)];
     const bf16* Xin = m.X[size_t(l)];
     Pool tmp;
-    float* dX_mid = tmp.zeros<float>(N * hc * d);
-    float* dy = tmp.zeros<float>(N * d);
+    // The expand backwards WRITE dX_mid / dX_prev and the bf16 dy (accumulate = false): no zero fills, no casts.
+    float* dX_mid = tmp.take<float>(N * hc * d);
     float* dpost = tmp.take<float>(N * 4);
     float* dcomb = tmp.take<float>(N * 16);
     bf16* dyb = tmp.take<bf16>(N * d);
     float* dsub = tmp.take<float>(N * d);
-    bf16* dsub_b = tmp.take<bf16>(N * d);
-    bf16* dcol = tmp.take<bf16>(N * d);
+    float* dcol = tmp.take<float>(N * d);  // fp32: the gate gradients dcol . X[i] cancel (mhc_norm.h)
+    float* norm_part = tmp.take<float>(cuda::mhc_collapse_norm_dw_rows(N) * d);
+    float* gate = cuda::mhc_fast_streams(hc) ? tmp.take<float>(N * hc) : nullptr;  // dcol . X[i]
     float* scratch = tmp.take<float>(cuda::mhc_site_bwd_scratch_any(hc, md));
     m.section("bwd.mhc+norm", true);
-    cuda::mhc_expand_bwd_any(hc, md, b.X_mid, b.y_f, b.sf.post, b.sf.comb, dX, dX_mid, dy, dpost, dcomb);
-    cuda::cast_f32_to_bf16(dyb, dy, N * d);
+    cuda::mhc_expand_bwd_any(hc, md, b.X_mid, b.y_f, b.sf.post, b.sf.comb, dX, dX_mid, nullptr, dpost, dcomb,
+                             nullptr, false, dyb);
     m.section("bwd.mhc+norm", false);
     m.section("bwd.moe", true);
     TREX_CUDA(cudaMemsetAsync(dsub, 0, size_t(N * d) * sizeof(float), nullptr));
     moe_bwd(c, b, dyb, dsub);
     m.section("bwd.moe", false);
     m.section("bwd.mhc+norm", true);
-    cuda::cast_f32_to_bf16(dsub_b, dsub, N * d);
-    rmsnorm_bwd_full(c, dcol, b.g_ffn_norm, dsub_b, b.col_f, b.ffn_norm, b.u_rstd, N, d);
-    cuda::mhc_site_bwd_any(hc, md, b.X_mid, b.hc_ffn_fn, b.hc_ffn_base, b.hc_ffn_scale, b.sf, dcol, dpost, dcomb,
-                           dX_mid, b.g_hc_ffn_fn, b.g_hc_ffn_base, b.g_hc_ffn_scale, scratch);
-    TREX_CUDA(cudaMemsetAsync(dX_prev, 0, size_t(N * hc * d) * sizeof(float), nullptr));
-    TREX_CUDA(cudaMemsetAsync(dy, 0, size_t(N * d) * sizeof(float), nullptr));
-    cuda::mhc_expand_bwd_any(hc, md, Xin, b.y_a, b.sa.post, b.sa.comb, dX_mid, dX_prev, dy, dpost, dcomb);
-    cuda::cast_f32_to_bf16(dyb, dy, N * d);
+    cuda::mhc_collapse_norm_bwd(hc, b.X_mid, b.sf.pre, b.ffn_norm, b.u_rstd, dsub, N, d, dcol, b.g_ffn_norm,
+                                b.g_ffn_norm ? norm_part : nullptr, gate);
+    site_bwd(c, hc, md, b.X_mid, b.hc_ffn_fn, b.hc_ffn_base, b.hc_ffn_scale, b.sf, dcol, dpost, dcomb, dX_mid,
+             b.g_hc_ffn_fn, b.g_hc_ffn_base, b.g_hc_ffn_scale, scratch, gate);
+    cuda::mhc_expand_bwd_any(hc, md, Xin, b.y_a, b.sa.post, b.sa.comb, dX_mid, dX_prev, nullptr, dpost, dcomb,
+                             nullptr, false, dyb);
     m.section("bwd.mhc+norm", false);
     const char* an = b.dims.type == dsv4::AttnType::Sliding ? "bwd.attn.sliding"
                      : b.dims.type == dsv4::AttnType::CSA  ? "bwd.attn.csa"
@@ -399,10 +500,10 @@ void GpuModel::backward_impl(const float* dx_out) {
     attention_bwd(c, b, dyb, dsub);
     m.section(an, false);
     m.section("bwd.mhc+norm", true);
-    cuda::cast_f32_to_bf16(dsub_b, dsub, N * d);
-    rmsnorm_bwd_full(c, dcol, b.g_attn_norm, dsub_b, b.col_a, b.attn_norm, b.a_rstd, N, d);
-    cuda::mhc_site_bwd_any(hc, md, Xin, b.hc_attn_fn, b.hc_attn_base, b.hc_attn_scale, b.sa, dcol, dpost, dcomb,
-                           dX_prev, b.g_hc_attn_fn, b.g_hc_attn_base, b.g_hc_attn_scale, scratch);
+    cuda::mhc_collapse_norm_bwd(hc, Xin, b.sa.pre, b.attn_norm, b.a_rstd, dsub, N, d, dcol, b.g_attn_norm,
+                                b.g_attn_norm ? norm_part : nullptr, gate);
+    site_bwd(c, hc, md, Xin, b.hc_attn_fn, b.hc_attn_base, b.hc_attn_scale, b.sa, dcol, dpost, dcomb, dX_prev,
+             b.g_hc_attn_fn, b.g_hc_attn_base, b.g_hc_attn_scale, scratch, gate);
     m.section("bwd.mhc+norm", false);
     m.reduce_bucket(m.layer_bucket[size_t(l)]);  // overlaps the backward of the layers below
     std::swap(dX, dX_prev);
@@ -432,6 +533,7 @@ void GpuModel::Impl::swap_slot(int s) {
   std::swap(head_col, z.head_col), std::swap(head_normed, z.head_normed), std::swap(head_mix, z.head_mix);
   std::swap(head_rstd, z.head_rstd), std::swap(head_w, z.head_w), std::swap(norm_rstd, z.norm_rstd);
   std::swap(lse, z.lse), std::swap(dx_in, z.dx_in), std::swap(forward_done, z.forward_done);
+  std::swap(head_dnormed, z.head_dnormed);
   for (int64_t l = l0; l < l1; ++l) swap_saved(*blocks[size_t(l)], z.blocks[size_t(l)]);
 }
 
@@ -464,7 +566,7 @@ double GpuModel::forward_stage(int64_t micro, const int32_t* ids, const int32_t*
   TREX_CHECK(!m.forward_done, "GPU model stage [{}, {}): micro-batch {} reuses slot {} whose backward has not run "
              "(more micro-batches in flight than stage_slots = {})", m.l0, m.l1, micro, slot_of(m, micro),
              m.slots.size());
-  return forward_impl(ids, labels, layout, nullptr, x_in);
+  return forward_impl(ids, labels, layout, nullptr, x_in, HeadMode::LossAndGrad);
 }
 
 const void* GpuModel::stage_output(int64_t micro) const {

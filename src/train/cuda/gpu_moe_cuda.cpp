@@ -1,11 +1,10 @@
 // MoE FFN of the GPU model (design §2.9), the dataflow of trex::dsv4::moe_fwd / moe_bwd: fp32 router logits,
 // sqrt(softplus) scores, hash or bias-corrected top-k routing, expert-grouped permutation, clamped SwiGLU experts
 // with fused w1|w3 weights, one shared expert, weighted combine. Routing and the permutation stay on the device.
-// The routed experts run either as grouped GEMMs (Ctx::grouped_experts: one launch for all experts, sized from
-// the device-side offsets, so the host never waits for the routing) or as one cuBLASLt GEMM per non-empty expert
-// after one host read of the offsets per layer (the backward reuses it). The second is the default: at the
-// benchmark shapes cuBLASLt's kernels run at 600-775 TFLOP/s against the grouped kernel's 250-320, which costs far
-// more than the synchronisation. The router's range status is copied to pinned host memory asynchronously and
+// The routed experts run either as grouped GEMMs (Ctx::grouped_experts, the default: one launch per product for
+// all experts, sized from the device-side offsets, so the host never waits for the routing; on sm_90 a wgmma + TMA
+// kernel at cuBLASLt's rate, kernels/cuda/grouped_gemm_sm90.cuh) or as one cuBLASLt GEMM per non-empty expert
+// after one host read of the offsets per layer (the backward reuses it), kept for comparison. The router's range status is copied to pinned host memory asynchronously and
 // checked once it has certainly arrived (backward, or this block's next forward).
 //
 // Expert parallel (Ctx::ep, P ranks > 1, an NCCL communicator): rank r computes experts [r E/P, (r+1) E/P) for the
@@ -143,7 +142,7 @@ void experts_dx(const Ctx& c, const ExpertRows& x, bf16* dx, const bf16* dy, con
 void experts_dw(const Ctx& c, const ExpertRows& x, float* dW, const bf16* dy, const bf16* in_rows, int64_t in,
                 int64_t out) {
   if (!x.h_offsets) {
-    cuda::grouped_linear_dw(dW, dy, in_rows, x.offsets, x.n_experts, in, out);
+    cuda::grouped_linear_dw(dW, dy, in_rows, x.offsets, x.n_experts, x.rows, in, out);
     return;
   }
   for (int64_t e = 0; e < x.n_experts; ++e) {
@@ -245,6 +244,8 @@ void moe_fwd(const Ctx& c, GpuBlock& b, const int32_t* injected_sel) {
   Pool& keep = b.keep;
   MoeActs& m = b.mo;
   const MoeW& w = b.mw;
+  SectionParts part(c, "fwd.moe/");
+  part.next("router");
   m.logits = keep.take<float>(N * E), m.scores = keep.take<float>(N * E), m.weight = keep.take<float>(N * K);
   m.sel = keep.take<int32_t>(N * K), m.order = keep.take<int32_t>(N * K), m.slot_pos = keep.take<int32_t>(N * K);
   m.offsets = keep.take<int32_t>(E + 1);
@@ -271,10 +272,12 @@ void moe_fwd(const Ctx& c, GpuBlock& b, const int32_t* injected_sel) {
   }
 
   bf16* xe = tmp.take<bf16>(N * K * d);
+  part.next("gather");
   cuda::moe_gather(xe, b.u, m.order, N, K, d);
   const bf16* add = nullptr;
   auto shared_expert = [&] {
     if (fs == 0) return;
+    part.next("shared");
     m.sgu = keep.take<bf16>(N * 2 * fs);
     c.lin.fwd(m.sgu, b.u, w.sw13, N, d, 2 * fs);
     bf16* sh = tmp.take<bf16>(N * fs);
@@ -301,6 +304,7 @@ void moe_fwd(const Ctx& c, GpuBlock& b, const int32_t* injected_sel) {
   }
   const ExpertRows x = expert_rows(c, b);
   int32_t* gscratch = tmp.take<int32_t>(cuda::grouped_linear_scratch(x.n_experts));
+  part.next("experts");
   m.gu = keep.take<bf16>(x.rows * 2 * f);  // under EP: this rank's expert-major rows
   experts_fwd(c, x, m.gu, xl, x.w13, d, 2 * f, gscratch);
   bf16* h = tmp.take<bf16>(x.rows * f);
@@ -315,6 +319,7 @@ void moe_fwd(const Ctx& c, GpuBlock& b, const int32_t* injected_sel) {
   } else {
     experts_fwd(c, x, m.ye, h, x.w2, f, d, gscratch);
   }
+  part.next("combine");
   cuda::moe_combine(b.y_f, m.ye, m.slot_pos, m.weight, add, N, K, d);
 }
 
@@ -326,12 +331,15 @@ void moe_bwd(const Ctx& c, GpuBlock& b, const bf16* dout, float* du) {
   const MoeActs& m = b.mo;
   const MoeW& w = b.mw;
   Pool tmp;
+  SectionParts part(c, "bwd.moe/");
+  part.next("combine");
   bf16* dye = tmp.take<bf16>(N * K * d);
   float* dweight = tmp.take<float>(N * K);
   cuda::moe_combine_bwd(dye, dweight, dout, m.ye, m.slot_pos, m.weight, N, K, d);
 
   auto shared_expert = [&] {
     if (fs == 0) return;
+    part.next("shared");
     bf16* sh = tmp.take<bf16>(N * fs);
     cuda::swiglu_fwd(sh, m.sgu, N, fs, limit);
     c.lin.dw(w.g_sw2, dout, sh, N, fs, d);
@@ -363,6 +371,7 @@ void moe_bwd(const Ctx& c, GpuBlock& b, const bf16* dout, float* du) {
   }
 
   int32_t* gscratch = tmp.take<int32_t>(cuda::grouped_linear_scratch(x.n_experts));
+  part.next("experts");
   bf16* h = tmp.take<bf16>(x.rows * f);
   cuda::swiglu_fwd(h, m.gu, x.rows, f, limit);
   bf16* dh = tmp.take<bf16>(x.rows * f);
@@ -386,9 +395,11 @@ void moe_bwd(const Ctx& c, GpuBlock& b, const bf16* dout, float* du) {
     comm::stream_wait(*got, nullptr);
     dxe = back;
   }
+  part.next("gather");
   cuda::moe_gather_bwd(du, dxe, m.slot_pos, N, K, d);
 
   // Router: gate weights -> scores -> logits -> gate GEMM.
+  part.next("router");
   float* dlogits = tmp.take<float>(N * E);
   cuda::router_bwd(router_shape(c, b, false), m.logits, m.scores, m.sel, dweight, nullptr, dlogits);
   bf16* dlogits_b = tmp.take<bf16>(N * E);

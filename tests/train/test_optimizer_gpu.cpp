@@ -1,0 +1,130 @@
+// The GPU model's optimiser step (GpuModel::optimizer_step) against the CPU optimiser (optim::Optimizer, the run's
+// definition) on the tiny V4 config: the same weights and, per step, the same random gradients on both sides;
+// after three steps every tensor's change (w - w0) must match. Muon's Newton-Schulz runs in bf16 products on the
+// GPU (fp32 on the CPU), so its tensors match to about a percent; AdamW tensors to fp32 rounding.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <random>
+
+#include "model/dsv4/model.h"
+#include "optim/optimizer.h"
+#include "optim/param_groups.h"
+#include "train/cuda/dsv4_gpu.h"
+#include "train/tiny_gpu_config.h"
+
+namespace {
+
+using namespace trex;
+
+void init_weights(dsv4::ParamTable<float>& pt, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (const auto& p : pt.entries()) {
+    float* w = pt.arena_value(p);
+    const bool norm = p.name.find("norm.weight") != std::string::npos;
+    const float sd = norm ? 0.1f : 1.f / std::sqrt(float(p.shape.back()));
+    for (int64_t i = 0; i < p.numel; ++i) w[i] = (norm ? 1.f : 0.f) + sd * nd(g);
+  }
+}
+
+struct Diff {
+  double delta_rel = 0, value_rel = 0;
+};
+
+// Relative L2 of the GPU's change against the CPU's, and of the values.
+Diff compare(const std::vector<float>& gpu, const float* cpu, const std::vector<float>& w0) {
+  double dn = 0, dd = 0, vn = 0, vd = 0;
+  for (size_t i = 0; i < w0.size(); ++i) {
+    const double dg = double(gpu[i]) - w0[i], dc = double(cpu[i]) - w0[i];
+    dn += (dg - dc) * (dg - dc), dd += dc * dc;
+    vn += (double(gpu[i]) - cpu[i]) * (double(gpu[i]) - cpu[i]), vd += double(cpu[i]) * cpu[i];
+  }
+  return {std::sqrt(dn / std::max(dd, 1e-300)), std::sqrt(vn / std::max(vd, 1e-300))};
+}
+
+void run_against_cpu(const optim::OptimizerConfig& oc, double lr, double muon_tol) {
+  const dsv4::ModelConfig cfg = trex::testing::tiny_gpu_config("optimizer test config");
+  dsv4::ModelOptions mo;
+  mo.balance_alpha = 0.0;
+  mo.use_mtp = false;
+  dsv4::Model<float> cpu(cfg, mo);
+  auto& pt = cpu.params();
+  init_weights(pt, 5);
+  dsv4gpu::GpuModel gpu(cfg);
+  gpu.load_from(pt);
+  std::vector<optim::ParamRef> refs;
+  std::map<std::string, std::vector<float>> w0;
+  for (const auto& e : pt.entries()) {
+    refs.push_back({e.name, e.shape, pt.arena_value(e), pt.arena_grad(e), optim::dsv4_param_group(e.name, e.shape)});
+    w0[e.name].assign(pt.arena_value(e), pt.arena_value(e) + e.numel);
+  }
+  optim::Optimizer opt(refs, oc);
+  const std::vector<std::string> names = gpu.param_names();  // load_from checked the CPU has each
+  std::mt19937 g(9);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (int64_t step = 1; step <= 3; ++step) {
+    for (const std::string& n : names) {
+      const auto& info = pt.info(n);
+      std::vector<float> grad(size_t(info.numel));
+      const float scale = 1e-2f * float(1 + step);
+      for (float& x : grad) x = scale * nd(g);
+      std::copy(grad.begin(), grad.end(), pt.arena_grad(info));
+      gpu.set_grad(n, grad);
+    }
+    opt.step(lr);
+    gpu.optimizer_step(oc, lr, step);
+  }
+  int n_muon = 0, n_adamw = 0;
+  double worst_muon = 0, worst_adamw = 0;
+  for (const std::string& n : names) {
+    const auto& info = pt.info(n);
+    const bool muon = oc.kind == "muon" && optim::dsv4_param_group(n, info.shape) == optim::ParamGroup::Muon;
+    const Diff d = compare(gpu.value(n), pt.arena_value(info), w0[n]);
+    std::printf("%-6s %-48s %-12s change rel L2 %.2e  value rel L2 %.2e\n", muon ? "muon" : "adamw", n.c_str(),
+                shape_str(info.shape).c_str(), d.delta_rel, d.value_rel);
+    if (muon) {
+      EXPECT_LT(d.delta_rel, muon_tol) << n;
+      EXPECT_LT(d.value_rel, 1e-2) << n;
+      worst_muon = std::max(worst_muon, d.delta_rel), ++n_muon;
+    } else {
+      EXPECT_LT(d.delta_rel, 1e-4) << n;
+      worst_adamw = std::max(worst_adamw, d.delta_rel), ++n_adamw;
+    }
+  }
+  std::printf("%s: %d Muon tensors (worst change rel L2 %.2e), %d AdamW tensors (worst %.2e)\n", oc.kind.c_str(),
+              n_muon, worst_muon, n_adamw, worst_adamw);
+  if (oc.kind == "muon") {
+    EXPECT_GT(n_muon, 20);
+  }
+}
+
+TEST(OptimizerGpu, MuonMatchesCpuOptimizer) {
+  optim::OptimizerConfig oc;  // kind muon, the design's defaults (momentum 0.95 Nesterov, 8 + 2 NS steps, 0.18)
+  oc.adamw.eps = 1e-8;
+  run_against_cpu(oc, 1e-2, 4e-2);
+}
+
+TEST(OptimizerGpu, MuonWithoutNesterovAndOtherScales) {
+  optim::OptimizerConfig oc;
+  oc.adamw.eps = 1e-8;
+  oc.adamw.decay_vectors = false;  // AdamW tensors under 2 dims undecayed
+  oc.muon.nesterov = false;
+  oc.muon.momentum = 0.9;
+  oc.muon.weight_decay = 0.05;
+  oc.muon.update_rms = 0.2;
+  oc.muon_lr_scale = 2.0;
+  run_against_cpu(oc, 5e-3, 4e-2);
+}
+
+TEST(OptimizerGpu, AdamWWithoutVectorDecayMatchesCpu) {
+  optim::OptimizerConfig oc;
+  oc.kind = "adamw";
+  oc.adamw.eps = 1e-8;
+  oc.adamw.decay_vectors = false;
+  run_against_cpu(oc, 1e-2, 0);
+}
+
+}  // namespace
