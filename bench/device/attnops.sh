@@ -10,19 +10,12 @@ export CUDA_VISIBLE_DEVICES=0
 B=build-dev
 T0=$(date +%s)
 LIMIT=${ATTNOPS_LIMIT:-58}
-run_test() {  # name, timeout, binary, gtest args...
-  local name=$1 lim=$2 bin=$3
-  shift 3
-  if [ ! -x "$bin" ]; then echo "FAIL $name: $bin not built"; return; fi
-  local log
-  log=$(timeout "$lim" "$bin" "$@" 2>&1)
-  local rc=$?
-  echo "$log" | grep -E "^\[  FAILED|^\[       OK|^\[  PASSED|Failure|Expected|Which is|error:|SKIPPED \[" | head -40
-  # The attention gradients' errors vs the CPU model (fused vs unfused comparable line by line).
-  echo "$log" | grep -E "^loss cpu|grad layers\.[0-9]+\.attn\.(wq_b|wkv|kv_norm|wo_a|compressor\.(wkv|ape))" | head -14
-  if [ $rc -ne 0 ]; then echo "FAIL $name (rc $rc)"
-  elif echo "$log" | grep -q "SKIPPED \["; then echo "SKIP $name"
-  else echo "PASS $name"; fi
+. bench/device/lib.sh
+RUN_TEST_SHOW='^\[  FAILED|^\[       OK|^\[  PASSED|Failure|Expected|Which is|error:|SKIPPED \['
+RUN_TEST_LINES=40
+# The attention gradients' errors vs the CPU model (fused vs unfused comparable line by line).
+run_test_extra() {
+  echo "$1" | grep -E "^loss cpu|grad layers\.[0-9]+\.attn\.(wq_b|wkv|kv_norm|wo_a|compressor\.(wkv|ape))" | head -14
 }
 run_test "GpuOps + GpuIndexer + GpuRopeOps + GpuCompressor kernels" 15 $B/tests/test_kernels_gpu \
   --gtest_filter='GpuOps.*:GpuIndexer*:GpuRopeOps.*:GpuCompressor.*'

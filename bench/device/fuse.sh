@@ -9,18 +9,9 @@ set -uo pipefail
 export CUDA_VISIBLE_DEVICES=0
 B=build-dev
 T0=$(date +%s)
-run_test() {  # name, timeout, binary, gtest args...
-  local name=$1 lim=$2 bin=$3
-  shift 3
-  if [ ! -x "$bin" ]; then echo "FAIL $name: $bin not built"; return; fi
-  local log
-  log=$(timeout "$lim" "$bin" "$@" 2>&1)
-  local rc=$?
-  echo "$log" | grep -E "BENCH|Failure|Expected|Which is|error|FAILED|PASSED|SKIPPED|worst|\(.* ms\)$" | head -60
-  if [ $rc -ne 0 ]; then echo "FAIL $name (rc $rc)"
-  elif echo "$log" | grep -q "SKIPPED \["; then echo "SKIP $name: $(echo "$log" | grep -m1 -iE 'needs|skipped')"
-  else echo "PASS $name"; fi
-}
+. bench/device/lib.sh
+RUN_TEST_SHOW='BENCH|Failure|Expected|Which is|error|FAILED|PASSED|SKIPPED|worst|\(.* ms\)$'
+RUN_TEST_LINES=60
 run_test "mHC / RMSNorm / hc_head / LM head CE kernels vs CPU" 30 $B/tests/test_kernels_gpu \
   --gtest_filter="GpuMhc.*:GpuMhcGeneric*:GpuOps.RmsNorm*:GpuHcHead.*:GpuLmHeadCe.*"
 echo "== after $(( $(date +%s) - T0 )) s"

@@ -12,18 +12,9 @@ set -uo pipefail
 export CUDA_VISIBLE_DEVICES=0
 B=build-dev
 T0=$(date +%s)
-run_test() {  # name, timeout, binary, gtest args...
-  local name=$1 lim=$2 bin=$3
-  shift 3
-  if [ ! -x "$bin" ]; then echo "FAIL $name: $bin not built"; return; fi
-  local log
-  log=$(timeout "$lim" "$bin" "$@" 2>&1)
-  local rc=$?
-  echo "$log" | grep -E "LMHEAD|loss|rel L2 .* \(|Failure|Expected|Which is|error|FAILED|PASSED|SKIPPED|OK \]" | head -60
-  if [ $rc -ne 0 ]; then echo "FAIL $name (rc $rc)"
-  elif echo "$log" | grep -q "SKIPPED \["; then echo "SKIP $name: $(echo "$log" | grep -m1 -iE 'needs|skipped')"
-  else echo "PASS $name"; fi
-}
+. bench/device/lib.sh
+RUN_TEST_SHOW='LMHEAD|loss|rel L2 .* \(|Failure|Expected|Which is|error|FAILED|PASSED|SKIPPED|OK \]'
+RUN_TEST_LINES=60
 run_test "LM head CE kernels (training pass vs CPU double / recompute) + timing" 30 $B/tests/test_kernels_gpu \
   --gtest_filter="*GpuLmHeadCe*" --gtest_also_run_disabled_tests
 echo "== after $(( $(date +%s) - T0 )) s"

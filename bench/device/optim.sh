@@ -10,20 +10,11 @@ set -uo pipefail
 export CUDA_VISIBLE_DEVICES=0
 B=build-dev
 T0=$(date +%s)
-run_test() {  # name, timeout, binary, gtest args...
-  local name=$1 lim=$2 bin=$3
-  shift 3
-  if [ ! -x "$bin" ]; then echo "FAIL $name: $bin not built"; return; fi
-  local log
-  log=$(timeout "$lim" "$bin" "$@" 2>&1)
-  local rc=$?
-  echo "$log" | grep -E "^NS |NS throughput|AdamW 256M|Muon tensors|Failure|Expected|Which is|error|FAILED|PASSED|SKIPPED|\(.* ms\)$" | head -60
-  # The per-tensor lines of the Muon step comparison: the worst few.
-  echo "$log" | grep -E "^muon " | sort -g -k5 | tail -4
-  if [ $rc -ne 0 ]; then echo "FAIL $name (rc $rc)"
-  elif echo "$log" | grep -q "SKIPPED \["; then echo "SKIP $name: $(echo "$log" | grep -m1 -iE 'needs|skipped')"
-  else echo "PASS $name"; fi
-}
+. bench/device/lib.sh
+RUN_TEST_SHOW='^NS |NS throughput|AdamW 256M|Muon tensors|Failure|Expected|Which is|error|FAILED|PASSED|SKIPPED|\(.* ms\)$'
+RUN_TEST_LINES=60
+# The per-tensor lines of the Muon step comparison: the worst few.
+run_test_extra() { echo "$1" | grep -E "^muon " | sort -g -k5 | tail -4; }
 run_test "Muon NS / AdamW zero-fold kernels (MuonGpu.*)" 25 $B/tests/test_kernels_gpu --gtest_filter='MuonGpu.*'
 echo "== after $(( $(date +%s) - T0 )) s"
 run_test "GPU optimizer step vs CPU optimizer (OptimizerGpu.*) + training-step parity" 25 $B/tests/test_train_gpu \
