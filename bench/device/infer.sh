@@ -59,13 +59,13 @@ fi
 # The HTTP path too, where the build has cpp-httplib.
 if [ $HAVE_TREX = 1 ] && build-dev/trex serve --help 2>&1 | grep -q -- --device && [ "$(left)" -gt 40 ]; then
   LOG=$(mktemp)
-  build-dev/trex serve --device cuda --config .devdeps/flash-l4.json --seed 1 --port $PORT --max-batch 16 \
+  build-dev/trex serve --device cuda --config .devdeps/flash-l4.json --seed 1 --port $PORT --max-batch 64 \
     --max-context $((P + G + 64)) --prefill-chunk $P >"$LOG" 2>&1 &
   SRV=$!
   sleep 1
   if kill -0 $SRV 2>/dev/null; then
-    timeout $(( $(left) - 10 < 45 ? $(left) - 10 : 45 )) python3 bench/device/infer_load.py --port $PORT --prompt $P \
-      --gen $G --levels 1,16 --wait 30
+    timeout $(( $(left) - 10 < 60 ? $(left) - 10 : 60 )) python3 bench/device/infer_load.py --port $PORT --prompt $P \
+      --gen $G --levels 1,16,64 --wait 30
     echo "HTTP load test exit code: $?"
   else
     echo "SKIP HTTP load test: $(tail -1 "$LOG")"
