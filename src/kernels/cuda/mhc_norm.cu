@@ -5,6 +5,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/mhc_norm.h"
+#include "kernels/cuda/vec_io.cuh"
 
 #include <initializer_list>
 
@@ -46,50 +47,8 @@ __device__ inline void block_sums(float* v, float (*shared)[kThreads / 32]) {
   __syncthreads();
 }
 
-template <int V>
-__device__ inline void load_v(const bf16* p, float* f) {
-  if constexpr (V == 8) {
-    const uint4 v = *reinterpret_cast<const uint4*>(p);
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 x = __bfloat1622float2(h[i]);
-      f[2 * i] = x.x, f[2 * i + 1] = x.y;
-    }
-  } else {
-    f[0] = __bfloat162float(p[0]);
-  }
-}
-template <int V>
-__device__ inline void load_v(const float* p, float* f) {
-  if constexpr (V == 8) {
-    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
-    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
-  } else {
-    f[0] = p[0];
-  }
-}
-template <int V>
-__device__ inline void store_v(float* p, const float* f) {
-  if constexpr (V == 8) {
-    reinterpret_cast<float4*>(p)[0] = make_float4(f[0], f[1], f[2], f[3]);
-    reinterpret_cast<float4*>(p)[1] = make_float4(f[4], f[5], f[6], f[7]);
-  } else {
-    p[0] = f[0];
-  }
-}
-template <int V>
-__device__ inline void store_v(bf16* p, const float* f) {
-  if constexpr (V == 8) {
-    uint4 v;
-    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-    *reinterpret_cast<uint4*>(p) = v;
-  } else {
-    p[0] = __float2bfloat16(f[0]);
-  }
-}
+using vec::load_v;
+using vec::store_v;
 
 // c[e] = sum_i p[i] X[i][j + e] in stream order: the one definition both passes use (bitwise equal results).
 template <int V>

@@ -1,0 +1,57 @@
+// V consecutive elements of a row between memory and fp32 registers: V = 8 as one 16-byte access for bf16 (two for
+// fp32), V = 1 scalar (rows of any width or alignment). bf16 stores round to nearest even. Shared by the
+// element-wise kernels (norms, RoPE, casts) and the fused mHC collapse + norm.
+#pragma once
+#include <cuda_bf16.h>
+
+namespace trex::cuda::vec {
+
+template <int V>
+__device__ inline void load_v(const __nv_bfloat16* p, float* f) {
+  if constexpr (V == 8) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 x = __bfloat1622float2(h[i]);
+      f[2 * i] = x.x, f[2 * i + 1] = x.y;
+    }
+  } else {
+    f[0] = __bfloat162float(p[0]);
+  }
+}
+
+template <int V>
+__device__ inline void store_v(__nv_bfloat16* p, const float* f) {
+  if constexpr (V == 8) {
+    uint4 u;
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    *reinterpret_cast<uint4*>(p) = u;
+  } else {
+    p[0] = __float2bfloat16(f[0]);
+  }
+}
+
+template <int V>
+__device__ inline void load_v(const float* p, float* f) {
+  if constexpr (V == 8) {
+    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+  } else {
+    f[0] = p[0];
+  }
+}
+
+template <int V>
+__device__ inline void store_v(float* p, const float* f) {
+  if constexpr (V == 8) {
+    reinterpret_cast<float4*>(p)[0] = make_float4(f[0], f[1], f[2], f[3]);
+    reinterpret_cast<float4*>(p)[1] = make_float4(f[4], f[5], f[6], f[7]);
+  } else {
+    p[0] = f[0];
+  }
+}
+
+}  // namespace trex::cuda::vec
