@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "comm/nccl_communicator.h"
+#include "comm/two_rank_threads.h"
 
 namespace {
 
@@ -26,37 +27,11 @@ using namespace trex;
 using comm::ElemType;
 using comm::ReduceOp;
 
-int n_devices() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
-  return n;
-}
+using trex::testing::n_devices;
+using trex::testing::run2;
 
 #define REQUIRE_2_GPUS()                                                            \
   if (n_devices() < 2) GTEST_SKIP() << "needs 2 GPUs, " << n_devices() << " visible"
-
-// Runs fn(rank) on two threads; an exception in either fails the test with its message.
-void run2(const std::function<void(int)>& fn) {
-  std::exception_ptr err[2];
-  std::vector<std::thread> ts;
-  for (int r = 0; r < 2; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (...) {
-        err[r] = std::current_exception();
-      }
-    });
-  for (auto& t : ts) t.join();
-  for (int r = 0; r < 2; ++r)
-    if (err[r]) {
-      try {
-        std::rethrow_exception(err[r]);
-      } catch (const std::exception& e) {
-        FAIL() << "rank " << r << ": " << e.what();
-      }
-    }
-}
 
 template <typename T>
 T* to_dev(const std::vector<T>& h) {

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "comm/nccl_communicator.h"
+#include "comm/two_rank_threads.h"
 #include "train/cuda/dsv4_gpu.h"
 #include "train/tiny_gpu_config.h"
 
@@ -27,33 +28,9 @@ namespace {
 
 using namespace trex;
 
-int n_devices() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
-  return n;
-}
+using trex::testing::n_devices;
+using trex::testing::run2;
 
-void run2(const std::function<void(int)>& fn) {
-  std::exception_ptr err[2];
-  std::vector<std::thread> ts;
-  for (int r = 0; r < 2; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (...) {
-        err[r] = std::current_exception();
-      }
-    });
-  for (auto& t : ts) t.join();
-  for (int r = 0; r < 2; ++r)
-    if (err[r]) {
-      try {
-        std::rethrow_exception(err[r]);
-      } catch (const std::exception& e) {
-        FAIL() << "rank " << r << ": " << e.what();
-      }
-    }
-}
 
 // The GPU parity test's fixture-like model: every attention type, hash and score MoE layers, a shared expert.
 dsv4::ModelConfig ep_config() { return trex::testing::tiny_gpu_config("EP test config (the parity test's)"); }

@@ -1,5 +1,6 @@
 #include "kernels/cuda/attention_sparse.h"
 
+#include "kernels/cuda/attention_keys.cuh"
 #include "kernels/cuda/attention_sparse_mma.h"
 #include "kernels/cuda/cuda_check.h"
 
@@ -34,29 +35,8 @@ __device__ inline float warp_sum(float v) {
   return v;
 }
 
-// The keys of query i: window rows [win_begin, i], then n_cmp compressed slots.
-struct KeyList {
-  int64_t win_begin, n_win, n_cmp, cmp_begin;
-  const int64_t* sel;
-  __device__ int64_t size() const { return n_win + n_cmp; }
-};
-
-__device__ inline KeyList key_list(const SparseKeySets& k, int64_t i) {
-  KeyList l;
-  l.win_begin = k.win_begin[i];
-  l.n_win = i - l.win_begin + 1;
-  l.sel = nullptr;
-  l.cmp_begin = 0;
-  l.n_cmp = 0;
-  if (k.cmp_sel) {
-    l.sel = k.cmp_sel + i * k.k_sel;
-    l.n_cmp = k.k_sel;
-  } else if (k.cmp_begin) {
-    l.cmp_begin = k.cmp_begin[i];
-    l.n_cmp = k.cmp_end[i] - l.cmp_begin;
-  }
-  return l;
-}
+using attn_keys::KeyList;
+using attn_keys::key_list;
 
 // Row index of key j: >= 0 is a kv row (window) or, with is_cmp, a compressed entry; -1 = no key.
 __device__ inline int64_t key_row(const KeyList& l, int64_t j, bool& is_cmp) {

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 
+#include "kernels/cuda/attention_keys.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/mma_ptx.cuh"
 
@@ -22,29 +23,8 @@ using namespace ptx;
 constexpr int kKT = 32;  // keys per tile (backward; the forward takes it as a template parameter, 32 or 64)
 constexpr int kPad = 8;  // bf16 per smem row: a 16-byte shift so the 8 rows of an ldmatrix hit distinct banks
 
-// The keys of query i: window rows [win_begin, i], then n_cmp compressed slots (same order as the CPU path).
-struct KeyList {
-  int64_t win_begin, n_win, n_cmp, cmp_begin;
-  const int64_t* sel;
-  __device__ int64_t size() const { return n_win + n_cmp; }
-};
-
-__device__ inline KeyList key_list(const SparseKeySets& k, int64_t i) {
-  KeyList l;
-  l.win_begin = k.win_begin[i];
-  l.n_win = i - l.win_begin + 1;
-  l.sel = nullptr;
-  l.cmp_begin = 0;
-  l.n_cmp = 0;
-  if (k.cmp_sel) {
-    l.sel = k.cmp_sel + i * k.k_sel;
-    l.n_cmp = k.k_sel;
-  } else if (k.cmp_begin) {
-    l.cmp_begin = k.cmp_begin[i];
-    l.n_cmp = k.cmp_end[i] - l.cmp_begin;
-  }
-  return l;
-}
+using attn_keys::KeyList;
+using attn_keys::key_list;
 
 // The union of the key lists of queries i0 .. i0 + nq - 1 (the multi-query forward): window rows
 // [win_begin[i0], i0 + nq - 1], then the compressed slots of all nq queries (CSA: their selections back to back,
