@@ -1,4 +1,5 @@
-// trex train CONFIG --out DIR [--max-steps N]: CPT/SFT training; re-running with the same DIR resumes.
+// trex train CONFIG --out DIR [--max-steps N] [--device cpu|cuda]: CPT/SFT training; re-running with the same DIR
+// resumes (also on the other device: the checkpoint format is the same).
 // Under mpirun / srun (or with a `parallel:` section) it runs the distributed trainer; rank 0 prints the result.
 // trex export-hf RUN --out DIR: a run's newest checkpoint as a Hugging Face model directory.
 #include <fmt/format.h>
@@ -15,6 +16,7 @@ struct TrainArgs {
   std::string config, out;
   int64_t max_steps = -1;
   bool no_progress = false;
+  std::string device;
 };
 
 void setup(CLI::App& app) {
@@ -24,9 +26,11 @@ void setup(CLI::App& app) {
       ->required();
   app.add_option("--max-steps", a->max_steps, "stop after this many total steps (default: the config's)");
   app.add_flag("--no-progress", a->no_progress, "no progress bar");
+  app.add_option("--device", a->device, "cpu | cuda (one GPU; default: the config's `device`, else cpu)");
   app.callback([a] {
     trex::train::RunOptions o;
     o.max_steps = a->max_steps;
+    o.device = a->device;
     o.show_progress = !a->no_progress;
     auto r = trex::train::run_training(a->config, a->out, o);
     if (trex::comm::detect_launch_env().rank != 0) return;  // one result line per job, from rank 0

@@ -7,8 +7,10 @@ round: prefill tokens/s = C * P / wall time), then C simultaneous streaming requ
 ITL: the gap between consecutive streamed chunks, spread evenly over the tokens of the later chunk (the server may
 put several tokens in one chunk). Decode tokens/s: tokens after each request's first, summed, over the time from
 the last first token to the last token (the span where every request is decoding).
+After each level the server's /health must report no active or queued request within 10 s (no leaked slots), and
+with --pid the server's resident memory is read before and after every level (host memory flat under load).
 Prints a human line and one JSON line ("LOAD {...}") per level.
-    python3 infer_load.py --port 8123 --prompt 512 --gen 64 --levels 1,16,64
+    python3 infer_load.py --port 8123 --prompt 512 --gen 64 --levels 1,16,64 [--pid SERVER_PID]
 """
 import argparse, http.client, json, random, statistics, sys, threading, time
 
@@ -61,6 +63,37 @@ def run_round(port, model, C, P, G, vocab, rng):
     return outs, time.perf_counter() - t
 
 
+def health(port):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    c.request("GET", "/health")
+    return json.loads(c.getresponse().read())
+
+
+def drained(port, wait_s=10.0):
+    """True once /health reports no active and no queued request (the slots of finished requests are freed)."""
+    deadline = time.time() + wait_s
+    h = {}
+    while time.time() < deadline:
+        try:
+            h = health(port)
+            if h.get("active") == 0 and h.get("queued") == 0:
+                return True, h
+        except Exception as e:  # report, never hang the run
+            h = {"error": str(e)}
+        time.sleep(0.2)
+    return False, h
+
+
+def rss_mib(pid):
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
 def pct(v, q):
     if not v:
         return float("nan")
@@ -76,6 +109,7 @@ def main():
     ap.add_argument("--levels", default="1,16,64")
     ap.add_argument("--vocab", type=int, default=129280)
     ap.add_argument("--wait", type=float, default=60)
+    ap.add_argument("--pid", type=int, default=0, help="the server's pid: report its resident memory per level")
     a = ap.parse_args()
     rng = random.Random(0)
     deadline = time.time() + a.wait
@@ -97,7 +131,9 @@ def main():
     ok = True
     # Warm-up (cuBLASLt plans, memory pool): one short request.
     run_round(a.port, model, 2, 32, 4, a.vocab, rng)
+    rss0 = rss_mib(a.pid) if a.pid else None
     for C in [int(x) for x in a.levels.split(",")]:
+        rss_before = rss_mib(a.pid) if a.pid else None
         outs, wall_p = run_round(a.port, model, C, a.prompt, 1, a.vocab, rng)
         errs = [o["error"] for o in outs if "error" in o]
         outs2, wall_d = run_round(a.port, model, C, a.prompt, a.gen, a.vocab, rng)
@@ -127,15 +163,25 @@ def main():
                "ttft_ms_p99": round(pct(ttft, 99), 1),
                "itl_ms_p50": round(pct(itl, 50), 2), "itl_ms_p90": round(pct(itl, 90), 2),
                "itl_ms_p99": round(pct(itl, 99), 2)}
+        free, h = drained(a.port)
+        res["slots_freed"] = free
+        if not free:
+            ok = False
+            print(f"FAIL load test C={C}: the server still reports {h} 10 s after the last request finished")
+        if a.pid:
+            res["server_rss_mib_before"], res["server_rss_mib_after"] = rss_before, rss_mib(a.pid)
         if ntok != C * a.gen:
             ok = False
             print(f"FAIL load test C={C}: {ntok} tokens streamed, expected {C * a.gen}")
         print(f"C={C:3d}: prefill {res['prefill_tok_s']:.0f} tok/s ({C}x{a.prompt} prompt tokens in {wall_p:.2f} s); "
               f"decode {res['decode_tok_s']:.0f} tok/s; TTFT p50/p90/p99 {res['ttft_ms_p50']}/{res['ttft_ms_p90']}/"
-              f"{res['ttft_ms_p99']} ms; ITL p50/p90/p99 {res['itl_ms_p50']}/{res['itl_ms_p90']}/{res['itl_ms_p99']} ms")
+              f"{res['ttft_ms_p99']} ms; ITL p50/p90/p99 {res['itl_ms_p50']}/{res['itl_ms_p90']}/{res['itl_ms_p99']} ms; "
+              f"slots freed {free}" + (f"; server RSS {rss_before} -> {res['server_rss_mib_after']} MiB" if a.pid else ""))
         print("LOAD " + json.dumps(res))
         sys.stdout.flush()
-    print("PASS load test (no errors, every token streamed)" if ok else "FAIL load test")
+    if a.pid:
+        print(f"server RSS over the whole test: {rss0} -> {rss_mib(a.pid)} MiB")
+    print("PASS load test (no errors, every token streamed, every slot freed)" if ok else "FAIL load test")
     return 0 if ok else 1
 
 

@@ -25,6 +25,7 @@
 
 #include "core/error.h"
 #include "infer/engine.h"
+#include "kernels/cuda/attention_generic.h"
 #include "kernels/cuda/attention_sparse.h"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/elementwise.h"
@@ -32,6 +33,7 @@
 #include "kernels/cuda/hc_head.h"
 #include "kernels/cuda/indexer.h"
 #include "kernels/cuda/mhc.h"
+#include "kernels/cuda/mhc_generic.h"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/tensor_ops.h"
 #include "model/dsv4/rope.h"
@@ -192,10 +194,10 @@ class CudaEngine final : public Engine {
   CudaEngine(const dsv4::ModelConfig& cfg, const dsv4::ParamTable<float>* weights, const CudaEngineOptions& o)
       : cfg_(cfg), slots_(o.slots) {
     TREX_CHECK(o.slots >= 1, "cuda engine: need at least one slot, got {}", o.slots);
-    // The training GpuModel also serves hc_mult 1..3 (generic kernels, gpuparity); this engine's step calls the
-    // 4-stream mHC kernels directly.
-    TREX_CHECK(cfg.hc_mult == cuda::kMhcStreams, "cuda engine: hc_mult {} unsupported (the mHC kernels need {})",
-               cfg.hc_mult, cuda::kMhcStreams);
+    // hc_mult 4 runs the fast mHC kernels, 1..3 (the golden fixtures b and c) the generic ones (mhc_generic.h).
+    TREX_CHECK(cfg.hc_mult >= 1 && cfg.hc_mult <= cuda::kMhcGenericMaxStreams,
+               "cuda engine: hc_mult {} unsupported (the mHC kernels serve 1..{})", cfg.hc_mult,
+               cuda::kMhcGenericMaxStreams);
     max_context_ = o.max_context > 0 ? o.max_context : std::min(cfg.max_position, kDefaultMaxContext);
     TREX_CHECK(max_context_ > 0, "cuda engine: no context limit (config max_position_embeddings is {})",
                cfg.max_position);
@@ -244,6 +246,12 @@ class CudaEngine final : public Engine {
                  "cuda engine: TREX_INFER_ATTENTION={} (expected reference or tensor)", v);
       reference_attention_ = v == "reference";
     }
+    // The per-warp decode kernel serves head dims 256 / 512 only; the tensor-core path falls back to the generic
+    // sparse attention for the others (the fixtures' 16 / 32 / 48).
+    for (const auto& blk : m.blocks)
+      TREX_CHECK(!reference_attention_ || cuda::sparse_attention_fast_head_dim(blk->dims.head_dim),
+                 "cuda engine: TREX_INFER_ATTENTION=reference needs head dim 256 or 512 (model has {})",
+                 blk->dims.head_dim);
     moe_grouped_max_tokens_ = o.moe_grouped_gemm ? std::numeric_limits<int64_t>::max() : kMoeGroupedMaxTokens;
     if (const char* e = std::getenv("TREX_INFER_MOE_GROUPED_MAX_TOKENS")) moe_grouped_max_tokens_ = std::atoll(e);
     TREX_CUDA(cudaDeviceSynchronize());
@@ -460,7 +468,10 @@ void CudaEngine::attention(int64_t l, const StepPlan& P, const cuda::DecodeStep&
     keys.win_begin = ks.win_begin;
     if (cols > 0) keys.cmp_sel = ks.cols, keys.k_sel = cols;
     float* lse = tmp.take<float>(N * H);
-    cuda::sparse_attention_fwd(q, kv, C.keys.as<bf16>(), w.sink, N, H, hd, keys, o, lse);
+    if (cuda::sparse_attention_fast_head_dim(hd))
+      cuda::sparse_attention_fwd(q, kv, C.keys.as<bf16>(), w.sink, N, H, hd, keys, o, lse);
+    else  // the golden fixtures' small head dims, as in the training forward
+      cuda::sparse_attention_generic_fwd(q, kv, C.keys.as<bf16>(), w.sink, N, H, hd, keys, o, lse);
   }
   cuda::decode_store_rows(st, C.win, kv, D.window, hd);
   prof_.mark(3);
@@ -554,22 +565,15 @@ const float* CudaEngine::run_step(const std::vector<EngineFeed>& feeds) {
   };
   bf16* X = step.take<bf16>(N * hc * d);
   bf16* Xmid = step.take<bf16>(N * hc * d);
-  bf16* col = step.take<bf16>(N * d);
   bf16* an = step.take<bf16>(N * d);
   bf16* y = step.take<bf16>(N * d);
   float* rstd = step.take<float>(N);
   const cuda::MhcActs sa = site_acts(step), sf = site_acts(step);
-  // mHC site + the RMSNorm after it: fused with the collapse kept in fp32 as the training forward does (the same
-  // numbers as the uncached model), or the two kernels where the fused one does not serve d.
-  const bool fused_site = cuda::mhc_site_norm_fwd_serves(d);
+  // mHC site + the RMSNorm after it on the fp32 collapse, as the training forward does (the same numbers as the
+  // uncached model): one fused kernel for 4 streams, the generic site + collapse-norm otherwise.
   auto site_norm = [&](const bf16* Xs, const float* fn, const float* base, const float* scale, const cuda::MhcActs& a,
                        const bf16* norm_w) {
-    if (fused_site) {
-      cuda::mhc_site_norm_fwd(md, Xs, fn, base, scale, a, norm_w, float(cfg_.rms_eps), an, rstd);
-    } else {
-      cuda::mhc_site_fwd(md, Xs, fn, base, scale, a, col);
-      cuda::rmsnorm_fwd(an, rstd, col, norm_w, N, d, float(cfg_.rms_eps));
-    }
+    cuda::mhc_site_norm_fwd_any(hc, md, Xs, fn, base, scale, a, norm_w, float(cfg_.rms_eps), an, rstd);
   };
   cuda::embed_streams_fwd(X, dev + o_ids, m.b16("embed.weight"), N, d, hc);
   prof_.mark(0);
@@ -580,14 +584,14 @@ const float* CudaEngine::run_step(const std::vector<EngineFeed>& feeds) {
     prof_.mark(1);
     attention(l, P, st, dev + o_pos, ent, an, y, tmp);
     prof_.mark(4);
-    cuda::mhc_expand_fwd(md, X, y, sa.post, sa.comb, Xmid);
+    cuda::mhc_expand_fwd_any(hc, md, X, y, sa.post, sa.comb, Xmid);
     site_norm(Xmid, b.hc_ffn_fn, b.hc_ffn_base, b.hc_ffn_scale, sf, b.ffn_norm);
     prof_.mark(1);
     b.keep.clear();
     b.u = an, b.y_f = y;
     dsv4gpu::moe_fwd(c, b, nullptr);
     prof_.mark(5);
-    cuda::mhc_expand_fwd(md, Xmid, y, sf.post, sf.comb, X);
+    cuda::mhc_expand_fwd_any(hc, md, Xmid, y, sf.post, sf.comb, X);
     b.keep.clear();
     prof_.mark(1);
   }
@@ -601,8 +605,8 @@ const float* CudaEngine::run_step(const std::vector<EngineFeed>& feeds) {
   float* hmix = step.take<float>(I * 4);
   float* hrstd = step.take<float>(I);
   float* hw = step.take<float>(I * 4);
-  cuda::hc_head_fwd(hcol, hmix, hrstd, hw, Xh, m.f32("hc_head_fn"), m.f32("hc_head_base"), m.f32("hc_head_scale"), I,
-                    d, float(cfg_.hc_eps), float(cfg_.rms_eps));
+  cuda::hc_head_fwd_any(hc, hcol, hmix, hrstd, hw, Xh, m.f32("hc_head_fn"), m.f32("hc_head_base"),
+                        m.f32("hc_head_scale"), I, d, float(cfg_.hc_eps), float(cfg_.rms_eps));
   cuda::rmsnorm_fwd(hn, hrstd, hcol, m.b16("norm.weight"), I, d, float(cfg_.rms_eps));
   float* dlog = step.take<float>(I * V);
   dsv4gpu::Linear{&m.gemm}.fwd(dlog, hn, m.b16("head.weight"), I, d, V, true);

@@ -33,10 +33,12 @@ TrainConfig parse_train_config(const json& j, const std::string& where) {
   TrainConfig c;
   c.where = where;
   c.raw = j;
-  only_keys(j, {"seed", "model", "data", "optimizer", "schedule", "freeze", "train", "checkpoint", "spike", "logging",
-             "parallel"},
+  only_keys(j, {"seed", "device", "model", "data", "optimizer", "schedule", "freeze", "train", "checkpoint", "spike",
+             "logging", "parallel"},
             where, "top level");
   get(j, "seed", c.seed, where, "top");
+  get(j, "device", c.device, where, "top");
+  TREX_CHECK(c.device == "cpu" || c.device == "cuda", "{}: device '{}' (expected cpu or cuda)", where, c.device);
   TREX_CHECK(j.contains("model"), "{}: missing 'model' section", where);
   c.model = j["model"];
   TREX_CHECK(c.model.is_object(), "{}: 'model' must be a mapping", where);

@@ -48,10 +48,19 @@ void init_dsv4_weights(dsv4::ParamTable<float>& table, const dsv4::ModelConfig& 
       if (v) std::fill(v, v + e.numel, 1.0f);
     } else if ((n.find("hc_") != std::string::npos && ends("_base")) || ends("attn_sink") || ends(".ape")) {
       if (v) std::fill(v, v + e.numel, 0.0f);
-    } else if (v) {
-      for (int64_t i = 0; i < e.numel; ++i) v[i] = float(init_std * normal(s));
     } else {
-      s += uint64_t(2 * e.numel) * 0x9E3779B97F4A7C15ull;  // skip the 2 splitmix64 draws of each value
+      // splitmix64 is a counter (state += golden ratio per draw): value i of this tensor draws from the state
+      // s + 2 i golden, so the values are filled in parallel, bit-identical to one sequential stream, and a
+      // tensor this table lacks is skipped by advancing the state.
+      const uint64_t s0 = s;
+      if (v) {
+#pragma omp parallel for schedule(static) if (e.numel >= (int64_t(1) << 18))
+        for (int64_t i = 0; i < e.numel; ++i) {
+          uint64_t si = s0 + uint64_t(2 * i) * 0x9E3779B97F4A7C15ull;
+          v[i] = float(init_std * normal(si));
+        }
+      }
+      s = s0 + uint64_t(2 * e.numel) * 0x9E3779B97F4A7C15ull;
     }
   }
   for (auto& [name, b] : table.bias) std::fill(b.begin(), b.end(), 0.0f);

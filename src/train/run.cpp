@@ -12,6 +12,7 @@
 #include "data/tokenizer.h"
 #include "model/dsv4/config.h"
 #include "train/dsv4_trainable.h"
+#include "train/gpu_trainable.h"
 #include "train/sharded_checkpoint.h"
 #include "train/toy_model.h"
 #include "train/yaml.h"
@@ -131,14 +132,30 @@ void check_dataset(const TrainConfig& cfg, const fs::path& config, const fs::pat
 
 TrainResult run_training(const fs::path& config, const fs::path& out_dir, const RunOptions& opts) {
   TrainConfig cfg = load_train_config(config);
+  if (!opts.device.empty()) {
+    TREX_CHECK(opts.device == "cpu" || opts.device == "cuda", "--device '{}' (expected cpu or cuda)", opts.device);
+    cfg.device = opts.device;
+  }
+  const bool distributed = comm::detect_launch_env().world_size > 1 || cfg.parallel.present;
+  TREX_CHECK(cfg.device == "cpu" || !distributed,
+             "{}: device cuda trains on one GPU; several processes or a parallel section run the distributed trainer "
+             "on the CPU (the multi-GPU step is `trex bench train --mesh`)",
+             config.string());
   // Several processes, or a parallel section: the distributed trainer (distributed_run.cpp).
-  if (comm::detect_launch_env().world_size > 1 || cfg.parallel.present)
-    return run_distributed_training(cfg, config, out_dir, opts);
+  if (distributed) return run_distributed_training(cfg, config, out_dir, opts);
+  TREX_CHECK(cfg.device == "cpu" || cfg.model_type == "dsv4", "{}: device cuda trains model type dsv4 only (not {})",
+             config.string(), cfg.model_type);
   data::Tokenizer tok = data::Tokenizer::load(cfg.tokenizer);
   const fs::path shards = prepare_run(cfg, config, out_dir, opts, tok);
   data::ShardDataset ds(shards);
   check_dataset(cfg, config, shards, ds, tok);
   auto model = make_model(cfg, tok);
+  if (cfg.device == "cuda") {  // the host model initialises (or loads) the weights, then hands them to the GPU
+    dsv4::ModelConfig mc;
+    Dsv4TrainOptions o;
+    dsv4_model_setup(cfg, tok, &mc, &o);
+    model = make_gpu_dsv4_trainable(dynamic_cast<Dsv4Trainable&>(*model), o, config.string());
+  }
   TrainerOptions to;
   to.stop_at = opts.max_steps;
   to.show_progress = opts.show_progress;

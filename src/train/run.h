@@ -17,6 +17,7 @@ namespace trex::train {
 struct RunOptions {
   int64_t max_steps = -1;  // stop after this many total steps (-1: the config's train.max_steps)
   bool show_progress = true;
+  std::string device;  // cpu | cuda; empty: the config's `device` (default cpu)
 };
 
 // One process without a `parallel:` section: the Trainer; otherwise run_distributed_training.

@@ -62,6 +62,20 @@ std::optional<fs::path> latest_checkpoint(const fs::path& root) {
 
 fs::path save_checkpoint(const fs::path& root, const TrainState& st, const std::vector<optim::ParamRef>& params,
                          optim::Optimizer& opt, int64_t keep_last, const FaultHook& fault) {
+  std::vector<ckpt::TensorToWrite> tensors, ot;
+  json groups = json::object();
+  for (const auto& p : params) {
+    tensors.push_back({p.name, DType::F32, p.shape, p.value, nullptr});
+    groups[p.name] = std::string(optim::group_name(p.group));
+  }
+  for (const auto& s : opt.state_tensors()) ot.push_back({s.name, DType::F32, s.shape, s.data, nullptr});
+  return save_checkpoint_tensors(root, st, tensors, ot, opt.steps_done(), groups, keep_last, fault);
+}
+
+fs::path save_checkpoint_tensors(const fs::path& root, const TrainState& st,
+                                 const std::vector<ckpt::TensorToWrite>& model,
+                                 const std::vector<ckpt::TensorToWrite>& optimizer, int64_t optimizer_steps,
+                                 const json& param_groups, int64_t keep_last, const FaultHook& fault) {
   fs::create_directories(root);
   const fs::path final_dir = root / step_dir_name(st.step);
   const fs::path tmp = root / fmt::format(".tmp-{}-{}", step_dir_name(st.step), ::getpid());
@@ -69,20 +83,14 @@ fs::path save_checkpoint(const fs::path& root, const TrainState& st, const std::
   fs::create_directories(tmp);
   try {
     if (fault) fault("model");
-    std::vector<ckpt::TensorToWrite> tensors;
-    for (const auto& p : params) tensors.push_back({p.name, DType::F32, p.shape, p.value, nullptr});
     json meta = {{"format", "pt"}, {"producer", "trex train"}};
-    ckpt::write_safetensors(tmp / "model.safetensors", tensors, meta);
+    ckpt::write_safetensors(tmp / "model.safetensors", model, meta);
     if (fault) fault("optimizer");
-    std::vector<ckpt::TensorToWrite> ot;
-    for (const auto& s : opt.state_tensors()) ot.push_back({s.name, DType::F32, s.shape, s.data, nullptr});
-    ckpt::write_safetensors(tmp / "optimizer.safetensors", ot, meta);
+    ckpt::write_safetensors(tmp / "optimizer.safetensors", optimizer, meta);
     if (fault) fault("state");
     json state = st.to_json();
-    state["optimizer_steps"] = opt.steps_done();
-    json groups = json::object();
-    for (const auto& p : params) groups[p.name] = std::string(optim::group_name(p.group));
-    state["param_groups"] = groups;
+    state["optimizer_steps"] = optimizer_steps;
+    state["param_groups"] = param_groups;
     write_json_atomic(tmp / "state.json", state);
     fsync_dir(tmp);
     if (fault) fault("rename");

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/safetensors.h"
 #include "data/sampler.h"
 #include "optim/optimizer.h"
 #include "optim/param.h"
@@ -36,6 +37,13 @@ using FaultHook = std::function<void(std::string_view stage)>;
 std::filesystem::path save_checkpoint(const std::filesystem::path& root, const TrainState& st,
                                       const std::vector<optim::ParamRef>& params, optim::Optimizer& opt,
                                       int64_t keep_last, const FaultHook& fault = nullptr);
+// The same from tensor lists (a TensorToWrite may produce its bytes on demand, e.g. copied from a GPU):
+// model.safetensors, optimizer.safetensors and state.json with optimizer_steps and the parameters' groups.
+std::filesystem::path save_checkpoint_tensors(const std::filesystem::path& root, const TrainState& st,
+                                              const std::vector<ckpt::TensorToWrite>& model,
+                                              const std::vector<ckpt::TensorToWrite>& optimizer,
+                                              int64_t optimizer_steps, const nlohmann::json& param_groups,
+                                              int64_t keep_last, const FaultHook& fault = nullptr);
 // Complete checkpoints under root, oldest first: step_NNNNNNNN directories with state.json (this format) or
 // manifest.json (a sharded checkpoint, sharded_checkpoint.h).
 std::vector<std::pair<int64_t, std::filesystem::path>> list_checkpoints(const std::filesystem::path& root);

@@ -12,6 +12,7 @@
 
 #include "data/batch.h"
 #include "optim/param.h"
+#include "train/param_updater.h"
 
 namespace trex::train {
 
@@ -39,6 +40,12 @@ class Trainable {
   virtual void after_optimizer_step() {}
   virtual double flops_per_token(int64_t seq_len) const = 0;  // training (3 x forward) FLOPs per token
   virtual std::string describe() const = 0;
+  // What updates and checkpoints the parameters: by default the host optimiser over params(); a model whose
+  // parameters, gradients and optimiser state live on an accelerator returns its own (param_updater.h).
+  virtual std::unique_ptr<ParamUpdater> make_updater(const optim::OptimizerConfig& cfg,
+                                                     const std::vector<std::string>& freeze) {
+    return make_host_updater(params(), cfg, freeze);
+  }
 };
 
 }  // namespace trex::train

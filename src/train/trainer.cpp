@@ -41,16 +41,14 @@ static std::string human_rate(double r) {
 TrainResult Trainer::run() {
   fs::create_directories(out_);
   const fs::path metrics = out_ / "metrics.jsonl", events = out_ / "events.jsonl", ckroot = out_ / "checkpoints";
-  std::vector<optim::ParamRef> params = model_.params();
-  optim::apply_freeze(params, cfg_.freeze);
-  optim::Optimizer opt(params, cfg_.optimizer);
+  std::unique_ptr<ParamUpdater> upd = model_.make_updater(cfg_.optimizer, cfg_.freeze);
   data::Sampler sampler(ds_.rows(), cfg_.seed);
   TrainState st;
   st.sampler = sampler.state();
   st.rng = cfg_.seed ^ 0x5DEECE66Dull;
   TrainResult res;
   if (auto last = latest_checkpoint(ckroot)) {
-    st = load_checkpoint(*last, params, opt);
+    st = upd->load(*last);
     sampler.set_state(st.sampler);
     truncate_metrics(metrics, st.step);
     res.resumed = true;
@@ -61,11 +59,7 @@ TrainResult Trainer::run() {
   }
   res.start_step = st.step;
   const int64_t stop = opts_.stop_at > 0 ? opts_.stop_at : cfg_.max_steps;
-  int64_t n_params = 0, n_trained = 0;
-  for (const auto& p : params) {
-    n_params += p.numel();
-    if (p.trains()) n_trained += p.numel();
-  }
+  const int64_t n_params = upd->n_params(), n_trained = upd->n_trained();
   log::info("{}: {} parameters ({} trained), optimizer {}, {} rows of {} tokens, batch {} x {} accum", model_.describe(),
             n_params, n_trained, cfg_.optimizer.kind, ds_.rows(), ds_.seq_len(), cfg_.batch_size, cfg_.grad_accum);
 
@@ -87,17 +81,12 @@ TrainResult Trainer::run() {
       tokens += batch.batch * batch.seq;
       targets += batch.n_targets;
     }
-    if (cfg_.grad_accum > 1) {
-      const float scale = float(1.0 / double(cfg_.grad_accum));
-      for (auto& p : params)
-        if (p.trains())
-          for (int64_t i = 0; i < p.numel(); ++i) p.grad[i] *= scale;
-    }
+    if (cfg_.grad_accum > 1) upd->scale_grads(float(1.0 / double(cfg_.grad_accum)));
     st.sampler = sampler.state();
     bool spike = is_spike(loss, st.recent_losses);
     double grad_norm = NAN;
     if (!spike) {
-      grad_norm = opt.clip_gradients();
+      grad_norm = upd->clip_gradients();
       spike = !std::isfinite(grad_norm);
     }
     bool skipped = false;
@@ -112,7 +101,7 @@ TrainResult Trainer::run() {
                      st.step, st.rollbacks);
           const data::SamplerState past = sampler.state();  // continue after the offending data
           const int64_t rollbacks = st.rollbacks + 1;
-          st = load_checkpoint(*last, params, opt);
+          st = upd->load(*last);
           st.sampler = past;
           st.rollbacks = rollbacks;
           res.rollbacks++;
@@ -131,8 +120,8 @@ TrainResult Trainer::run() {
       }
     }
     if (!skipped) {
-      if (!std::isfinite(grad_norm)) grad_norm = opt.clip_gradients();
-      opt.step(lr);
+      if (!std::isfinite(grad_norm)) grad_norm = upd->clip_gradients();
+      upd->step(lr);
       model_.after_optimizer_step();
       st.recent_losses.push_back(loss);
       if (int64_t(st.recent_losses.size()) > cfg_.spike.window) st.recent_losses.erase(st.recent_losses.begin());
@@ -153,7 +142,7 @@ TrainResult Trainer::run() {
       bar.update(st.step, fmt::format("loss {:.4f} lr {:.2e} gnorm {:.3f} tok/s {} MFU {:.3f}%", loss, lr, grad_norm,
                                       human_rate(tps), 100 * mfu));
     if (st.step % cfg_.ckpt_every == 0 || st.step == stop)
-      save_checkpoint(ckroot, st, params, opt, cfg_.keep_last, opts_.checkpoint_fault);
+      upd->save(ckroot, st, cfg_.keep_last, opts_.checkpoint_fault);
   }
   if (opts_.show_progress) bar.finish(fmt::format("loss {:.4f}", res.last_loss));
   res.end_step = st.step;

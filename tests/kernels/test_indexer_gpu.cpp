@@ -112,6 +112,14 @@ TEST(GpuIndexer, TopkSmallHeadsAndPartialTilesMatchesReference) {
   run_case({/*N=*/90, /*NI=*/8, /*CI=*/64, /*E=*/60, /*k_sel=*/10, 27}, IndexerKernel::Auto);  // CUDA cores only
 }
 
+// Head counts without a kernel of their own run the next larger one with zero heads appended (the golden fixture
+// v4-tiny-b has 12 indexer heads of 16 dims).
+TEST(GpuIndexer, TopkOddHeadCountsMatchReference) {
+  run_case({/*N=*/96, /*NI=*/12, /*CI=*/16, /*E=*/70, /*k_sel=*/8, 31}, IndexerKernel::Auto);
+  run_case({/*N=*/64, /*NI=*/3, /*CI=*/32, /*E=*/50, /*k_sel=*/6, 37}, IndexerKernel::Auto);
+  run_case({/*N=*/64, /*NI=*/40, /*CI=*/64, /*E=*/50, /*k_sel=*/6, 41}, IndexerKernel::Auto);
+}
+
 // Many exactly equal scores (the keys repeat 5 distinct rows, so every entry of a class scores the same bits on
 // either scorer): the selection must be the exact top-k with ties taken by the lower entry, best first, also when
 // the cut-off falls inside a class (the radix select's equal-key ranks).

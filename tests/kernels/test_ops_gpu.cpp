@@ -14,6 +14,7 @@
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/tensor_ops.h"
 #include "kernels/gpu_test_util.h"
 
 using trex::cuda::DeviceBuffer;
@@ -154,4 +155,23 @@ TEST(GpuOps, ClampedSwigluForwardBackwardMatchesCpu) {
     }
   EXPECT_LT(rel_err(gg, dgate), 8e-3);
   EXPECT_LT(rel_err(gu_, dup), 8e-3);
+}
+
+// The fp64 sum of squares behind GPU gradient clipping: equal to the CPU's fp64 sum to rounding, the same bits on
+// every call (fixed grid and order), and exact on sizes below, at and above one grid's worth.
+TEST(GpuOps, SumSquaresMatchesFp64HostAndIsDeterministic) {
+  for (int64_t n : {int64_t(1), int64_t(1000), int64_t(256 * 1024), int64_t(3 * 256 * 1024 + 17)}) {
+    const std::vector<float> x = random_f32(n, 91 + int(n % 7));
+    double ref = 0;
+    for (float v : x) ref += double(v) * double(v);
+    auto dx = DeviceBuffer::from_host(x);
+    DeviceBuffer scratch((trex::cuda::kSumSquaresBlocks + 1) * sizeof(double));
+    double got[2];
+    for (int rep = 0; rep < 2; ++rep) {
+      trex::cuda::sum_squares_f32(dx.as<float>(), n, scratch.as<double>());
+      TREX_CUDA(cudaMemcpy(&got[rep], scratch.as<double>(), sizeof(double), cudaMemcpyDeviceToHost));
+    }
+    EXPECT_NEAR(got[0], ref, 1e-12 * ref) << "n = " << n;
+    EXPECT_EQ(got[0], got[1]) << "n = " << n << ": two calls differ";
+  }
 }

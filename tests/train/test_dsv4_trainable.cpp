@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <fstream>
 
 #include "data/bpe_trainer.h"
+#include "data/sampler.h"
 #include "data/shards.h"
 #include "model/dsv4/config.h"
 #include "train/config.h"
@@ -98,6 +100,34 @@ TEST(Dsv4Trainable, GroupsBuffersAndFlops) {
   EXPECT_EQ(buffers, 3);  // layers 1, 2 (score routed) and the MTP block; layer 0 is a hash layer
   EXPECT_GT(muon, 10);
   EXPECT_GT(m.flops_per_token(32), 0.0);
+}
+
+// The design §5 init is one splitmix64 stream over the whole model's tensors in declaration order (Box-Muller, two
+// draws per value), whatever the number of OpenMP threads filling it: every drawn tensor equals a plain sequential
+// replay of that stream, bit for bit.
+TEST(Dsv4Trainable, InitIsOneSequentialStreamWhateverTheThreads) {
+  const dsv4::ModelConfig mc = tiny_config(9000);  // embed / head: 288,000 values, past the parallel threshold
+  Dsv4Trainable m(mc, {}, 77);
+  const double init_std = Dsv4TrainOptions{}.init_std;
+  uint64_t s = 77;
+  int64_t drawn = 0;
+  const dsv4::ParamTable<float> whole = dsv4::Model<float>::declared_params(mc, {});
+  for (const auto& e : whole.entries()) {
+    const std::string& n = e.name;
+    const bool ones = n.ends_with("norm.weight") || (n.find("hc_") != std::string::npos && n.ends_with("_scale"));
+    const bool zeros = (n.find("hc_") != std::string::npos && n.ends_with("_base")) || n.ends_with("attn_sink") ||
+                       n.ends_with(".ape");
+    if (ones || zeros) continue;
+    const float* v = m.model().params().value(n);
+    for (int64_t i = 0; i < e.numel; ++i) {
+      const double u1 = (double(data::splitmix64(s) >> 11) + 0.5) / 9007199254740992.0;
+      const double u2 = (double(data::splitmix64(s) >> 11) + 0.5) / 9007199254740992.0;
+      const float want = float(init_std * std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+      ASSERT_EQ(v[i], want) << n << "[" << i << "]";
+    }
+    drawn += e.numel;
+  }
+  EXPECT_GT(drawn, 10000);
 }
 
 TEST(Dsv4Trainable, TrainsUpdatesRouterBiasAndResumesBitExactly) {

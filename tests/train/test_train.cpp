@@ -160,6 +160,16 @@ s: 'it''s'
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("unknown key 'optimiser'"), std::string::npos) << e.what();
   }
+  // The training device: cpu (default) or cuda, anything else named.
+  const std::string base = "model: {type: toy}\ndata: {shards: x, tokenizer: y}\n";
+  EXPECT_EQ(parse_train_config(parse_yaml(base, "c.yaml"), "c.yaml").device, "cpu");
+  EXPECT_EQ(parse_train_config(parse_yaml(base + "device: cuda\n", "c.yaml"), "c.yaml").device, "cuda");
+  try {
+    parse_train_config(parse_yaml(base + "device: tpu\n", "c.yaml"), "c.yaml");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("device 'tpu' (expected cpu or cuda)"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ToyLM, GradientMatchesFiniteDifferences) {

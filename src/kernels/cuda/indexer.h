@@ -1,8 +1,8 @@
 // Lightning-indexer scoring and top-k selection on the GPU (design §2.7), mirroring trex::dsv4::indexer_forward's
 // selection: score(t, s) = sum_h w[t,h] * ReLU(q[t,h] . K[s]) / sqrt(c_I) over the entries s in
 // [vis_begin[t], vis_end[t]); the min(k_sel, #visible) best (ties: the lower entry) are written best first, the
-// remaining slots -1. One block per query, no [N, E] score matrix. n_I must be 4, 8, 16, 32 or 64, c_I a multiple
-// of 8. bf16 q / keys, fp32 head weights and scores. Scores run on tensor cores (bf16 mma, fp32 accumulate) when
+// remaining slots -1. One block per query, no [N, E] score matrix. n_I from 1 to 64 (4, 8, 16, 32, 64 natively, others
+// padded with zero heads), c_I a multiple of 8. bf16 q / keys, fp32 head weights and scores. Scores run on tensor cores (bf16 mma, fp32 accumulate) when
 // n_I is 16, 32 or 64 and c_I is 64 or 128, else (or with IndexerKernel::CudaCore) on CUDA cores in fp32; the two
 // sum in different orders, so near-ties may select differently.
 #pragma once

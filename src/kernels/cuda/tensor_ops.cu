@@ -28,6 +28,33 @@ __global__ void scale_f32_kernel(float* y, float a, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     y[i] *= a;
 }
+// Partial sums of squares: block b covers elements b*blockDim + j + k*gridDim*blockDim; a fixed-shape tree in
+// shared memory (deterministic for a given n).
+__global__ void sum_squares_partial_kernel(const float* x, int64_t n, double* partial) {
+  __shared__ double red[256];
+  double acc = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    acc += double(x[i]) * double(x[i]);
+  red[threadIdx.x] = acc;
+  __syncthreads();
+  for (int w = blockDim.x / 2; w > 0; w /= 2) {
+    if (int(threadIdx.x) < w) red[threadIdx.x] += red[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = red[0];
+}
+__global__ void sum_partials_kernel(const double* partial, int n, double* out) {
+  __shared__ double red[256];
+  double acc = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) acc += partial[i];
+  red[threadIdx.x] = acc;
+  __syncthreads();
+  for (int w = blockDim.x / 2; w > 0; w /= 2) {
+    if (int(threadIdx.x) < w) red[threadIdx.x] += red[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *out = red[0];
+}
 __global__ void permute_kernel(bf16* out, const bf16* in, int64_t N, int64_t G, int64_t X, bool to_gm) {
   const int64_t total = N * G * X;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
@@ -91,6 +118,12 @@ void add_bf16_to_f32(float* y, const bf16* x, int64_t n, cudaStream_t s) {
 void scale_f32(float* y, float a, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
   scale_f32_kernel<<<grid_for(n), kThreads, 0, s>>>(y, a, n);
+  TREX_CUDA_LAUNCHED();
+}
+void sum_squares_f32(const float* x, int64_t n, double* scratch, cudaStream_t s) {
+  sum_squares_partial_kernel<<<kSumSquaresBlocks, 256, 0, s>>>(x, n, scratch + 1);
+  TREX_CUDA_LAUNCHED();
+  sum_partials_kernel<<<1, 256, 0, s>>>(scratch + 1, kSumSquaresBlocks, scratch);
   TREX_CUDA_LAUNCHED();
 }
 void permute_groups(bf16* out, const bf16* in, int64_t N, int64_t G, int64_t X, bool to_group_major,

@@ -17,6 +17,11 @@ void cast_bf16_to_f32(float* y, const bf16* x, int64_t n, cudaStream_t s = nullp
 void add_bf16_to_f32(float* y, const bf16* x, int64_t n, cudaStream_t s = nullptr);
 // y[i] *= a
 void scale_f32(float* y, float a, int64_t n, cudaStream_t s = nullptr);
+// Sum of x[i]^2 in fp64 (the global gradient norm for clipping): a fixed grid of kSumSquaresBlocks blocks writes
+// fp64 partials to scratch[1 ..], one block adds them in a fixed order into scratch[0] (deterministic). scratch
+// holds kSumSquaresBlocks + 1 doubles. Stream-ordered; the caller reads scratch[0].
+constexpr int kSumSquaresBlocks = 1024;
+void sum_squares_f32(const float* x, int64_t n, double* scratch, cudaStream_t s = nullptr);
 
 // to_group_major: out [G, N, X] from in [N, G, X]; otherwise the inverse.
 void permute_groups(bf16* out, const bf16* in, int64_t N, int64_t G, int64_t X, bool to_group_major,

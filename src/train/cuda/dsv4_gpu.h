@@ -94,6 +94,21 @@ class GpuModel {
   // Overwrites this rank's gradient of one parameter (tests: an optimiser step from known gradients).
   void set_grad(const std::string& name, const std::vector<float>& g);
 
+  // What a training run needs besides the step (`trex train` with device cuda, train/gpu_trainable.h); one GPU.
+  // The global L2 norm of the gradients (fp64 on the device, deterministic); scale_grads multiplies them (clipping).
+  double grad_norm();
+  void scale_grads(float s);
+  // Overwrites one parameter's fp32 master value and its bf16 compute copy (checkpoint resume).
+  void set_value(const std::string& name, const std::vector<float>& v);
+  // Optimiser state of one parameter, as optimizer_step keeps it: which 0 = the AdamW first moment or the Muon
+  // momentum, 1 = the AdamW second moment.
+  std::vector<float> optimizer_state(const std::string& name, int which) const;
+  void set_optimizer_state(const std::string& name, int which, const std::vector<float>& v);
+  // Router biases (buffers the auxiliary-loss-free update writes, not the optimiser), by official name.
+  std::vector<std::string> router_bias_names() const;
+  std::vector<float> router_bias(const std::string& name) const;
+  void set_router_bias(const std::string& name, const std::vector<float>& v);
+
   // Pipeline stage step (any layer range, the full model too: one GPU accumulating micro-batches). begin_step
   // sets the loss normaliser: the labelled targets of the whole step (every micro-batch), so the accumulated
   // gradients are those of the mean loss over the step. forward_stage runs the stage's layers on micro-batch
