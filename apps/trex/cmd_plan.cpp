@@ -135,7 +135,7 @@ const bool registered_calibrate = trex::cli::register_command(
        app.add_option("--write", *out_dir, "directory for calibration-<impl>-<hardware>.json files");
        app.add_flag("--leave-one-out", *loo, "also predict each record from a fit to the others");
        app.callback([path, out_dir, loo] {
-         auto records = load_measurements(*path);
+         auto records = current_measurements(load_measurements(*path));  // newest per id, see calibrate.h
          int bad = 0;
          for (const auto& group : group_measurements(records)) {
            Calibration cal = calibrate(group, prior_for(group[0].implementation));
@@ -147,9 +147,9 @@ const bool registered_calibrate = trex::cli::register_command(
                        cal.profile.dp_block_overhead_s, cal.profile.act_scale, cal.profile.act_quadratic_bytes,
                        cal.profile.fixed_gib);
            for (const auto& c : cal.checks) {
-             std::printf("  %-48s step %.3f s, predicted %.3f (%+.1f%%); peak %.1f GiB, predicted %.1f (%+.1f%%)\n",
+             std::printf("  %-48s step %.3f s, predicted %.3f (%+.1f%%); peak %.1f GiB, predicted %.1f (%+.1f%%)%s%s\n",
                          c.id.c_str(), c.measured_step, c.predicted_step, 100 * c.time_err, c.measured_peak,
-                         c.predicted_peak, 100 * c.mem_err);
+                         c.predicted_peak, 100 * c.mem_err, c.note.empty() ? "" : "\n      ", c.note.c_str());
              bad += std::fabs(c.time_err) > 0.15 || (c.measured_peak > 0 && std::fabs(c.mem_err) > 0.10);
            }
            if (*loo && group.size() > 1) {

@@ -171,14 +171,13 @@ ImplProfile prior_for(const std::string& implementation) {
   ImplProfile p;
   p.name = implementation;
   if (implementation == "trex") {
-    // The fit's start value, from direct measurement: docs/performance.md's --sections breakdown of the session-2 runs
-    // (tensor-core sparse attention + indexer, 2026-11-29 22:45) puts the attention sub-layers at 109.1 ms
-    // (flash-l4 @8192) and 36.0 ms (small-s6 @4096) per step; the planner's sparse-attention + indexer FLOPs
-    // for those steps (3.60 and 0.69 TFLOP) give 33.0 and 19.2 TFLOP/s, i.e. 3.3% and 1.9% of the 989.4 TFLOP/s
-    // peak (the sections also hold the attention's small projections, so this is a lower bound on the
-    // kernels' own rate). The records now span 1- and 2-GPU layouts, so eff_attn is fitted from here
-    // (session 1 held it: its two single-GPU records could not separate attention from GEMM efficiency).
-    p.eff_attn = 0.0333;
+    // Used when eff_attn is not fitted (fewer records than time parameters; the fit itself starts from a grid),
+    // from direct measurement: the --sections breakdown of session 3's 01:40 UTC call (local/devres/final.0140.log,
+    // docs/performance.md "Session 3") puts the core attention kernels (fwd + bwd `/core`) and the indexer top-k
+    // at 32.3 ms per flash-l4 @8192 step and 10.4 ms per small-s6 @4096 step; the planner's sparse-attention +
+    // indexer FLOPs for those steps (3.60 and 0.69 TFLOP) give 112 and 67 TFLOP/s, 11.3% and 6.7% of the
+    // 989.4 TFLOP/s peak. (Session 2's value, 3.33%, divided by whole attention sections, projections included.)
+    p.eff_attn = 0.113;
   }
   return p;
 }
@@ -194,6 +193,7 @@ std::vector<PredictionCheck> check_predictions(const std::vector<Measurement>& r
     Estimate e = predict(r, p);
     PredictionCheck c;
     c.id = r.id;
+    c.note = r.note;
     c.measured_step = r.step_s;
     c.predicted_step = e.time.step;
     c.time_err = (e.time.step - r.step_s) / r.step_s;
@@ -201,6 +201,40 @@ std::vector<PredictionCheck> check_predictions(const std::vector<Measurement>& r
     c.predicted_peak = e.mem.total;
     c.mem_err = r.peak_gib > 0 ? (e.mem.total - r.peak_gib) / r.peak_gib : 0.0;
     out.push_back(c);
+  }
+  return out;
+}
+
+std::vector<Measurement> current_measurements(const std::vector<Measurement>& records) {
+  auto is_reference = [](const Measurement& r) { return r.devices == 1 && r.workload.gbs == 1; };
+  auto same_reference = [](const Measurement& a, const Measurement& b) {
+    return a.implementation == b.implementation && a.hardware == b.hardware &&
+           a.raw.at("model").dump() == b.raw.at("model").dump() && a.workload.seq == b.workload.seq &&
+           a.workload.mode == b.workload.mode && a.workload.optimizer == b.workload.optimizer &&
+           a.workload.precision == b.workload.precision && a.workload.mtp == b.workload.mtp;
+  };
+  std::vector<Measurement> out;
+  for (size_t i = 0; i < records.size(); ++i) {
+    const Measurement& r = records[i];
+    bool superseded = false;
+    for (size_t k = i + 1; k < records.size() && !superseded; ++k) superseded = records[k].id == r.id;
+    if (superseded) continue;
+    Measurement c = r;
+    if (!is_reference(r)) {
+      const Measurement *then = nullptr, *now = nullptr;  // reference at the time of r, newest reference
+      for (size_t k = 0; k < records.size(); ++k)
+        if (is_reference(records[k]) && same_reference(records[k], r)) {
+          if (k < i) then = &records[k];
+          now = &records[k];
+        }
+      if (then != nullptr && now != then) {
+        c.step_scale = now->step_s / then->step_s;
+        c.step_s = r.step_s * c.step_scale;
+        c.note = fmt::format("step x{:.3f} = {} {:.4f} s now / {:.4f} s when measured", c.step_scale, now->id,
+                             now->step_s, then->step_s);
+      }
+    }
+    out.push_back(std::move(c));
   }
   return out;
 }
@@ -307,6 +341,7 @@ nlohmann::json calibration_to_json(const Calibration& c) {
   nlohmann::json checks = nlohmann::json::array();
   for (const auto& k : c.checks)
     checks.push_back({{"id", k.id},
+                      {"note", k.note},
                       {"measured_step_s", k.measured_step},
                       {"predicted_step_s", k.predicted_step},
                       {"time_err", k.time_err},

@@ -23,6 +23,9 @@ struct Measurement {
   double step_s = 0;
   double peak_gib = -1;  // < 0: not recorded
   nlohmann::json raw;
+  // Set by current_measurements() when step_s was carried over from older code (1 = as measured).
+  double step_scale = 1;
+  std::string note;  // why, e.g. "step x0.765 = <reference id> 0.2168 s now / 0.2834 s when measured"
 };
 
 Measurement parse_measurement(const nlohmann::json& j, const std::string& where);
@@ -30,8 +33,20 @@ std::vector<Measurement> load_measurements(const std::string& path);  // JSONL
 // Validates `record` and appends it (the whole file is rewritten atomically).
 void append_measurement(const std::string& path, const nlohmann::json& record);
 
+// The records the planner calibrates with, out of everything recorded (`records` in recording order: file
+// order, files by name; older records stay in the file as history):
+//  1. Newest per id. The id names implementation, hardware, config, shape, devices and mesh, so a later
+//     record with the same id is a re-measurement of the same run and supersedes the earlier ones.
+//  2. Ratios carry over. A reference is a single-device, one-sequence record (devices 1, gbs 1). Any other
+//     record whose reference (same implementation, hardware, model, seq, mode, optimizer, precision, mtp)
+//     was re-measured after it has its step_s multiplied by (newest reference step / reference step at
+//     the time of the record: the last one recorded before it): what such a run says about newer code is
+//     its efficiency relative to one device, not its absolute rate. Peak memory is kept as measured. A
+//     record with no earlier reference is used as measured.
+std::vector<Measurement> current_measurements(const std::vector<Measurement>& records);
+
 struct PredictionCheck {
-  std::string id;
+  std::string id, note;
   double measured_step = 0, predicted_step = 0, time_err = 0;  // relative error (pred - meas) / meas
   double measured_peak = -1, predicted_peak = 0, mem_err = 0;
 };

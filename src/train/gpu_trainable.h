@@ -2,11 +2,11 @@
 // (train/cuda/dsv4_gpu.h) starts from the host model's initialised weights (design §5 init, or init_from /
 // init_from_run), router biases and hash tables, then keeps everything on the device: bf16 forward and backward
 // with fp32 accumulation, fp32 master weights, gradients and optimiser state (AdamW or Muon with the CPU's
-// definitions), clipping by the global norm, the auxiliary-loss-free router-bias update from the step's expert
-// loads. Its updater writes the native checkpoint format by name (model, optimiser moments, state), so a run can
+// definitions), clipping by the global norm, the sequence-wise balance loss, the auxiliary-loss-free router-bias update from
+// the step's expert loads. Its updater writes the native checkpoint format by name (model, optimiser moments, state), so a run can
 // resume on the other device and `trex export-hf` reads it.
-// Not on the GPU (refused with the config key to change): the MTP module (model.use_mtp: false), the sequence-wise
-// balance loss (model.balance_alpha: 0), frozen parameters (freeze), several processes.
+// Not on the GPU (refused with the config key to change): the MTP module (model.use_mtp: false), frozen parameters
+// (freeze), several processes.
 #pragma once
 #include <memory>
 

@@ -3,8 +3,12 @@
 // records appended by `trex bench` are picked up automatically.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <stdexcept>
+
+#include <fmt/format.h>
 
 #include "core/error.h"
 #include "core/files.h"
@@ -14,13 +18,27 @@ using namespace trex::plan;
 
 namespace {
 
-std::vector<Measurement> all_records() {
-  std::vector<Measurement> all;
+// Everything recorded, in recording order (files by name, lines in order).
+std::vector<Measurement> recorded() {
+  std::vector<std::filesystem::path> files;
   const auto dir = trex::source_dir() / "docs" / "measurements";
   for (const auto& e : std::filesystem::directory_iterator(dir))
-    if (e.path().extension() == ".jsonl")
-      for (auto& r : load_measurements(e.path().string())) all.push_back(std::move(r));
+    if (e.path().extension() == ".jsonl") files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  std::vector<Measurement> all;
+  for (const auto& f : files)
+    for (auto& r : load_measurements(f.string())) all.push_back(std::move(r));
   return all;
+}
+
+// What the planner calibrates with: the newest record per id, older multi-device runs carried over.
+std::vector<Measurement> all_records() { return current_measurements(recorded()); }
+
+Measurement synthetic(const std::string& id, int64_t devices, int64_t gbs, int64_t seq, double step_s, double peak) {
+  nlohmann::json j = {{"id", id},           {"implementation", "trex"}, {"hardware", "nvidia-h200"},
+                      {"devices", devices}, {"model", "flash"},         {"layout", fmt::format("DP{},MBS1", devices)},
+                      {"seq", seq},         {"gbs", gbs},               {"measured", {{"step_s", step_s}, {"peak_gib", peak}}}};
+  return parse_measurement(j, "synthetic:" + id);
 }
 
 }  // namespace
@@ -31,9 +49,9 @@ TEST(PlanCalibration, EveryRecordedMeasurementIsPredicted) {
   for (const auto& group : group_measurements(records)) {
     Calibration cal = calibrate(group, prior_for(group[0].implementation));
     for (const auto& c : cal.checks) {
-      std::printf("%-48s step %.3f s pred %.3f (%+.1f%%)  peak %.1f GiB pred %.1f (%+.1f%%)\n", c.id.c_str(),
+      std::printf("%-48s step %.3f s pred %.3f (%+.1f%%)  peak %.1f GiB pred %.1f (%+.1f%%) %s\n", c.id.c_str(),
                   c.measured_step, c.predicted_step, 100 * c.time_err, c.measured_peak, c.predicted_peak,
-                  100 * c.mem_err);
+                  100 * c.mem_err, c.note.c_str());
       EXPECT_LE(std::fabs(c.time_err), 0.15) << c.id;
       if (c.measured_peak > 0) EXPECT_LE(std::fabs(c.mem_err), 0.10) << c.id;
     }
@@ -106,4 +124,55 @@ TEST(PlanCalibration, TrexH200FitPredictsEveryRecordedLayout) {
   // records (the fit puts one of them at its bound), so only loose physical bounds are asserted here.
   EXPECT_GT(cal.profile.eff_attn, 0.0107);  // above session 1's fp32 CUDA-core attention (1.07% of peak)
   EXPECT_GT(cal.profile.eff_dense, 0.01);
+}
+
+TEST(PlanCalibration, NewestRecordPerIdIsUsedAndOlderMultiDeviceRunsKeepTheirRatio) {
+  // Recording order: the 1-GPU reference at 0.30 s, a 2-GPU run of the same code, the reference re-measured
+  // at 0.20 s (faster code), a pipeline run of the new code, and a run with no reference at all.
+  std::vector<Measurement> log = {
+      synthetic("t/s64xb1/1gpu", 1, 1, 64, 0.30, 40.0),  synthetic("t/s64xb1/2gpu/dp=2", 2, 2, 64, 0.33, 30.0),
+      synthetic("t/s64xb1/1gpu", 1, 1, 64, 0.20, 41.0),  synthetic("t/s64xb8/2gpu/pp=2", 2, 8, 64, 1.00, 35.0),
+      synthetic("t/s128xb1/2gpu/dp=2", 2, 2, 128, 0.50, 50.0)};
+  const auto cur = current_measurements(log);
+  ASSERT_EQ(cur.size(), 4u);  // the first 1-GPU record is superseded by its re-measurement
+  auto find = [&](const std::string& id) -> const Measurement& {
+    for (const auto& r : cur)
+      if (r.id == id) return r;
+    throw std::runtime_error("missing " + id);
+  };
+  EXPECT_DOUBLE_EQ(find("t/s64xb1/1gpu").step_s, 0.20);
+  EXPECT_DOUBLE_EQ(find("t/s64xb1/1gpu").peak_gib, 41.0);
+  const Measurement& dp = find("t/s64xb1/2gpu/dp=2");  // measured against 0.30, the reference is now 0.20
+  EXPECT_NEAR(dp.step_scale, 0.20 / 0.30, 1e-12);
+  EXPECT_NEAR(dp.step_s, 0.33 * 0.20 / 0.30, 1e-12);
+  EXPECT_DOUBLE_EQ(dp.peak_gib, 30.0);  // memory is kept as measured
+  EXPECT_FALSE(dp.note.empty());
+  EXPECT_DOUBLE_EQ(find("t/s64xb8/2gpu/pp=2").step_s, 1.00);   // measured with the newest reference's code
+  EXPECT_DOUBLE_EQ(find("t/s128xb1/2gpu/dp=2").step_s, 0.50);  // no reference: as measured
+  EXPECT_TRUE(find("t/s128xb1/2gpu/dp=2").note.empty());
+
+  // A later re-measurement of the 2-GPU run itself replaces the carried-over value.
+  log.push_back(synthetic("t/s64xb1/2gpu/dp=2", 2, 2, 64, 0.21, 31.0));
+  const auto cur2 = current_measurements(log);
+  ASSERT_EQ(cur2.size(), 4u);
+  for (const auto& r : cur2)
+    if (r.id == "t/s64xb1/2gpu/dp=2") {
+      EXPECT_DOUBLE_EQ(r.step_s, 0.21);
+      EXPECT_DOUBLE_EQ(r.step_scale, 1.0);
+    }
+}
+
+TEST(PlanCalibration, RecordedMeasurementsUseTheNewestOfEachId) {
+  // On the real records: every id the planner uses is the last recorded with that id, and each id once.
+  const auto all = recorded();
+  const auto cur = current_measurements(all);
+  for (const auto& r : cur) {
+    size_t n = 0;
+    for (const auto& q : cur) n += q.id == r.id;
+    EXPECT_EQ(n, 1u) << r.id;
+    double last = 0;
+    for (const auto& q : all)
+      if (q.id == r.id) last = q.step_s;
+    EXPECT_NEAR(r.step_s, last * r.step_scale, 1e-12) << r.id;
+  }
 }

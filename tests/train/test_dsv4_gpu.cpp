@@ -82,10 +82,12 @@ Batch make_batch(int64_t V) {
   return b;
 }
 
-TEST(Dsv4Gpu, TrainingStepMatchesCpuModel) {
+// balance_alpha 0: the LM loss alone; 0.3: the sequence-wise balance loss large enough that its gradient dominates
+// the routers' (the V4 default 1e-4 would hide an error in it).
+void training_step_matches_cpu_model(double balance_alpha) {
   const dsv4::ModelConfig cfg = parity_config();
   dsv4::ModelOptions o;
-  o.balance_alpha = 0.0;
+  o.balance_alpha = balance_alpha;
   o.use_mtp = false;
   dsv4::Model<float> cpu(cfg, o);
   init_cpu(cpu, 11);
@@ -95,7 +97,9 @@ TEST(Dsv4Gpu, TrainingStepMatchesCpuModel) {
   cpu.backward();
   const int64_t N = bt.layout.n_tokens();
 
-  dsv4gpu::GpuModel gpu(cfg);
+  dsv4gpu::GpuModelOptions go;
+  go.balance_alpha = balance_alpha;
+  dsv4gpu::GpuModel gpu(cfg, go);
   gpu.load_from(cpu.params());
   dsv4gpu::Injection inj;
   inj.csa_sel.resize(size_t(cfg.n_layers));
@@ -160,6 +164,12 @@ TEST(Dsv4Gpu, TrainingStepMatchesCpuModel) {
   optim::adamw_update(w.data(), g.data(), m1.data(), v1.data(), int64_t(w.size()), as.lr, ac, 1, true);
   const std::vector<float> w_gpu = gpu.value(wname);
   EXPECT_LT(rel_err(w_gpu, w.data(), w.size()), 1e-6);
+}
+
+TEST(Dsv4Gpu, TrainingStepMatchesCpuModel) { training_step_matches_cpu_model(0.0); }
+
+TEST(Dsv4Gpu, TrainingStepWithBalanceLossMatchesCpuModel) {
+  training_step_matches_cpu_model(0.3);
 }
 
 TEST(Dsv4Gpu, OwnSelectionsAgreeWithCpu) {

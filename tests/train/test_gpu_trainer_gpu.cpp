@@ -1,12 +1,13 @@
 // `trex train` on one GPU (train/gpu_trainable.h) through the same Trainer as the CPU:
 //  - from the same initial weights and data order, the GPU run's per-step losses and gradient norms follow the fp32
-//    CPU run to bf16 accuracy (Muon + AdamW groups, clipping, warm-up and decay, the router-bias update), and the
+//    CPU run to bf16 accuracy (Muon + AdamW groups, clipping, warm-up and decay, the balance loss at the V4 default
+//    weight, the router-bias update), and the
 //    loss falls;
 //  - a GPU run stopped at step 3 and resumed by a new process-equivalent (a fresh GPU model) continues from its
 //    checkpoint: the same step-4..6 losses as the uninterrupted GPU run (to the GPU backward's atomic-order noise);
 //  - the checkpoint format is the CPU's: the CPU trainer resumes the GPU run's step-3 checkpoint and continues close
 //    to it;
-//  - what the GPU does not train (balance loss, MTP, frozen tensors) is refused with the config key to change.
+//  - what the GPU does not train (MTP, frozen tensors) is refused with the config key to change.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -71,7 +72,7 @@ dsv4::ModelConfig model_config() {
 
 Dsv4TrainOptions train_options() {
   Dsv4TrainOptions o;
-  o.model.balance_alpha = 0.0;
+  o.model.balance_alpha = 1e-4;  // the V4 default (its gradient is checked at a large weight in test_dsv4_gpu)
   o.model.use_mtp = false;
   o.bias_update_speed = 1e-3;
   return o;
@@ -171,9 +172,11 @@ TEST(GpuTrainer, RefusesWhatTheGpuDoesNotTrain) {
       EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
     }
   };
+  dsv4::ModelConfig with_mtp = model_config();
+  with_mtp.n_mtp = 1;  // a config with an MTP block, trained with it (use_mtp true)
   Dsv4TrainOptions o = train_options();
-  o.model.balance_alpha = 1e-4;
-  refused(model_config(), o, "balance_alpha");
+  o.model.use_mtp = true;
+  refused(with_mtp, o, "use_mtp");
   // The freeze list is refused by the updater.
   Dsv4Trainable host(model_config(), train_options(), 1);
   auto gpu = make_gpu_dsv4_trainable(host, train_options(), "run.yaml");

@@ -5,9 +5,9 @@
 // expert) -> expand; hc_head -> norm -> LM head fused with the masked next-token CE (logits never materialised).
 // Parameters carry the CPU model's official names, so they load from its ParamTable and gradients compare by name.
 //
-// Not covered (yet): the MTP module (configs with num_nextn_predict_layers > 0 are rejected), the sequence-wise
-// balance loss (alpha = 0), the indexer KL training signal (the indexer's weights get no gradient, as on the CPU
-// by default), gradient clipping.
+// Not covered (yet): the MTP module (configs with num_nextn_predict_layers > 0 are rejected), the balance loss
+// under data / expert parallelism or pipeline stages, the indexer KL training signal (the indexer's weights get no
+// gradient, as on the CPU by default). Clipping: grad_norm() / scale_grads().
 #pragma once
 #include <cstdint>
 #include <map>
@@ -41,6 +41,10 @@ struct GpuModelOptions {
   // per-expert counts; on sm_90 wgmma + TMA at cuBLASLt's rate or better). Off: one cuBLASLt GEMM per expert after
   // one host read of the counts per layer (the comparison path: `trex bench train --moe-gemm per-expert`).
   bool moe_grouped_gemm = true;
+  // The sequence-wise balance loss (design §5, dsv4::ModelOptions::balance_alpha): added to forward()'s loss, its
+  // gradient to the router scores in backward(). 0 = off. One GPU, whole-model steps (not with dp / ep / stages).
+  double balance_alpha = 0.0;
+  bool balance_hash_layers = false;  // also on hash-routed layers (as dsv4::ModelOptions)
   // Pipeline stage: this model holds layers [layer_begin, layer_end) (layer_end -1: up to n_layers), the
   // embedding when layer_begin == 0 and hc_head + final norm + LM head when layer_end == n_layers; only those
   // parameters are allocated (same names and init values as the full model). Not combinable with dp / ep.

@@ -155,6 +155,7 @@ struct MoeEpState;  // the expert-parallel exchange of one forward (gpu_moe_cuda
 
 struct MoeActs {
   float *logits, *scores, *weight;
+  float* dscores = nullptr;  // [N, E] d(balance loss)/d(scores) of the last forward (null: balance loss off)
   int32_t *sel, *order, *slot_pos, *offsets;
   std::vector<int32_t> h_offsets;
   bf16 *gu, *ye, *sgu = nullptr, *sy = nullptr;

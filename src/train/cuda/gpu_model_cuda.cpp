@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/hc_head.h"
+#include "kernels/cuda/balance.h"
 #include "kernels/cuda/mhc_generic.h"
 #include "kernels/cuda/mhc_norm.h"
 #include "kernels/cuda/lm_head_ce.h"
@@ -280,6 +281,17 @@ double GpuModel::forward_impl(const int32_t* ids, const int32_t* labels, const d
                               nullptr));
   }
   const cuda::MhcDims md = mhc_dims(cfg, N);
+  // Balance loss: per eligible layer, row losses [n_layers, B] summed on the host with the head's loss.
+  const bool balance = m.opts.balance_alpha != 0.0;
+  TREX_CHECK(!balance || (!m.step_mode && m.dp_size == 1 && !m.opts.ep),
+             "GPU model: the balance loss (balance_alpha {}) runs on one GPU in whole-model steps only (not with data "
+             "/ expert parallelism or pipeline stages)",
+             m.opts.balance_alpha);
+  Pool bal;
+  double* bal_rows = nullptr;
+  if (balance) {
+    bal_rows = bal.zeros<double>(cfg.n_layers * L.B);
+  }
   for (int64_t l = m.l0; l < m.l1; ++l) {
     GpuBlock& b = *m.blocks[size_t(l)];
     m.wait_gather(m.layer_bucket[size_t(l)]);
@@ -326,6 +338,14 @@ double GpuModel::forward_impl(const int32_t* ids, const int32_t* labels, const d
     }
     m.section("fwd.moe", true);
     moe_fwd(c, b, rsel);
+    b.mo.dscores = nullptr;
+    if (balance && (!b.hash || m.opts.balance_hash_layers)) {
+      const int64_t E = cfg.n_routed_experts;
+      b.mo.dscores = k.take<float>(N * E);
+      double* scratch = bal.take<double>(cuda::balance_loss_scratch(L.B, L.S, E));
+      cuda::balance_loss(b.mo.scores, b.mo.sel, L.B, L.S, E, cfg.topk, m.opts.balance_alpha, bal_rows + l * L.B,
+                         b.mo.dscores, scratch);
+    }
     m.section("fwd.moe", false);
     m.section("fwd.mhc+norm", true);
     cuda::mhc_expand_fwd_any(hc, md, b.X_mid, b.y_f, b.sf.post, b.sf.comb, m.X[size_t(l + 1)]);
@@ -385,6 +405,12 @@ double GpuModel::forward_impl(const int32_t* ids, const int32_t* labels, const d
   m.forward_done = true;
   if (m.step_mode)  // this micro-batch's share of the step's mean loss
     return m.global_targets > 0 ? double(h_loss) / double(m.global_targets) : 0.0;
+  double balance_loss = 0;
+  if (balance) {
+    std::vector<double> rows(size_t(cfg.n_layers * L.B));
+    TREX_CUDA(cudaMemcpy(rows.data(), bal_rows, rows.size() * sizeof(double), cudaMemcpyDeviceToHost));
+    for (double r : rows) balance_loss += r;
+  }
   double total_loss = h_loss;
   if (m.dp_size > 1) {  // the loss over the whole DP batch
     DevMem d1(sizeof(total_loss));
@@ -392,7 +418,7 @@ double GpuModel::forward_impl(const int32_t* ids, const int32_t* labels, const d
     m.dp->all_reduce(d1.as<double>(), 1, comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
     TREX_CUDA(cudaMemcpy(&total_loss, d1.as<double>(), sizeof(total_loss), cudaMemcpyDeviceToHost));
   }
-  return m.global_targets > 0 ? total_loss / double(m.global_targets) : 0.0;
+  return (m.global_targets > 0 ? total_loss / double(m.global_targets) : 0.0) + balance_loss;
 }
 
 void GpuModel::backward() {

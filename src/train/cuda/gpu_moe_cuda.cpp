@@ -401,7 +401,7 @@ void moe_bwd(const Ctx& c, GpuBlock& b, const bf16* dout, float* du) {
   // Router: gate weights -> scores -> logits -> gate GEMM.
   part.next("router");
   float* dlogits = tmp.take<float>(N * E);
-  cuda::router_bwd(router_shape(c, b, false), m.logits, m.scores, m.sel, dweight, nullptr, dlogits);
+  cuda::router_bwd(router_shape(c, b, false), m.logits, m.scores, m.sel, dweight, m.dscores, dlogits);
   bf16* dlogits_b = tmp.take<bf16>(N * E);
   cuda::cast_f32_to_bf16(dlogits_b, dlogits, N * E);
   c.lin.dw(w.g_gate, dlogits_b, b.u, N, d, E);

@@ -121,15 +121,12 @@ class GpuDsv4Trainable final : public Trainable {
   GpuDsv4Trainable(Dsv4Trainable& host, const Dsv4TrainOptions& opts, const std::string& where)
       : opts_(opts), where_(where) {
     cfg_ = host.model().config();
-    TREX_CHECK(opts.model.balance_alpha == 0,
-               "{}: device cuda: the sequence-wise balance loss is not implemented on the GPU; set "
-               "model.balance_alpha: 0 (model.bias_update_speed, the auxiliary-loss-free update, still balances the "
-               "experts)",
-               where);
     TREX_CHECK(cfg_.n_mtp == 0 || !opts.model.use_mtp,
                "{}: device cuda: the MTP module is not implemented on the GPU; set model.use_mtp: false", where);
     cfg_.n_mtp = 0;  // the host model declared no MTP tensors either (use_mtp false)
-    gpu_ = std::make_unique<dsv4gpu::GpuModel>(cfg_);
+    dsv4gpu::GpuModelOptions go;
+    go.balance_alpha = opts.model.balance_alpha, go.balance_hash_layers = opts.model.balance_hash_layers;
+    gpu_ = std::make_unique<dsv4gpu::GpuModel>(cfg_, go);
     const auto& table = host.model().params();
     const std::vector<std::string> names = gpu_->param_names();
     const std::set<std::string> on_gpu(names.begin(), names.end());
@@ -158,8 +155,7 @@ class GpuDsv4Trainable final : public Trainable {
     s.loss = gpu_->forward(b.input_ids.data(), b.labels.data(), layout, nullptr, dsv4gpu::HeadMode::LossAndGrad);
     add_expert_loads(layout.n_tokens());
     gpu_->backward();
-    s.n_targets = b.n_targets;
-    s.parts = {{"lm", s.loss}};
+    s.n_targets = b.n_targets;  // s.loss: the LM loss plus the balance loss (the GPU model returns their sum)
     return s;
   }
   void after_optimizer_step() override {
