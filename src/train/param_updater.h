@@ -20,12 +20,13 @@ class ParamUpdater {
   virtual ~ParamUpdater() = default;
   virtual int64_t n_params() const = 0;   // checkpointed values (buffers included)
   virtual int64_t n_trained() const = 0;  // values the optimiser updates
-  // Multiplies every trained gradient by s (the 1 / grad_accum of an accumulated step).
+  // Multiplies every trained gradient by s (the 1 / grad_accum of an accumulated step). An updater may defer the
+  // multiply into the next step() (the GPU one does); norms and updates are those of the scaled gradients.
   virtual void scale_grads(float s) = 0;
   // The global L2 norm of the trained gradients before clipping; scales them to the configured clip norm when
   // above it (a non-finite norm is returned and nothing is scaled).
   virtual double clip_gradients() = 0;
-  virtual void step(double lr) = 0;  // one optimiser update; counts the step
+  virtual void step(double lr) = 0;  // one optimiser update from the (scaled) gradients; counts the step
   // The native checkpoint DIR/step_NNNNNNNN (atomic, keeps the newest keep_last).
   virtual std::filesystem::path save(const std::filesystem::path& root, const TrainState& st, int64_t keep_last,
                                      const FaultHook& fault) = 0;

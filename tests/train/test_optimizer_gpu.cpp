@@ -127,4 +127,36 @@ TEST(OptimizerGpu, AdamWWithoutVectorDecayMatchesCpu) {
   run_against_cpu(oc, 1e-2, 0);
 }
 
+// Clipping and accumulation fold their scale into the optimiser's read of the gradients (grad_scale): the update
+// must be bit-identical to scaling the gradients in a pass of their own first, for AdamW and Muon tensors alike.
+void grad_scale_fold_is_exact(const optim::OptimizerConfig& oc) {
+  const dsv4::ModelConfig cfg = trex::testing::tiny_gpu_config("optimizer test config");
+  dsv4gpu::GpuModel folded(cfg), scaled(cfg);
+  folded.init_random(3), scaled.init_random(3);
+  std::mt19937 g(4);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const float scale = 0.37f;
+  for (int64_t step = 1; step <= 2; ++step) {
+    for (const std::string& n : folded.param_names()) {
+      std::vector<float> grad(folded.value(n).size());
+      for (float& x : grad) x = 0.05f * nd(g);
+      folded.set_grad(n, grad), scaled.set_grad(n, grad);
+    }
+    scaled.scale_grads(scale);
+    scaled.optimizer_step(oc, 1e-2, step);
+    folded.optimizer_step(oc, 1e-2, step, scale);
+  }
+  int64_t differing = 0;
+  for (const std::string& n : folded.param_names()) differing += folded.value(n) != scaled.value(n);
+  EXPECT_EQ(differing, 0) << oc.kind << ": tensors whose update differs between the folded and the separate scale";
+}
+
+TEST(OptimizerGpu, GradScaleFoldEqualsScalingTheGradientsFirst) {
+  optim::OptimizerConfig oc;
+  oc.adamw.eps = 1e-8;
+  grad_scale_fold_is_exact(oc);  // Muon + AdamW groups
+  oc.kind = "adamw";
+  grad_scale_fold_is_exact(oc);  // the flat AdamW pass
+}
+
 }  // namespace

@@ -20,12 +20,14 @@ __device__ inline float adamw_one(float& w, float g, float& m, float& v, float b
 // parameter), so what matters is keeping enough bytes in flight per thread. vec = false (arrays not 16-byte
 // aligned, e.g. a ZeRO shard at an odd offset) runs everything through the scalar tail loop.
 __global__ void adamw_kernel(float* w, float* g, float* m, float* v, __nv_bfloat16* wb, int64_t n, bool vec,
-                             bool zero_grad, float b1, float b2, float step_size, float inv_sqrt_bc2, float eps, float shrink) {
+                             bool zero_grad, float gs, float b1, float b2, float step_size, float inv_sqrt_bc2, float eps,
+                             float shrink) {
   const int64_t n4 = vec ? n / 4 : 0;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4; i += stride) {
     float4 wi = reinterpret_cast<const float4*>(w)[i];
-    const float4 gi = reinterpret_cast<const float4*>(g)[i];
+    float4 gi = reinterpret_cast<const float4*>(g)[i];
+    gi.x = __fmul_rn(gi.x, gs), gi.y = __fmul_rn(gi.y, gs), gi.z = __fmul_rn(gi.z, gs), gi.w = __fmul_rn(gi.w, gs);
     float4 mi = reinterpret_cast<const float4*>(m)[i];
     float4 vi = reinterpret_cast<const float4*>(v)[i];
     adamw_one(wi.x, gi.x, mi.x, vi.x, b1, b2, step_size, inv_sqrt_bc2, eps, shrink);
@@ -46,7 +48,7 @@ __global__ void adamw_kernel(float* w, float* g, float* m, float* v, __nv_bfloat
   }
   for (int64_t i = n4 * 4 + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += stride) {
     float wi = w[i], mi = m[i], vi = v[i];
-    adamw_one(wi, g[i], mi, vi, b1, b2, step_size, inv_sqrt_bc2, eps, shrink);
+    adamw_one(wi, __fmul_rn(g[i], gs), mi, vi, b1, b2, step_size, inv_sqrt_bc2, eps, shrink);
     w[i] = wi, m[i] = mi, v[i] = vi;
     if (zero_grad) g[i] = 0.f;
     if (wb) wb[i] = __float2bfloat16(wi);
@@ -64,7 +66,8 @@ void adamw_step(float* w, float* g, float* m, float* v, __nv_bfloat16* w_bf16, i
   const bool vec =
       aligned(w, 16) && aligned(g, 16) && aligned(m, 16) && aligned(v, 16) && (!w_bf16 || aligned(w_bf16, 8));
   const int64_t blocks = std::min<int64_t>((n / 4 + 255) / 256 + 1, 132 * 8);
-  adamw_kernel<<<unsigned(blocks), 256, 0, s>>>(w, g, m, v, w_bf16, n, vec, a.zero_grad, float(a.beta1), float(a.beta2),
+  adamw_kernel<<<unsigned(blocks), 256, 0, s>>>(w, g, m, v, w_bf16, n, vec, a.zero_grad, a.grad_scale, float(a.beta1),
+                                                float(a.beta2),
                                                 float(a.lr / bc1), float(1.0 / std::sqrt(bc2)), float(a.eps),
                                                 float(1.0 - a.lr * a.weight_decay));
   TREX_CUDA_LAUNCHED();

@@ -15,6 +15,9 @@ struct AdamWStep {
   double lr = 1e-5, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
   int64_t step = 1;  // 1-based, for the bias corrections
   bool zero_grad = false;  // g = 0 afterwards
+  // The gradient used is g * grad_scale, one fp32 multiply (bit-identical to scaling g in a pass of its own first):
+  // gradient clipping and accumulation's 1 / micro-batches folded into this pass instead of a read-write pass over g.
+  float grad_scale = 1.f;
 };
 
 // w, m, v [n] fp32 updated; g [n] fp32 read (and zeroed with a.zero_grad); w_bf16 [n] (nullable) = bf16(w)

@@ -27,7 +27,7 @@ __device__ double block_sum(double v) {
 // Block (chunk, matrix): momentum and Nesterov input exactly as the CPU rule (separate multiply and add, no FMA
 // contraction), gathered into the contiguous batch, and the chunk's sum of squares.
 __global__ void muon_momentum_kernel(const int64_t* __restrict__ offs, int64_t n, float* g, float* mom, float* x,
-                                     double* partial, float mu, bool nesterov, bool zero_grad) {
+                                     double* partial, float mu, bool nesterov, bool zero_grad, float gs) {
   const int64_t b = blockIdx.y, off = offs[b];
   float* gp = g + off;
   float* mp = mom + off;
@@ -35,7 +35,7 @@ __global__ void muon_momentum_kernel(const int64_t* __restrict__ offs, int64_t n
   const int64_t begin = int64_t(blockIdx.x) * kMuonChunk, end = n < begin + kMuonChunk ? n : begin + kMuonChunk;
   double ss = 0;
   for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
-    const float gi = gp[i];
+    const float gi = __fmul_rn(gp[i], gs);
     const float mi = __fadd_rn(__fmul_rn(mu, mp[i]), gi);
     mp[i] = mi;
     const float in = nesterov ? __fadd_rn(__fmul_rn(mu, mi), gi) : mi;
@@ -167,7 +167,7 @@ void muon_step_batched(Gemm& gemm, MuonScratch& scratch, const int64_t* d_offset
   const int64_t n = rows * cols;
   const dim3 grid(unsigned(chunks_of(n)), unsigned(batch));
   muon_momentum_kernel<<<grid, kThreads, 0, st>>>(d_offsets, n, g, momentum, scratch.x32(), scratch.partial(),
-                                                  float(p.momentum), p.nesterov, p.zero_grad);
+                                                  float(p.momentum), p.nesterov, p.zero_grad, p.grad_scale);
   TREX_CUDA_LAUNCHED();
   normalise_kernel<<<grid, kThreads, 0, st>>>(scratch.x32(), scratch.x16(), scratch.partial(), n);
   TREX_CUDA_LAUNCHED();

@@ -27,6 +27,7 @@ struct MuonStep {
   int ns_fast_steps = 8, ns_final_steps = 2;
   double update_rms = 0.18, weight_decay = 0.1;
   bool zero_grad = false;  // leave g = 0 behind (the next backward accumulates into zeroed gradients)
+  float grad_scale = 1.f;  // the gradient used is g * grad_scale (as AdamWStep::grad_scale)
 };
 
 // Scratch of one batch: X fp32 and bf16 [batch, rows, cols], A and B bf16 [batch, s, s] (s = min(rows, cols)),

@@ -94,7 +94,9 @@ class GpuModel {
   // "adamw" updates everything with AdamW (decay_vectors honoured). step is 1-based (AdamW bias corrections).
   // Gradient clipping is not part of it (as Optimizer::step; the GPU model has none yet). One GPU only for Muon
   // (a ZeRO-1 shard is a flat slice, a matrix's orthogonalisation needs all of it). Gradients are left as they are.
-  void optimizer_step(const optim::OptimizerConfig& c, double lr, int64_t step);
+  // grad_scale multiplies every gradient as the update reads it (clipping and 1 / micro-batches folded in; the
+  // gradients themselves stay unscaled).
+  void optimizer_step(const optim::OptimizerConfig& c, double lr, int64_t step, float grad_scale = 1.f);
   // Overwrites this rank's gradient of one parameter (tests: an optimiser step from known gradients).
   void set_grad(const std::string& name, const std::vector<float>& g);
 

@@ -452,13 +452,13 @@ namespace {
 constexpr int64_t kMuonBatchElems = int64_t(1) << 27;
 }
 
-void GpuModel::optimizer_step(const optim::OptimizerConfig& c, double lr, int64_t step) {
+void GpuModel::optimizer_step(const optim::OptimizerConfig& c, double lr, int64_t step, float grad_scale) {
   Impl& m = *impl_;
   TREX_CHECK(c.kind == "muon" || c.kind == "adamw", "GPU optimizer: kind '{}' (expected muon or adamw)", c.kind);
   TREX_CHECK(step >= 1, "GPU optimizer: step {} must be >= 1", step);
   cuda::AdamWStep a;
   a.lr = lr, a.beta1 = c.adamw.beta1, a.beta2 = c.adamw.beta2, a.eps = c.adamw.eps;
-  a.weight_decay = c.adamw.weight_decay, a.step = step;
+  a.weight_decay = c.adamw.weight_decay, a.step = step, a.grad_scale = grad_scale;
   if (c.kind == "adamw" && c.adamw.decay_vectors) {  // one decay rule: the flat pass (sharded under DP)
     adamw_step(a);
     return;
@@ -524,7 +524,7 @@ void GpuModel::optimizer_step(const optim::OptimizerConfig& c, double lr, int64_
   cuda::MuonStep ms;
   ms.lr = lr * c.muon_lr_scale, ms.momentum = c.muon.momentum, ms.nesterov = c.muon.nesterov;
   ms.ns_fast_steps = c.muon.ns_fast_steps, ms.ns_final_steps = c.muon.ns_final_steps;
-  ms.update_rms = c.muon.update_rms, ms.weight_decay = c.muon.weight_decay;
+  ms.update_rms = c.muon.update_rms, ms.weight_decay = c.muon.weight_decay, ms.grad_scale = grad_scale;
   // Muon's momentum lives in the AdamW first-moment arena (same offsets); its second moment is unused.
   for (const auto& b : plan.muon)
     cuda::muon_step_batched(m.gemm, plan.scratch, b.offsets.as<int64_t>(), b.count, b.rows, b.cols, w, g, mom, wb,

@@ -39,14 +39,20 @@ class GpuParamUpdater final : public ParamUpdater {
 
   int64_t n_params() const override { return n_trained() + count(buffers_); }
   int64_t n_trained() const override { return count(params_); }
-  void scale_grads(float s) override { gpu_.scale_grads(s); }
+  // Scaling (accumulation's 1 / micro-batches, clipping) is not a pass over the 4 B/parameter gradients of its own:
+  // it is folded into the optimiser's read of them (GpuModel::optimizer_step's grad_scale), which makes the same
+  // fp32 products, and the norm is taken of the unscaled gradients times the pending scale.
+  void scale_grads(float s) override { pending_scale_ *= s; }
   double clip_gradients() override {
-    const double norm = gpu_.grad_norm();
+    const double norm = gpu_.grad_norm() * double(pending_scale_);
     if (cfg_.clip_grad_norm > 0 && norm > cfg_.clip_grad_norm && std::isfinite(norm))
-      gpu_.scale_grads(float(cfg_.clip_grad_norm / (norm + 1e-6)));  // as optim::Optimizer::clip_gradients
+      pending_scale_ *= float(cfg_.clip_grad_norm / (norm + 1e-6));  // as optim::Optimizer::clip_gradients
     return norm;
   }
-  void step(double lr) override { gpu_.optimizer_step(cfg_, lr, ++steps_); }
+  void step(double lr) override {
+    gpu_.optimizer_step(cfg_, lr, ++steps_, pending_scale_);
+    pending_scale_ = 1.f;
+  }
 
   std::filesystem::path save(const std::filesystem::path& root, const TrainState& st, int64_t keep_last,
                              const FaultHook& fault) override {
@@ -114,6 +120,7 @@ class GpuParamUpdater final : public ParamUpdater {
   std::vector<Entry> params_, buffers_;
   optim::OptimizerConfig cfg_;
   int64_t steps_ = 0;
+  float pending_scale_ = 1.f;  // applied to the gradients by the next step()
 };
 
 class GpuDsv4Trainable final : public Trainable {
