@@ -15,6 +15,7 @@
 #include "train/metrics.h"
 #include "train/trainer.h"
 #include "train/yaml.h"
+#include "tiny_corpus.h"
 
 using namespace trex;
 using namespace trex::train;
@@ -39,32 +40,14 @@ dsv4::ModelConfig tiny_config(int64_t vocab) {
   return dsv4::parse_model_config(j, "tiny");
 }
 
-struct Data {
-  fs::path dir;
-  data::Tokenizer tok;
-  std::unique_ptr<data::ShardDataset> ds;
-  Data() {
-    dir = fs::temp_directory_path() / ("trex_dsv4_train_" + std::to_string(::getpid()));
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-    std::ofstream f(dir / "c.jsonl");
-    for (int i = 0; i < 40; ++i)
-      f << json{{"text", "minimise cost: x + y subject to x >= " + std::to_string(i % 5) + " and y >= 1. "}}.dump() << "\n";
-    f.close();
-    data::BpeTrainOptions o;
-    o.vocab_size = 300;
-    data::BpeTrainer tr(o);
-    for (int i = 0; i < 40; ++i) tr.add_text("minimise cost: x + y subject to x >= " + std::to_string(i % 5) + " and y >= 1. ");
-    tok = tr.train();
-    data::PrepareOptions po;
-    po.seq_len = 32;
-    data::prepare_shards(tok, {dir / "c.jsonl"}, dir / "shards", po);
-    ds = std::make_unique<data::ShardDataset>(dir / "shards");
-  }
-  ~Data() { fs::remove_all(dir); }
-};
+using Data = trex::testing::TinyCorpus;
+std::vector<std::string> corpus_texts() {
+  std::vector<std::string> t;
+  for (int i = 0; i < 40; ++i) t.push_back("minimise cost: x + y subject to x >= " + std::to_string(i % 5) + " and y >= 1. ");
+  return t;
+}
 Data& dat() {
-  static Data d;
+  static Data d("trex_dsv4_train", corpus_texts(), 300, 32);
   return d;
 }
 

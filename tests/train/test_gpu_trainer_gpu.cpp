@@ -24,6 +24,7 @@
 #include "train/tiny_gpu_config.h"
 #include "train/trainer.h"
 #include "train/yaml.h"
+#include "tiny_corpus.h"
 
 using namespace trex;
 using namespace trex::train;
@@ -32,35 +33,16 @@ using json = nlohmann::json;
 
 namespace {
 
-struct Data {
-  fs::path dir;
-  data::Tokenizer tok;
-  std::unique_ptr<data::ShardDataset> ds;
-  Data() {
-    dir = fs::temp_directory_path() / ("trex_gpu_train_" + std::to_string(::getpid()));
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-    std::ofstream f(dir / "c.jsonl");
-    data::BpeTrainOptions o;
-    o.vocab_size = 300;
-    data::BpeTrainer tr(o);
-    for (int i = 0; i < 60; ++i) {
-      const std::string t = "minimise cost " + std::to_string(i % 7) + " x + " + std::to_string(i % 3) +
-                            " y subject to x >= " + std::to_string(i % 5) + " and y >= 1. ";
-      f << json{{"text", t}}.dump() << "\n";
-      tr.add_text(t);
-    }
-    f.close();
-    tok = tr.train();
-    data::PrepareOptions po;
-    po.seq_len = 64;
-    data::prepare_shards(tok, {dir / "c.jsonl"}, dir / "shards", po);
-    ds = std::make_unique<data::ShardDataset>(dir / "shards");
-  }
-  ~Data() { fs::remove_all(dir); }
-};
+using Data = trex::testing::TinyCorpus;
+std::vector<std::string> corpus_texts() {
+  std::vector<std::string> t;
+  for (int i = 0; i < 60; ++i)
+    t.push_back("minimise cost " + std::to_string(i % 7) + " x + " + std::to_string(i % 3) + " y subject to x >= " +
+                std::to_string(i % 5) + " and y >= 1. ");
+  return t;
+}
 Data& dat() {
-  static Data d;
+  static Data d("trex_gpu_train", corpus_texts(), 300, 64);
   return d;
 }
 
