@@ -101,6 +101,13 @@ dsv4::SeqLayout batch_layout(const data::Batch& b) {
   return layout;
 }
 
+std::vector<int32_t> model_labels(const data::Batch& b) {
+  std::vector<int32_t> out(b.labels.size(), -1);
+  for (int64_t r = 0; r < b.batch; ++r)
+    for (int64_t t = 1; t < b.seq; ++t) out[size_t(r * b.seq + t)] = b.labels[size_t(r * b.seq + t - 1)];
+  return out;
+}
+
 void Dsv4Trainable::load_pretrained(const std::filesystem::path& dir) {
   dsv4::StateDict sd = dsv4::load_state_dict(dir, cfg_);
   model_->load(sd);
@@ -124,7 +131,8 @@ void Dsv4Trainable::zero_grads() {
 StepStats Dsv4Trainable::forward_backward(const data::Batch& b) {
   const dsv4::SeqLayout layout = batch_layout(b);
   StepStats s;
-  s.loss = model_->forward(b.input_ids.data(), b.labels.data(), layout);
+  const std::vector<int32_t> labels = model_labels(b);
+  s.loss = model_->forward(b.input_ids.data(), labels.data(), layout);
   model_->backward();
   const auto& parts = model_->loss_parts();
   s.n_targets = parts.lm_targets;

@@ -10,6 +10,7 @@
 #include "data/sampler.h"
 #include "data/shards.h"
 #include "model/dsv4/config.h"
+#include "model/dsv4/loss.h"
 #include "train/config.h"
 #include "train/dsv4_trainable.h"
 #include "train/metrics.h"
@@ -111,6 +112,34 @@ TEST(Dsv4Trainable, InitIsOneSequentialStreamWhateverTheThreads) {
     drawn += e.numel;
   }
   EXPECT_GT(drawn, 10000);
+}
+
+// data::Batch carries next-token labels; the model shifts its labels itself (fixtures' convention). The labels the
+// adapter hands the model must make position t's target exactly the batch's label t — the token after t — and the
+// MTP block's target at t the batch's label t + 1 (same document), never the token two ahead for the main head.
+TEST(Dsv4Trainable, ModelLabelsMakePositionTPredictTheNextToken) {
+  data::Batch b;
+  data::make_batch(*dat().ds, {0, 1, 2}, 1, b);
+  const dsv4::SeqLayout layout = batch_layout(b);
+  const std::vector<int32_t> ml = model_labels(b);
+  const int64_t V = dat().tok.vocab_size();
+  const std::vector<int32_t> main = dsv4::shifted_targets(ml.data(), layout.doc_start.data(), b.batch, b.seq, 1, V);
+  const std::vector<int32_t> mtp = dsv4::shifted_targets(ml.data(), layout.doc_start.data(), b.batch, b.seq, 2, V);
+  int64_t targets = 0;
+  for (int64_t r = 0; r < b.batch; ++r)
+    for (int64_t t = 0; t < b.seq; ++t) {
+      const size_t i = size_t(r * b.seq + t);
+      ASSERT_EQ(main[i], b.labels[i]) << "row " << r << " position " << t;
+      if (b.labels[i] >= 0) {
+        ASSERT_LT(t + 1, b.seq);
+        EXPECT_EQ(b.labels[i], b.input_ids[i + 1]) << "make_batch's label is the next token";
+        ++targets;
+      }
+      const bool same_doc = t + 2 < b.seq && layout.doc_start[i + 2] == layout.doc_start[i];
+      EXPECT_EQ(mtp[i], same_doc ? b.labels[i + 1] : -1) << "MTP target, row " << r << " position " << t;
+    }
+  EXPECT_EQ(targets, b.n_targets);
+  EXPECT_GT(targets, b.batch * b.seq / 2);
 }
 
 TEST(Dsv4Trainable, TrainsUpdatesRouterBiasAndResumesBitExactly) {
