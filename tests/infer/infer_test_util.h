@@ -35,6 +35,14 @@ inline std::vector<std::vector<int32_t>> int_rows(const ckpt::SafetensorsReader&
   return rows;
 }
 
+// A fixture name as a gtest parameter name ("v4-tiny-b" -> "v4_tiny_b").
+inline std::string fixture_param_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string n = info.param;
+  for (char& ch : n)
+    if (ch == '-') ch = '_';
+  return n;
+}
+
 // max |a - b| / max |b| over n values.
 inline double rel_max_err(const float* a, const float* b, int64_t n) {
   double num = 0, den = 0;

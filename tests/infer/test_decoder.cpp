@@ -102,12 +102,7 @@ TEST_P(DecoderFixture, CachedLogitsEqualUncachedForwardAtEveryPosition) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, DecoderFixture, ::testing::Values("tiny", "v4-tiny-b", "v4-tiny-c"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& ch : n)
-                             if (ch == '-') ch = '_';
-                           return n;
-                         });
+                         test::fixture_param_name);
 
 TEST(DecoderCache, GrowsByCompressedEntriesNotTokens) {
   Fixture f = load_fixture("tiny");

@@ -195,11 +195,6 @@ TEST_P(GpuEngineFixture, SeededSamplingRepeats) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuEngineFixture, ::testing::Values("tiny", "v4-tiny-b", "v4-tiny-c"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& ch : n)
-                             if (ch == '-') ch = '_';
-                           return n;
-                         });
+                         test::fixture_param_name);
 
 }  // namespace
