@@ -115,8 +115,12 @@ void setup_run(CLI::App& sub) {
   sub.add_option("--request-timeout", g->client.timeout_seconds, "seconds per request")
       ->capture_default_str();
   sub.add_option("--limit", g->limit, "only the first N items of each benchmark (0: all)");
+  auto generate_only = std::make_shared<bool>(false);
+  sub.add_flag("--generate-only", *generate_only,
+               "only generate: write OUT/responses.jsonl (score it with `trex eval score --responses` where the "
+               "solvers are, e.g. after answering on a GPU machine without them)");
   add_common(sub, *o);
-  sub.callback([o, g] {
+  sub.callback([o, g, generate_only] {
     auto t0 = std::chrono::steady_clock::now();
     const ScoreOptions so = score_options(*o);
     fs::create_directories(o->out);
@@ -125,6 +129,7 @@ void setup_run(CLI::App& sub) {
     std::vector<BenchmarkScore> scores;
     nlohmann::json usage{
         {"prompt_tokens", 0}, {"completion_tokens", 0}, {"requests", 0}, {"cached", 0}, {"failed", 0}};
+    std::vector<ResponseLine> lines;
     for (const auto& path : o->benchmarks) {
       Benchmark b = load_benchmark(path);
       if (g->limit > 0 && int(b.items.size()) > g->limit) b.items.resize(g->limit);
@@ -135,7 +140,22 @@ void setup_run(CLI::App& sub) {
       usage["requests"] = usage["requests"].get<long>() + st.requests;
       usage["cached"] = usage["cached"].get<long>() + st.cached;
       usage["failed"] = usage["failed"].get<long>() + st.failed;
+      if (*generate_only) {
+        for (const auto& [id, text] : answers) lines.push_back({id, b.name, text});
+        continue;
+      }
       scores.push_back(score_benchmark(b, answers, so));
+    }
+    if (*generate_only) {
+      const fs::path file = fs::path(o->out) / "responses.jsonl";
+      write_responses(file, lines);
+      const nlohmann::json gen{{"mode", "generate-only"},  {"model", g->client.model},
+                               {"base_url", g->client.base_url}, {"prompt", g->prompt_format},
+                               {"sampling", g->sampling.to_json()}, {"usage", usage},
+                               {"responses", file.string()},     {"answers", lines.size()}};
+      trex::write_json_atomic(fs::path(o->out) / "generation.json", gen);
+      std::printf("%s\n", gen.dump().c_str());
+      return;
     }
     nlohmann::json meta{{"mode", "run"},
                         {"model", g->client.model},

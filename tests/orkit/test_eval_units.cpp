@@ -1,5 +1,8 @@
 // trex eval: scoring rules, answer extraction, benchmark loading and ORGEval's structural equivalence.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
 
 #include "core/error.h"
 #include "core/files.h"
@@ -8,6 +11,7 @@
 #include "orkit/eval/orgeval.h"
 #include "orkit/eval/prompts.h"
 #include "orkit/eval/rules.h"
+#include "orkit/eval/runner.h"
 #include "orkit/lp/lp_format.h"
 
 using namespace trex::orkit;
@@ -186,4 +190,25 @@ TEST(EvalOrgEval, SymmetricModelIsNotCertifiable) {
   // identical variables that are not linked through a shared symmetric class are fine
   const std::string ok = "Minimize\n obj: x + y\nSubject To\n a: x + y >= 1\nEnd\n";
   EXPECT_TRUE(eq(ok, ok).equivalent);
+}
+
+// A generate-only run's file (`trex eval run --generate-only`) is what `trex eval score --responses` reads back:
+// ids, multi-line answers with quotes and non-ASCII text survive; nothing but the file is left in the directory.
+TEST(EvalResponses, WrittenResponsesLoadBackForScoring) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("trex_eval_responses_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::vector<trex::orkit::eval::ResponseLine> lines = {
+      {"nl4opt_1", "nl4opt", "<python>\n```python\nmodel = 1  # \"quoted\"\n```\n</python>"},
+      {"optibench_7", "optibench", "Kosten minimieren: 3 \u00d7 x \u2264 5"},
+      {"optibench_8", "optibench", ""}};
+  trex::orkit::eval::write_responses(dir / "responses.jsonl", lines);
+  const auto back = trex::orkit::eval::load_responses(dir / "responses.jsonl");
+  ASSERT_EQ(back.size(), lines.size());
+  for (const auto& l : lines) EXPECT_EQ(back.at(l.id), l.response) << l.id;
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir)) files += e.is_regular_file(), (void)e;
+  EXPECT_EQ(files, 1) << "a temporary file was left behind";
+  fs::remove_all(dir);
 }

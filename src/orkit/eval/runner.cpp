@@ -215,6 +215,15 @@ std::map<std::string, std::string> load_responses(const std::filesystem::path& p
   return out;
 }
 
+void write_responses(const std::filesystem::path& path, const std::vector<ResponseLine>& lines) {
+  std::string text;
+  for (const ResponseLine& l : lines)
+    text += json{{"id", l.id}, {"benchmark", l.benchmark}, {"response", l.response}}.dump(
+                -1, ' ', false, json::error_handler_t::replace) +
+            "\n";
+  write_text_atomic(path, text);
+}
+
 json summary_json(const std::vector<BenchmarkScore>& scores, const json& meta) {
   json out = meta.is_object() ? meta : json::object();
   json list = json::array();

@@ -64,4 +64,12 @@ std::string html_report(const std::vector<BenchmarkScore>& scores, const nlohman
 // Reads {"id": ..., "response": ...} lines; later lines win for the same id.
 std::map<std::string, std::string> load_responses(const std::filesystem::path& path);
 
+// One answer of a generate-only run (`trex eval run --generate-only`: a GPU machine without the solvers).
+struct ResponseLine {
+  std::string id, benchmark, response;
+};
+// Writes {"id", "benchmark", "response"} lines, the file load_responses / `trex eval score --responses` reads,
+// atomically (a temporary name, then renamed).
+void write_responses(const std::filesystem::path& path, const std::vector<ResponseLine>& lines);
+
 }  // namespace trex::orkit::eval
