@@ -1,4 +1,5 @@
 // `trex train` on one GPU: the Trainable and ParamUpdater over dsv4gpu::GpuModel (train/gpu_trainable.h).
+#include <cuda_runtime.h>
 #include <fmt/format.h>
 
 #include <cmath>
@@ -131,6 +132,10 @@ class GpuDsv4Trainable final : public Trainable {
     TREX_CHECK(cfg_.n_mtp == 0 || !opts.model.use_mtp,
                "{}: device cuda: the MTP module is not implemented on the GPU; set model.use_mtp: false", where);
     cfg_.n_mtp = 0;  // the host model declared no MTP tensors either (use_mtp false)
+    int n_dev = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n_dev);
+    TREX_CHECK(e == cudaSuccess && n_dev > 0, "{}: device cuda: no usable CUDA device ({}); train with device cpu",
+               where, e == cudaSuccess ? std::string("none found") : std::string(cudaGetErrorString(e)));
     dsv4gpu::GpuModelOptions go;
     go.balance_alpha = opts.model.balance_alpha, go.balance_hash_layers = opts.model.balance_hash_layers;
     gpu_ = std::make_unique<dsv4gpu::GpuModel>(cfg_, go);
