@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 
@@ -171,4 +172,53 @@ TEST(Dsv4Trainable, TrainsUpdatesRouterBiasAndResumesBitExactly) {
   for (const auto& j : read_jsonl(a / "metrics.jsonl")) la.push_back(j["loss"].get<double>());
   for (const auto& j : read_jsonl(b / "metrics.jsonl")) lb.push_back(j["loss"].get<double>());
   EXPECT_EQ(la, lb);
+}
+
+// What training is for: a tiny model trained on a small corpus through the Trainer must predict each next token of
+// its training rows (teacher-forced greedy). A label convention off by one (the bug that trained position t on the
+// token two ahead) makes the greedy token the one after next instead, and this test fail.
+TEST(Dsv4Trainable, TrainingTeachesTheNextToken) {
+  std::vector<std::string> texts;
+  for (int i = 0; i < 8; ++i)
+    texts.push_back("route " + std::to_string(i) + " carries " + std::to_string(10 * i + 3) +
+                    " units from plant A to warehouse B at cost " + std::to_string(7 * i + 2) + ".");
+  trex::testing::TinyCorpus corpus("trex_next_token", texts, 300, 32);
+  const dsv4::ModelConfig mc = tiny_config(corpus.tok.vocab_size());
+  Dsv4TrainOptions o;
+  o.model.use_mtp = false;
+  Dsv4Trainable m(mc, o, 5);
+  TrainConfig c = parse_train_config(parse_yaml(R"(
+seed: 5
+model: {type: dsv4}
+data: {shards: x, tokenizer: y, seq_len: 32, batch_size: 4}
+optimizer: {kind: adamw, adamw: {eps: 1.0e-8, weight_decay: 0.0}}
+schedule: {kind: constant, lr: 0.01, warmup_steps: 5}
+train: {max_steps: 150}
+checkpoint: {every: 1000, keep_last: 1}
+logging: {plot: false}
+)", "next.yaml"), "next.yaml");
+  TrainerOptions q;
+  q.show_progress = false;
+  const TrainResult r = Trainer(c, corpus.dir / "run", m, *corpus.ds, 1, q).run();
+  EXPECT_LT(r.last_loss, 1.0) << "the tiny model did not learn its 8 sentences";
+  data::Batch b;
+  std::vector<int64_t> rows;
+  for (int64_t i = 0; i < corpus.ds->rows(); ++i) rows.push_back(i);
+  data::make_batch(*corpus.ds, rows, 1, b);
+  const std::vector<int32_t> ids_labels(b.input_ids.size(), -100);
+  m.model().forward(b.input_ids.data(), ids_labels.data(), batch_layout(b));
+  const float* logits = m.model().logits();
+  const int64_t V = mc.vocab_size;
+  int64_t next = 0, after_next = 0, n = 0;
+  for (size_t i = 0; i + 2 < b.labels.size(); ++i) {
+    if (b.labels[i] < 0 || b.labels[i + 1] < 0) continue;
+    const float* row = logits + int64_t(i) * V;
+    const int32_t greedy = int32_t(std::max_element(row, row + V) - row);
+    next += greedy == b.labels[i], after_next += greedy == b.labels[i + 1], ++n;
+  }
+  std::printf("teacher-forced greedy over %lld positions: next token %lld, the one after %lld (loss %.3f)\n",
+              (long long)n, (long long)next, (long long)after_next, r.last_loss);
+  ASSERT_GT(n, 50);
+  EXPECT_GE(double(next), 0.8 * double(n));
+  EXPECT_LT(after_next, next / 4);
 }
