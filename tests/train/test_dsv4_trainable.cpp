@@ -1,13 +1,10 @@
 // The DeepSeek-V4 adapter: optimiser groups by official name, router-bias buffers updated after each step,
 // packed layout, loss falling and bit-exact resume through the same Trainer the toy model uses.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 
-#include "data/bpe_trainer.h"
 #include "data/sampler.h"
 #include "data/shards.h"
 #include "model/dsv4/config.h"

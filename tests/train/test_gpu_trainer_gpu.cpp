@@ -9,13 +9,10 @@
 //    to it;
 //  - what the GPU does not train (MTP, frozen tensors) is refused with the config key to change.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 
-#include "data/bpe_trainer.h"
 #include "data/shards.h"
 #include "train/config.h"
 #include "train/dsv4_trainable.h"
