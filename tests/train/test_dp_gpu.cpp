@@ -7,11 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <exception>
 #include <random>
-#include <thread>
 
 #include "comm/nccl_communicator.h"
+#include "comm/two_rank_threads.h"
 #include "train/cuda/dsv4_gpu.h"
 #include "train/tiny_gpu_config.h"
 
@@ -76,33 +75,18 @@ TEST(DataParallelGpu, Zero1MatchesOneGpuOnTheSameGlobalBatch) {
   std::vector<double> losses[2];
   std::vector<std::vector<float>> values[2];
   std::vector<std::string> names;
-  std::exception_ptr err[2];
-  std::vector<std::thread> ts;
-  for (int r = 0; r < 2; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        auto c = comm::make_nccl_communicator(id, r, 2, r, 120);
-        dsv4gpu::GpuModelOptions o;
-        o.dp = c.get();
-        dsv4gpu::GpuModel m(cfg, o);
-        m.init_random(5);
-        const size_t off = size_t(r) * kS;
-        losses[r] = train(m, gb.ids.data() + off, gb.labels.data() + off, dsv4::SeqLayout::packed(kS, {gb.docs[r]}));
-        for (const std::string& n : m.param_names()) values[r].push_back(m.value(n));
-        if (r == 0) names = m.param_names();
-      } catch (...) {
-        err[r] = std::current_exception();
-      }
-    });
-  for (auto& t : ts) t.join();
-  for (int r = 0; r < 2; ++r)
-    if (err[r]) {
-      try {
-        std::rethrow_exception(err[r]);
-      } catch (const std::exception& e) {
-        FAIL() << "rank " << r << ": " << e.what();
-      }
-    }
+  trex::testing::run2([&](int r) {
+    auto c = comm::make_nccl_communicator(id, r, 2, r, 120);
+    dsv4gpu::GpuModelOptions o;
+    o.dp = c.get();
+    dsv4gpu::GpuModel m(cfg, o);
+    m.init_random(5);
+    const size_t off = size_t(r) * kS;
+    losses[r] = train(m, gb.ids.data() + off, gb.labels.data() + off, dsv4::SeqLayout::packed(kS, {gb.docs[r]}));
+    for (const std::string& n : m.param_names()) values[r].push_back(m.value(n));
+    if (r == 0) names = m.param_names();
+  });
+  if (HasFatalFailure()) return;  // a rank threw: its message is the failure
   for (int s = 0; s < kSteps; ++s) {
     std::printf("step %d: loss one GPU %.6f, DP rank 0 %.6f, rank 1 %.6f\n", s + 1, ref[size_t(s)],
                 losses[0][size_t(s)], losses[1][size_t(s)]);

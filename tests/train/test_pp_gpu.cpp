@@ -6,12 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <exception>
 #include <map>
 #include <random>
-#include <thread>
 
 #include "comm/nccl_communicator.h"
+#include "comm/two_rank_threads.h"
 #include "train/cuda/dsv4_gpu.h"
 #include "train/cuda/gpu_pipeline.h"
 #include "train/tiny_gpu_config.h"
@@ -94,41 +93,26 @@ TEST(PipelineGpu, OneFOneBMatchesOneGpuAccumulatingTheMicroBatches) {
   const comm::NcclId id_act = comm::nccl_new_id(), id_grad = comm::nccl_new_id();
   StepRun pp[2];
   int64_t stage_params[2] = {0, 0};
-  std::exception_ptr err[2];
-  std::vector<std::thread> ts;
-  for (int r = 0; r < 2; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        auto act = comm::make_nccl_communicator(id_act, r, 2, r, 30);  // fail fast, not hang
-        auto grad = comm::make_nccl_communicator(id_grad, r, 2, r, 30);
-        dsv4gpu::GpuModelOptions o;
-        o.layer_begin = r == 0 ? 0 : 2, o.layer_end = r == 0 ? 2 : 3;
-        o.stage_slots = 2 - r;
-        dsv4gpu::GpuModel m(cfg, o);
-        m.init_random(5);
-        stage_params[r] = m.n_params();
-        dsv4gpu::GpuPipeline pipe(m, *act, *grad, kM);
-        std::vector<double> local;
-        for (int s = 1; s <= kSteps; ++s) {
-          m.zero_grads();
-          local.push_back(pipe.step(ids.data(), labels.data(), mb));
-          if (s == 1) keep_grads(m, pp[r].grads);
-          m.adamw_step(adamw(s));
-        }
-        pp[r].losses = pipe.global_losses(local);
-      } catch (...) {
-        err[r] = std::current_exception();
-      }
-    });
-  for (auto& t : ts) t.join();
-  for (int r = 0; r < 2; ++r)
-    if (err[r]) {
-      try {
-        std::rethrow_exception(err[r]);
-      } catch (const std::exception& e) {
-        FAIL() << "stage " << r << ": " << e.what();
-      }
+  trex::testing::run2([&](int r) {
+    auto act = comm::make_nccl_communicator(id_act, r, 2, r, 30);  // fail fast, not hang
+    auto grad = comm::make_nccl_communicator(id_grad, r, 2, r, 30);
+    dsv4gpu::GpuModelOptions o;
+    o.layer_begin = r == 0 ? 0 : 2, o.layer_end = r == 0 ? 2 : 3;
+    o.stage_slots = 2 - r;
+    dsv4gpu::GpuModel m(cfg, o);
+    m.init_random(5);
+    stage_params[r] = m.n_params();
+    dsv4gpu::GpuPipeline pipe(m, *act, *grad, kM);
+    std::vector<double> local;
+    for (int s = 1; s <= kSteps; ++s) {
+      m.zero_grads();
+      local.push_back(pipe.step(ids.data(), labels.data(), mb));
+      if (s == 1) keep_grads(m, pp[r].grads);
+      m.adamw_step(adamw(s));
     }
+    pp[r].losses = pipe.global_losses(local);
+  });
+  if (HasFatalFailure()) return;  // a rank threw: its message is the failure
   EXPECT_EQ(stage_params[0] + stage_params[1], full_params) << "the stages' parameters do not add up to the model";
   EXPECT_LT(stage_params[0], full_params);
   EXPECT_LT(stage_params[1], full_params);
