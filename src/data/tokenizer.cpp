@@ -29,6 +29,20 @@ const ByteLevelTables& bl() {
   static const ByteLevelTables t;
   return t;
 }
+// Token ids are int32 in the model and in every id list; the tables here are sized by the largest one, so an
+// id is checked before it is narrowed (2^32 + 7 must not become 7) or used as a size.
+constexpr int64_t kMaxTokenId = (int64_t(1) << 24) - 1;  // 16.7M: far above any real vocabulary
+
+int32_t checked_token_id(const json& v, const std::string& where, const std::string& what) {
+  TREX_CHECK(v.is_number_integer(), "{}: {} has id {}, expected an integer", where, what, v.dump());
+  TREX_CHECK(!v.is_number_unsigned() || v.get<uint64_t>() <= uint64_t(kMaxTokenId),
+             "{}: {} has id {}, expected an integer in [0, {}]", where, what, v.dump(), kMaxTokenId);
+  const int64_t id = v.get<int64_t>();
+  TREX_CHECK(id >= 0 && id <= kMaxTokenId, "{}: {} has id {}, expected an integer in [0, {}]", where, what, id,
+             kMaxTokenId);
+  return int32_t(id);
+}
+
 }  // namespace
 
 char32_t byte_level_char(uint8_t b) { return bl().to_cp[b]; }
@@ -86,12 +100,13 @@ Tokenizer Tokenizer::from_json(const json& j, const std::string& where) {
     const json& vocab = m.at("vocab");
     TREX_CHECK(vocab.is_object(), "{}: model.vocab must be an object", where);
     int64_t max_id = -1;
-    for (auto it = vocab.begin(); it != vocab.end(); ++it) max_id = std::max<int64_t>(max_id, it->get<int64_t>());
+    for (auto it = vocab.begin(); it != vocab.end(); ++it)
+      max_id = std::max<int64_t>(max_id, checked_token_id(*it, where, "vocab entry '" + it.key() + "'"));
     std::vector<AddedToken> added;
     for (const auto& a : j.value("added_tokens", json::array())) {
       AddedToken at;
-      at.id = a.at("id").get<int32_t>();
       at.content = a.at("content").get<std::string>();
+      at.id = checked_token_id(a.at("id"), where, "added token '" + at.content + "'");
       at.special = a.value("special", false);
       at.lstrip = a.value("lstrip", false);
       at.rstrip = a.value("rstrip", false);
@@ -105,8 +120,7 @@ Tokenizer Tokenizer::from_json(const json& j, const std::string& where) {
     t.id_bytes_.assign(size_t(max_id + 1), "");
     t.special_.assign(size_t(max_id + 1), 0);
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-      int32_t id = it->get<int32_t>();
-      TREX_CHECK(id >= 0, "{}: negative id for vocab entry '{}'", where, it.key());
+      const int32_t id = it->get<int32_t>();  // checked above
       t.id_token_[size_t(id)] = it.key();
       t.token_id_[it.key()] = id;
       std::string bytes;

@@ -123,6 +123,38 @@ TEST(Tokenizer, RejectsUnsupportedFilesWithTheFileName) {
   EXPECT_THROW(Tokenizer::from_json(j, "bad-merge.json"), Error);
 }
 
+// Ids are checked before they are narrowed to int32 or used to size the tables: 2^32 + 7 must not become 7,
+// and a huge id must not allocate a huge table.
+TEST(Tokenizer, RejectsOutOfRangeTokenIdsNamingTheEntry) {
+  auto expect_rejected = [](const json& j, const std::string& what) {
+    try {
+      Tokenizer::from_json(j, "ids.json");
+      FAIL() << "expected an error for " << what;
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("ids.json"), std::string::npos) << m;
+      EXPECT_NE(m.find(what), std::string::npos) << m;
+    }
+  };
+  json j = hand_tokenizer();
+  j["added_tokens"][0]["id"] = (int64_t(1) << 32) + 7;
+  expect_rejected(j, "<|eos|>");
+  j = hand_tokenizer();
+  j["added_tokens"][1]["id"] = -3;
+  expect_rejected(j, "<tool>");
+  j = hand_tokenizer();
+  j["added_tokens"][1]["id"] = 1.5;
+  expect_rejected(j, "<tool>");
+  j = hand_tokenizer();
+  j["model"]["vocab"]["hello"] = uint64_t(1) << 63;
+  expect_rejected(j, "'hello'");
+  j = hand_tokenizer();
+  j["model"]["vocab"]["hello"] = int64_t(1) << 40;
+  expect_rejected(j, "'hello'");
+  // The unmodified file still loads, with its ids as written.
+  EXPECT_EQ(Tokenizer::from_json(hand_tokenizer(), "ids.json").token_to_id("<|eos|>"), 300);
+}
+
 TEST(BpeTrainer, LearnsFrequentPairsAndRoundTrips) {
   BpeTrainOptions o;
   o.vocab_size = int64_t(dsv4_special_tokens().size()) + 256 + 40;
