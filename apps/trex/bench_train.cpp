@@ -22,7 +22,8 @@
 #include "kernels/cuda/cuda_check.h"
 #include "model/dsv4/config.h"
 #include "parallel/mesh.h"
-#include "train/cuda/dsv4_gpu.h"
+#include "model/cuda/gpu_model.h"
+#include "train/cuda/gpu_optimizer.h"
 #include "train/cuda/gpu_pipeline.h"
 #endif
 
@@ -37,9 +38,9 @@ double r2(double x) { return std::round(x * 100) / 100; }
 
 // The benchmark's optimiser step: the baseline's AdamW (opt) on everything, or Muon on the Muon group with that
 // AdamW on the rest (--optimizer muon).
-void bench_optimizer_step(dsv4gpu::GpuModel& model, const TrainBenchArgs& a, const cuda::AdamWStep& opt) {
+void bench_optimizer_step(dsv4gpu::GpuOptimizer& optimizer, const TrainBenchArgs& a, const cuda::AdamWStep& opt) {
   if (a.optimizer == "adamw") {
-    model.adamw_step(opt);
+    optimizer.adamw_step(opt);
     return;
   }
   TREX_CHECK(a.optimizer == "muon", "bench train: --optimizer {} (expected adamw or muon)", a.optimizer);
@@ -47,7 +48,7 @@ void bench_optimizer_step(dsv4gpu::GpuModel& model, const TrainBenchArgs& a, con
   oc.kind = "muon";
   oc.adamw.beta1 = opt.beta1, oc.adamw.beta2 = opt.beta2, oc.adamw.eps = opt.eps;
   oc.adamw.weight_decay = opt.weight_decay;
-  model.optimizer_step(oc, opt.lr, opt.step);
+  optimizer.step(oc, opt.lr, opt.step);
 }
 
 // Pipeline parallel (--mesh pp=P,micro_batches=M[,stage_layers=a+b+...]): one process per stage, the global
@@ -82,6 +83,7 @@ void bench_train_pp(const TrainBenchArgs& a, const dsv4::ModelConfig& cfg, doubl
   TREX_CHECK(counts[size_t(r)] >= 1, "bench train rank {}: stage {} has no layers", r, r);
   auto act = world->split(0, r), grad = world->split(0, r);
   dsv4gpu::GpuModel model(cfg, mo);
+  dsv4gpu::GpuOptimizer optimizer(model);
   model.init_random(a.seed);
   dsv4gpu::GpuPipeline pipe(model, *act, *grad, M);
   const int64_t N = a.seq * a.batch, B_mb = a.batch / M;
@@ -105,7 +107,7 @@ void bench_train_pp(const TrainBenchArgs& a, const dsv4::ModelConfig& cfg, doubl
       TREX_CUDA(cudaEventRecord(e0, nullptr));
     }
     opt.step = ++step;
-    bench_optimizer_step(model, a, opt);
+    bench_optimizer_step(optimizer, a, opt);
     if (timed) {
       TREX_CUDA(cudaEventRecord(e1, nullptr));
       TREX_CUDA(cudaEventSynchronize(e1));  // after the step's last compute: costs nothing on the device
@@ -296,6 +298,7 @@ void bench_train(const TrainBenchArgs& a) {
   const int dp = mo.dp ? mo.dp->size() : 1, dp_rank = mo.dp ? mo.dp->rank() : 0;
   const int world_size = world ? world->size() : 1, world_rank = world ? world->rank() : 0;
   dsv4gpu::GpuModel model(cfg, mo);
+  dsv4gpu::GpuOptimizer optimizer(model);
   model.init_random(a.seed);
   const int64_t N = a.seq * a.batch;
   // The global batch (dp x batch sequences) from one seed; this rank trains on its dp_rank-th part.
@@ -317,7 +320,7 @@ void bench_train(const TrainBenchArgs& a) {
     const double loss = model.forward(ids.data(), labels.data(), layout, nullptr, dsv4gpu::HeadMode::LossAndGrad);
     model.backward();
     opt.step = ++step;
-    bench_optimizer_step(model, a, opt);
+    bench_optimizer_step(optimizer, a, opt);
     return loss;
   };
   for (int i = 0; i < a.warmup; ++i) first_loss = train_step();

@@ -2,7 +2,7 @@
 // make_fixture.py with Hugging Face transformers) and compares logits, loss, every hidden state, the CSA
 // indexer selections and every gradient. Prints one JSON object; exits 1 when a tolerance is exceeded
 // (fixture README: logits/hidden max|d|/max|ref| < 1e-4, loss |d| < 1e-5, each grad ||d||/||ref|| < 1e-3).
-// --device cuda (CUDA builds): the GPU training step (src/train/cuda, bf16 weights and activations) against the
+// --device cuda (CUDA builds): the GPU model's step (src/model/cuda, bf16 weights and activations) against the
 // CPU fp32 model loaded with the same bf16-rounded weights (tight) and against the fixture (loose); see
 // run_parity_cuda for the tolerances and why.
 #include <omp.h>
@@ -25,7 +25,7 @@
 #include "model/dsv4/naming.h"
 #ifdef TREX_HAVE_CUDA
 #include "core/dtype.h"
-#include "train/cuda/dsv4_gpu.h"
+#include "model/cuda/gpu_model.h"
 #endif
 
 extern "C" void openblas_set_num_threads(int);

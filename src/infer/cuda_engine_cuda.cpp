@@ -1,5 +1,5 @@
-// The CUDA engine: the Engine interface (engine.h) on one GPU. Weights are the GPU training model's bf16 compute
-// copy (GpuModel, random by seed or loaded from a CPU parameter table; its gradient and AdamW buffers are freed).
+// The CUDA engine: the Engine interface (engine.h) on one GPU. Weights are the GPU model's bf16 compute copy
+// (model/cuda/gpu_model.h, built for inference: no gradients; random by seed or loaded from a CPU parameter table).
 // A step runs every per-token computation batched over all new tokens of all feeds (embedding, fused mHC site +
 // norm, projections, MoE through the training model's moe_fwd with the grouped expert GEMMs, head) with the
 // training kernels. Per-slot device caches hold what V4 needs and nothing else: the last `window` raw K=V rows, the
@@ -37,7 +37,7 @@
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/tensor_ops.h"
 #include "model/dsv4/rope.h"
-#include "train/cuda/gpu_impl.h"
+#include "model/cuda/gpu_impl.h"
 
 namespace trex::infer {
 namespace {
@@ -206,14 +206,13 @@ class CudaEngine final : public Engine {
                cfg.max_position);
     dsv4gpu::GpuModelOptions mo;
     mo.moe_grouped_gemm = o.moe_grouped_gemm;
+    mo.gradients = false;
     model_ = std::make_unique<dsv4gpu::GpuModel>(cfg, mo);
     if (weights)
       model_->load_from(*weights);
     else
       model_->init_random(o.seed);
     dsv4gpu::GpuModel::Impl& m = model_->impl();
-    // Inference never touches gradients or optimizer state.
-    m.grads = DevMem(), m.adam_m = DevMem(), m.adam_v = DevMem();
     rope_main_ = make_rope(dsv4::rope_inv_freq(cfg.rope_main, cfg.rope_dim), max_context_);
     rope_compress_ = make_rope(dsv4::rope_inv_freq(cfg.rope_compress, cfg.rope_dim), max_context_);
     for (int64_t l = 0; l < cfg.n_layers; ++l) {

@@ -1,5 +1,5 @@
 // DeepSeek-V4 training on one GPU behind the Trainable interface (`trex train` with `device: cuda`): the GPU model
-// (train/cuda/dsv4_gpu.h) starts from the host model's initialised weights (design §5 init, or init_from /
+// (model/cuda/gpu_model.h) starts from the host model's initialised weights (design §5 init, or init_from /
 // init_from_run), router biases and hash tables, then keeps everything on the device: bf16 forward and backward
 // with fp32 accumulation, fp32 master weights, gradients and optimiser state (AdamW or Muon with the CPU's
 // definitions), clipping by the global norm, the sequence-wise balance loss, the auxiliary-loss-free router-bias update from

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "model/dsv4/seq_layout.h"
-#include "train/cuda/dsv4_gpu.h"
+#include "model/cuda/gpu_model.h"
 
 namespace trex::test {
 

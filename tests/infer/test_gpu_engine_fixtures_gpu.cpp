@@ -22,7 +22,7 @@
 #include "infer/engine.h"
 #include "infer/generate.h"
 #include "infer_test_util.h"
-#include "train/cuda/dsv4_gpu.h"
+#include "model/cuda/gpu_model.h"
 
 namespace {
 

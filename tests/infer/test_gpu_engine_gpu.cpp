@@ -23,7 +23,7 @@
 #include "infer/engine.h"
 #include "kernels/cuda/decode_attention.h"
 #include "model/dsv4/model.h"
-#include "train/cuda/dsv4_gpu.h"
+#include "model/cuda/gpu_model.h"
 #include "train/tiny_gpu_config.h"
 #include "gpu_engine_test_util.h"
 

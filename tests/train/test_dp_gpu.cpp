@@ -11,7 +11,8 @@
 
 #include "comm/nccl_communicator.h"
 #include "comm/two_rank_threads.h"
-#include "train/cuda/dsv4_gpu.h"
+#include "model/cuda/gpu_model.h"
+#include "train/cuda/gpu_optimizer.h"
 #include "train/tiny_gpu_config.h"
 
 namespace {
@@ -45,6 +46,7 @@ GlobalBatch make_batch(int64_t V) {
 std::vector<double> train(dsv4gpu::GpuModel& m, const int32_t* ids, const int32_t* labels,
                           const dsv4::SeqLayout& lay) {
   std::vector<double> losses;
+  dsv4gpu::GpuOptimizer opt(m);
   cuda::AdamWStep a;
   a.lr = 1e-3, a.weight_decay = 0.1;
   for (int s = 1; s <= kSteps; ++s) {
@@ -52,7 +54,7 @@ std::vector<double> train(dsv4gpu::GpuModel& m, const int32_t* ids, const int32_
     m.zero_grads();
     m.backward();
     a.step = s;
-    m.adamw_step(a);
+    opt.adamw_step(a);
   }
   return losses;
 }

@@ -17,7 +17,8 @@
 #include "core/dtype.h"
 #include "model/dsv4/model.h"
 #include "optim/update_rules.h"
-#include "train/cuda/dsv4_gpu.h"
+#include "model/cuda/gpu_model.h"
+#include "train/cuda/gpu_optimizer.h"
 #include "train/tiny_gpu_config.h"
 
 namespace {
@@ -160,7 +161,7 @@ void training_step_matches_cpu_model(double balance_alpha) {
   const std::string wname = "layers.1.attn.wq_b.weight";
   std::vector<float> w = gpu.value(wname), g = gpu.grad(wname);
   std::vector<float> m1(w.size(), 0.f), v1(w.size(), 0.f);
-  gpu.adamw_step(as);
+  dsv4gpu::GpuOptimizer(gpu).adamw_step(as);
   optim::adamw_update(w.data(), g.data(), m1.data(), v1.data(), int64_t(w.size()), as.lr, ac, 1, true);
   const std::vector<float> w_gpu = gpu.value(wname);
   EXPECT_LT(rel_err(w_gpu, w.data(), w.size()), 1e-6);

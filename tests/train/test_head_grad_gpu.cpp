@@ -12,7 +12,7 @@
 #include <random>
 
 #include "core/error.h"
-#include "train/cuda/dsv4_gpu.h"
+#include "model/cuda/gpu_model.h"
 #include "train/tiny_gpu_config.h"
 
 namespace {

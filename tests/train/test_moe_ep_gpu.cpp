@@ -21,7 +21,7 @@
 
 #include "comm/nccl_communicator.h"
 #include "comm/two_rank_threads.h"
-#include "train/cuda/dsv4_gpu.h"
+#include "model/cuda/gpu_model.h"
 #include "train/tiny_gpu_config.h"
 
 namespace {

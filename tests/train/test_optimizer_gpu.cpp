@@ -1,4 +1,4 @@
-// The GPU model's optimiser step (GpuModel::optimizer_step) against the CPU optimiser (optim::Optimizer, the run's
+// The GPU model's optimiser step (GpuOptimizer::step) against the CPU optimiser (optim::Optimizer, the run's
 // definition) on the tiny V4 config: the same weights and, per step, the same random gradients on both sides;
 // after three steps every tensor's change (w - w0) must match. Muon's Newton-Schulz runs in bf16 products on the
 // GPU (fp32 on the CPU), so its tensors match to about a percent; AdamW tensors to fp32 rounding.
@@ -12,7 +12,8 @@
 #include "model/dsv4/model.h"
 #include "optim/optimizer.h"
 #include "optim/param_groups.h"
-#include "train/cuda/dsv4_gpu.h"
+#include "model/cuda/gpu_model.h"
+#include "train/cuda/gpu_optimizer.h"
 #include "train/tiny_gpu_config.h"
 
 namespace {
@@ -54,6 +55,7 @@ void run_against_cpu(const optim::OptimizerConfig& oc, double lr, double muon_to
   auto& pt = cpu.params();
   init_weights(pt, 5);
   dsv4gpu::GpuModel gpu(cfg);
+  dsv4gpu::GpuOptimizer gpu_opt(gpu);
   gpu.load_from(pt);
   std::vector<optim::ParamRef> refs;
   std::map<std::string, std::vector<float>> w0;
@@ -75,7 +77,7 @@ void run_against_cpu(const optim::OptimizerConfig& oc, double lr, double muon_to
       gpu.set_grad(n, grad);
     }
     opt.step(lr);
-    gpu.optimizer_step(oc, lr, step);
+    gpu_opt.step(oc, lr, step);
   }
   int n_muon = 0, n_adamw = 0;
   double worst_muon = 0, worst_adamw = 0;
@@ -132,6 +134,7 @@ TEST(OptimizerGpu, AdamWWithoutVectorDecayMatchesCpu) {
 void grad_scale_fold_is_exact(const optim::OptimizerConfig& oc) {
   const dsv4::ModelConfig cfg = trex::testing::tiny_gpu_config("optimizer test config");
   dsv4gpu::GpuModel folded(cfg), scaled(cfg);
+  dsv4gpu::GpuOptimizer folded_opt(folded), scaled_opt(scaled);
   folded.init_random(3), scaled.init_random(3);
   std::mt19937 g(4);
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -143,8 +146,8 @@ void grad_scale_fold_is_exact(const optim::OptimizerConfig& oc) {
       folded.set_grad(n, grad), scaled.set_grad(n, grad);
     }
     scaled.scale_grads(scale);
-    scaled.optimizer_step(oc, 1e-2, step);
-    folded.optimizer_step(oc, 1e-2, step, scale);
+    scaled_opt.step(oc, 1e-2, step);
+    folded_opt.step(oc, 1e-2, step, scale);
   }
   int64_t differing = 0;
   for (const std::string& n : folded.param_names()) differing += folded.value(n) != scaled.value(n);

@@ -11,7 +11,8 @@
 
 #include "comm/nccl_communicator.h"
 #include "comm/two_rank_threads.h"
-#include "train/cuda/dsv4_gpu.h"
+#include "model/cuda/gpu_model.h"
+#include "train/cuda/gpu_optimizer.h"
 #include "train/cuda/gpu_pipeline.h"
 #include "train/tiny_gpu_config.h"
 
@@ -70,6 +71,7 @@ TEST(PipelineGpu, OneFOneBMatchesOneGpuAccumulatingTheMicroBatches) {
   {
     ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
     dsv4gpu::GpuModel one(cfg);
+    dsv4gpu::GpuOptimizer one_opt(one);
     one.init_random(5);
     full_params = one.n_params();
     whole = one.forward(ids.data(), labels.data(), dsv4::SeqLayout::unpacked(kM, kS));
@@ -83,7 +85,7 @@ TEST(PipelineGpu, OneFOneBMatchesOneGpuAccumulatingTheMicroBatches) {
       }
       ref.losses.push_back(loss);
       if (s == 1) keep_grads(one, ref.grads);
-      one.adamw_step(adamw(s));
+      one_opt.adamw_step(adamw(s));
     }
   }
   std::printf("loss: one forward over the batch %.6f, one GPU accumulating %lld micro-batches %.6f\n", whole,
@@ -100,6 +102,7 @@ TEST(PipelineGpu, OneFOneBMatchesOneGpuAccumulatingTheMicroBatches) {
     o.layer_begin = r == 0 ? 0 : 2, o.layer_end = r == 0 ? 2 : 3;
     o.stage_slots = 2 - r;
     dsv4gpu::GpuModel m(cfg, o);
+    dsv4gpu::GpuOptimizer m_opt(m);
     m.init_random(5);
     stage_params[r] = m.n_params();
     dsv4gpu::GpuPipeline pipe(m, *act, *grad, kM);
@@ -108,7 +111,7 @@ TEST(PipelineGpu, OneFOneBMatchesOneGpuAccumulatingTheMicroBatches) {
       m.zero_grads();
       local.push_back(pipe.step(ids.data(), labels.data(), mb));
       if (s == 1) keep_grads(m, pp[r].grads);
-      m.adamw_step(adamw(s));
+      m_opt.adamw_step(adamw(s));
     }
     pp[r].losses = pipe.global_losses(local);
   });

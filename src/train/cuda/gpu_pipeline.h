@@ -19,7 +19,7 @@
 
 #include "comm/communicator.h"
 #include "model/dsv4/seq_layout.h"
-#include "train/cuda/dsv4_gpu.h"
+#include "model/cuda/gpu_model.h"
 
 namespace trex::dsv4gpu {
 

@@ -9,7 +9,7 @@
 #include "comm/nccl_communicator.h"
 #include "model/dsv4/loss.h"
 #include "parallel/pipeline_schedule.h"
-#include "train/cuda/gpu_impl.h"
+#include "model/cuda/gpu_impl.h"
 
 namespace trex::dsv4gpu {
 

@@ -10,7 +10,8 @@
 #include "core/log.h"
 #include "model/dsv4/moe.h"
 #include "optim/param_groups.h"
-#include "train/cuda/dsv4_gpu.h"
+#include "model/cuda/gpu_model.h"
+#include "train/cuda/gpu_optimizer.h"
 #include "train/gpu_trainable.h"
 #include "train/sharded_checkpoint.h"
 
@@ -36,12 +37,12 @@ class GpuParamUpdater final : public ParamUpdater {
  public:
   GpuParamUpdater(dsv4gpu::GpuModel& gpu, std::vector<Entry> params, std::vector<Entry> buffers,
                   const optim::OptimizerConfig& cfg)
-      : gpu_(gpu), params_(std::move(params)), buffers_(std::move(buffers)), cfg_(cfg) {}
+      : gpu_(gpu), opt_(gpu), params_(std::move(params)), buffers_(std::move(buffers)), cfg_(cfg) {}
 
   int64_t n_params() const override { return n_trained() + count(buffers_); }
   int64_t n_trained() const override { return count(params_); }
   // Scaling (accumulation's 1 / micro-batches, clipping) is not a pass over the 4 B/parameter gradients of its own:
-  // it is folded into the optimiser's read of them (GpuModel::optimizer_step's grad_scale), which makes the same
+  // it is folded into the optimiser's read of them (GpuOptimizer::step's grad_scale), which makes the same
   // fp32 products, and the norm is taken of the unscaled gradients times the pending scale.
   void scale_grads(float s) override { pending_scale_ *= s; }
   double clip_gradients() override {
@@ -51,7 +52,7 @@ class GpuParamUpdater final : public ParamUpdater {
     return norm;
   }
   void step(double lr) override {
-    gpu_.optimizer_step(cfg_, lr, ++steps_, pending_scale_);
+    opt_.step(cfg_, lr, ++steps_, pending_scale_);
     pending_scale_ = 1.f;
   }
 
@@ -64,6 +65,7 @@ class GpuParamUpdater final : public ParamUpdater {
     };
     for (const Entry& p : params_) {
       dsv4gpu::GpuModel* g = &gpu_;
+      dsv4gpu::GpuOptimizer* o = &opt_;
       const std::string name = p.name;
       model.push_back({p.name, DType::F32, p.shape, nullptr, [g, name](void* dst) {
                          const std::vector<float> v = g->value(name);
@@ -71,8 +73,8 @@ class GpuParamUpdater final : public ParamUpdater {
                        }});
       groups[p.name] = std::string(optim::group_name(p.group));
       for (const auto& [suffix, which] : state_names(p)) {
-        optim.push_back({p.name + suffix, DType::F32, p.shape, nullptr, [g, name, which = which](void* dst) {
-                           const std::vector<float> v = g->optimizer_state(name, which);
+        optim.push_back({p.name + suffix, DType::F32, p.shape, nullptr, [o, name, which = which](void* dst) {
+                           const std::vector<float> v = o->state(name, which);
                            std::memcpy(dst, v.data(), v.size() * sizeof(float));
                          }});
       }
@@ -93,7 +95,7 @@ class GpuParamUpdater final : public ParamUpdater {
       gpu_.set_value(p.name, buf);
       for (const auto& [suffix, which] : state_names(p)) {
         r.read_optim(p.name + suffix, p.shape, buf.data());
-        gpu_.set_optimizer_state(p.name, which, buf);
+        opt_.set_state(p.name, which, buf);
       }
     }
     for (const Entry& b : buffers_) {
@@ -118,6 +120,7 @@ class GpuParamUpdater final : public ParamUpdater {
   }
 
   dsv4gpu::GpuModel& gpu_;
+  dsv4gpu::GpuOptimizer opt_;  // its moments, in the model's master layout
   std::vector<Entry> params_, buffers_;
   optim::OptimizerConfig cfg_;
   int64_t steps_ = 0;

@@ -13,7 +13,7 @@
 #include "kernels/cuda/indexer.h"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/tensor_ops.h"
-#include "train/cuda/gpu_internal.h"
+#include "model/cuda/gpu_internal.h"
 
 namespace trex::dsv4gpu {
 

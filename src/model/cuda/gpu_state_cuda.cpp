@@ -1,13 +1,13 @@
-// GpuModel's training-run state beyond the step (dsv4_gpu.h): the gradient norm and scaling behind clipping,
-// per-tensor access to master weights and optimiser moments (checkpoints), and the router biases (the
-// auxiliary-loss-free update). One GPU: under data parallelism masters and moments are ZeRO-1 shards.
+// GpuModel's state beyond the step (gpu_model.h): the gradient norm and scaling behind clipping, per-tensor
+// writes of master weights (checkpoint resume), and the router biases (the auxiliary-loss-free update). One GPU:
+// under data parallelism the masters are ZeRO-1 shards.
 #include <fmt/format.h>
 
 #include <cmath>
 
 #include "core/error.h"
 #include "kernels/cuda/tensor_ops.h"
-#include "train/cuda/gpu_impl.h"
+#include "model/cuda/gpu_impl.h"
 
 namespace trex::dsv4gpu {
 
@@ -24,6 +24,7 @@ void check_size(const GpuParam& p, size_t n, const char* what) {
 double GpuModel::grad_norm() {
   Impl& m = *impl_;
   check_one_gpu(m, "grad_norm");
+  m.require_gradients("grad_norm()");
   DevMem scratch(size_t(cuda::kSumSquaresBlocks + 1) * sizeof(double));
   cuda::sum_squares_f32(m.grads.as<float>(), m.total, scratch.as<double>());
   double ss = 0;
@@ -34,6 +35,7 @@ double GpuModel::grad_norm() {
 void GpuModel::scale_grads(float s) {
   Impl& m = *impl_;
   check_one_gpu(m, "scale_grads");
+  m.require_gradients("scale_grads()");
   cuda::scale_f32(m.grads.as<float>(), s, m.total);  // grads_zero stays as it is: scaled zeros are zeros
 }
 
@@ -46,27 +48,6 @@ void GpuModel::set_value(const std::string& name, const std::vector<float>& v) {
   TREX_CUDA(cudaMemcpy(dst, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
   cuda::cast_f32_to_bf16(m.compute.as<bf16>() + p.offset, dst, p.numel);
   TREX_CUDA(cudaDeviceSynchronize());
-}
-
-std::vector<float> GpuModel::optimizer_state(const std::string& name, int which) const {
-  const Impl& m = *impl_;
-  check_one_gpu(m, "optimizer_state");
-  TREX_CHECK(which == 0 || which == 1, "GPU model optimizer_state: which {} (0 or 1)", which);
-  const GpuParam& p = m.info(name);
-  std::vector<float> v(size_t(p.numel));
-  const float* src = (which == 0 ? m.adam_m : m.adam_v).as<float>() + p.offset;
-  TREX_CUDA(cudaMemcpy(v.data(), src, v.size() * sizeof(float), cudaMemcpyDeviceToHost));
-  return v;
-}
-
-void GpuModel::set_optimizer_state(const std::string& name, int which, const std::vector<float>& v) {
-  Impl& m = *impl_;
-  check_one_gpu(m, "set_optimizer_state");
-  TREX_CHECK(which == 0 || which == 1, "GPU model set_optimizer_state: which {} (0 or 1)", which);
-  const GpuParam& p = m.info(name);
-  check_size(p, v.size(), "set_optimizer_state");
-  float* dst = (which == 0 ? m.adam_m : m.adam_v).as<float>() + p.offset;
-  TREX_CUDA(cudaMemcpy(dst, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
 }
 
 std::vector<std::string> GpuModel::router_bias_names() const {

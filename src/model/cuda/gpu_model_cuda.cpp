@@ -12,7 +12,7 @@
 #include "kernels/cuda/lm_head_ce.h"
 #include "kernels/cuda/tensor_ops.h"
 #include "model/dsv4/loss.h"
-#include "train/cuda/gpu_impl.h"
+#include "model/cuda/gpu_impl.h"
 
 namespace trex::dsv4gpu {
 
@@ -187,14 +187,14 @@ GpuModel::GpuModel(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts)
   m.shard_a = m.region_a / m.dp_size;
   int64_t off = 0;
   for (auto& b : m.buckets) b.shard_off = off, off += b.slice(m.dp_size);
-  const size_t n = size_t(m.total), ns = size_t(m.shard_a + (m.total - m.region_a));  // ns == n on one GPU
-  m.master = DevMem(ns * 4), m.compute = DevMem(n * 2), m.grads = DevMem(n * 4);
-  m.adam_m = DevMem(ns * 4), m.adam_v = DevMem(ns * 4);
+  const size_t n = size_t(m.total), ns = size_t(m.shard_elems());  // ns == n on one GPU
+  m.master = DevMem(ns * 4), m.compute = DevMem(n * 2);
   TREX_CUDA(cudaMemsetAsync(m.master.as<float>(), 0, ns * 4, nullptr));
   TREX_CUDA(cudaMemsetAsync(m.compute.as<bf16>(), 0, n * 2, nullptr));
-  TREX_CUDA(cudaMemsetAsync(m.grads.as<float>(), 0, n * 4, nullptr));
-  TREX_CUDA(cudaMemsetAsync(m.adam_m.as<float>(), 0, ns * 4, nullptr));
-  TREX_CUDA(cudaMemsetAsync(m.adam_v.as<float>(), 0, ns * 4, nullptr));
+  if (opts.gradients) {
+    m.grads = DevMem(n * 4);
+    TREX_CUDA(cudaMemsetAsync(m.grads.as<float>(), 0, n * 4, nullptr));
+  }
   m.bind_all();
 }
 
@@ -212,6 +212,7 @@ double GpuModel::forward(const int32_t* ids, const int32_t* labels, const dsv4::
 double GpuModel::forward_impl(const int32_t* ids, const int32_t* labels, const dsv4::SeqLayout& layout,
                               const Injection* inject, const void* x_in, HeadMode head) {
   Impl& m = *impl_;
+  if (head == HeadMode::LossAndGrad) m.require_gradients("a training forward (HeadMode::LossAndGrad)");
   const dsv4::ModelConfig& cfg = m.cfg;
   layout.validate();
   const int64_t B = layout.B, S = layout.T, N = B * S, d = cfg.hidden, hc = cfg.hc_mult, V = cfg.vocab_size;
@@ -431,6 +432,7 @@ void GpuModel::backward() {
 void GpuModel::backward_impl(const float* dx_out) {
   Impl& m = *impl_;
   TREX_CHECK(m.forward_done, "GPU model: backward() called without a forward()");
+  m.require_gradients("backward()");
   m.grads_zero = false;  // gradients accumulate from here on (zero_grads() must clear them again)
   const dsv4::ModelConfig& cfg = m.cfg;
   const int64_t N = m.lay.N, d = cfg.hidden, hc = cfg.hc_mult, V = cfg.vocab_size;

@@ -3,7 +3,7 @@
 #pragma once
 #include <memory>
 
-#include "train/cuda/gpu_internal.h"
+#include "model/cuda/gpu_internal.h"
 
 namespace trex::dsv4gpu {
 
@@ -11,11 +11,12 @@ struct GpuModel::Impl {
   dsv4::ModelConfig cfg;
   GpuModelOptions opts;
   cuda::Gemm gemm;
-  // Parameters: one fp32 master arena, its bf16 copy, fp32 gradients and AdamW moments, same offsets.
+  // Parameters: one fp32 master arena, its bf16 copy and the fp32 gradients (none when opts.gradients is false),
+  // same offsets. The optimiser (train/cuda/gpu_optimizer.h) keeps its moments in the master's (shard) layout.
   std::vector<GpuParam> params;
   std::map<std::string, size_t> index;
   int64_t total = 0;
-  DevMem master, compute, grads, adam_m, adam_v;
+  DevMem master, compute, grads;
   std::map<std::string, DevMem> bias;     // fp32 [E]
   std::map<std::string, DevMem> tid2eid;  // int32 [V, K]
   std::vector<std::unique_ptr<GpuBlock>> blocks;
@@ -73,7 +74,11 @@ struct GpuModel::Impl {
   const GpuParam& info(const std::string& name) const;
   float* f32(const std::string& n) const { return master_at(info(n)); }
   bf16* b16(const std::string& n) const { return compute.as<bf16>() + info(n).offset; }
-  float* g32(const std::string& n) const { return grads.as<float>() + info(n).offset; }
+  // Null without a gradient arena (an inference-only model binds no gradient pointers).
+  float* g32(const std::string& n) const {
+    float* g = grads.as<float>();
+    return g ? g + info(n).offset : nullptr;
+  }
   void refresh_compute();  // bf16 copy of the master weights
 
   // Data parallel with a sharded optimiser (ZeRO-1), gpu_params_cuda.cpp. The arena has two regions:
@@ -82,8 +87,8 @@ struct GpuModel::Impl {
   // (end - begin) / dp_size is this rank's: its fp32 master and AdamW moments live here (at shard_off), the
   // updated bf16 slice is all-gathered back before the next forward uses it. [region_a, total) the parameters
   // read in fp32 (mHC mixing weights, attention sinks, compressor ape): small, all-reduced and updated on
-  // every rank. master / adam_m / adam_v hold the shard layout (own slices, then region R); with one rank it is
-  // the arena layout itself.
+  // every rank. master (and the optimiser's moments) hold the shard layout (own slices, then region R); with one
+  // rank it is the arena layout itself. The optimiser step itself lives in train/cuda/gpu_optimizer_cuda.cpp.
   struct Bucket {
     int64_t begin = 0, end = 0, shard_off = 0;
     int64_t slice(int n) const { return (end - begin) / n; }
@@ -100,18 +105,17 @@ struct GpuModel::Impl {
   double exposed_ms = 0;
   int64_t global_targets = 0;  // labelled targets of the whole DP batch (the loss normaliser)
   float* master_at(const GpuParam& p) const;
-  // Optimiser (gpu_params_cuda.cpp). grads_zero: the gradient arena is known to be all zero (allocation or a
-  // zero_grads() memset; a backward or set_grad clears the flag), so zero_grads() can skip its memset. opt_plan:
-  // which tensors Muon / AdamW update (built on the first optimizer_step), shared_ptr so the type can stay private
-  // to that file.
+  // grads_zero: the gradient arena is known to be all zero (allocation or a zero_grads() memset; a backward or
+  // set_grad clears the flag), so zero_grads() can skip its memset.
   bool grads_zero = true;
-  struct OptPlan;
-  std::shared_ptr<OptPlan> opt_plan;
+  void require_gradients(const char* what) const;  // error unless the model was built with gradients
+  int64_t shard_elems() const { return shard_a + (total - region_a); }  // master's length (== total on one GPU)
   void pad_to(int64_t multiple);
   void scatter_master(const float* full);  // full fp32 arena -> master shard + bf16 compute copy
   void reduce_bucket(int b);               // start the gradient reduce-scatter of bucket b
   void wait_gather(int b);                 // the compute stream waits for bucket b's all-gather
   void stream_wait(comm::Work& w);         // the compute stream waits for w, stall time recorded
+  void wait_grad_work();                   // the compute stream waits for every pending gradient reduction
   Ctx ctx();
   void section(const char* name, bool begin);
 };

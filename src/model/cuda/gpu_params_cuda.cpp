@@ -2,7 +2,8 @@
 // dsv4::attention_param_specs), laid out so that each expert's w1 and w3 are adjacent ([2f, d], one GEMM gives
 // gate|up) and the shared expert's w1|w3 likewise; random init on the device or a copy of the CPU table. The arena
 // is two regions (bf16-read parameters in per-layer buckets, then the fp32-read ones) so that data parallelism can
-// shard the optimiser by bucket slices (ZeRO-1, see gpu_impl.h); the data-parallel plumbing lives here too.
+// shard the optimiser by bucket slices (ZeRO-1, see gpu_impl.h); the data-parallel plumbing lives here too (the
+// optimiser step itself is train/cuda/gpu_optimizer_cuda.cpp).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -11,11 +12,9 @@
 #include <set>
 
 #include "comm/nccl_communicator.h"
-#include "kernels/cuda/muon.h"
 #include "kernels/cuda/random_fill.h"
 #include "kernels/cuda/tensor_ops.h"
-#include "optim/param_groups.h"
-#include "train/cuda/gpu_impl.h"
+#include "model/cuda/gpu_impl.h"
 
 namespace trex::dsv4gpu {
 
@@ -350,6 +349,7 @@ std::vector<float> GpuModel::value(const std::string& name) const {
 }
 
 std::vector<float> GpuModel::grad(const std::string& name) const {
+  impl_->require_gradients("grad()");
   const GpuParam& p = impl_->info(name);
   std::vector<float> v(size_t(p.numel));
   TREX_CUDA(cudaMemcpy(v.data(), impl_->g32(name), v.size() * sizeof(float), cudaMemcpyDeviceToHost));
@@ -369,6 +369,7 @@ int64_t GpuModel::n_params() const {
 }
 
 void GpuModel::set_grad(const std::string& name, const std::vector<float>& g) {
+  impl_->require_gradients("set_grad()");
   const GpuParam& p = impl_->info(name);
   TREX_CHECK(int64_t(g.size()) == p.numel, "GPU model set_grad: '{}' has {} elements, got {}", name, p.numel,
              g.size());
@@ -376,9 +377,20 @@ void GpuModel::set_grad(const std::string& name, const std::vector<float>& g) {
   impl_->grads_zero = false;
 }
 
-// ---- optimizer ----
+// ---- gradients ----
+
+void GpuModel::Impl::require_gradients(const char* what) const {
+  TREX_CHECK(opts.gradients, "GPU model: {} needs gradients, but this model was built for inference only "
+             "(GpuModelOptions::gradients false)", what);
+}
+
+void GpuModel::Impl::wait_grad_work() {
+  for (auto& w : grad_work) stream_wait(*w);
+  grad_work.clear();
+}
 
 void GpuModel::zero_grads() {
+  impl_->require_gradients("zero_grads()");
   // A HeadMode::LossAndGrad forward already accumulated head.weight's gradient: zeroing before its backward would
   // silently drop it.
   bool pending = impl_->head_dnormed != nullptr;
@@ -389,147 +401,6 @@ void GpuModel::zero_grads() {
   if (impl_->grads_zero) return;  // nothing wrote them since the last memset
   TREX_CUDA(cudaMemsetAsync(impl_->grads.as<float>(), 0, size_t(impl_->total) * sizeof(float), nullptr));
   impl_->grads_zero = true;
-}
-
-void GpuModel::adamw_step(const cuda::AdamWStep& a_in) {
-  Impl& m = *impl_;
-  m.section("optimizer", true);
-  // The gradients stay (zero_grads() clears them): folding the zeroing into this pass (AdamWStep::zero_grad) was
-  // measured 2% slower than this pass plus zero_grads()'s memset (2.38 vs 2.33 ms per 256 M parameters on an H200,
-  // MuonGpu.AdamWZeroGradFoldIsExactAndTimed): the memset is a pure 4 B/param write, the same bytes the fold writes.
-  const cuda::AdamWStep& a = a_in;
-  if (m.dp_size == 1) {
-    cuda::adamw_step(m.master.as<float>(), m.grads.as<float>(), m.adam_m.as<float>(), m.adam_v.as<float>(),
-                     m.compute.as<bf16>(), m.total, a);
-    m.section("optimizer", false);
-    return;
-  }
-  // Gradients: every bucket's reduce-scatter and the region-R all-reduce must have landed.
-  for (auto& w : m.grad_work) m.stream_wait(*w);
-  m.grad_work.clear();
-  float* g = m.grads.as<float>();
-  bf16* c = m.compute.as<bf16>();
-  // Region R first (replicated, read in fp32 by the next forward), then each bucket's own slice, whose
-  // all-gather starts right away so it overlaps the remaining updates and the next forward's first layers.
-  const int64_t nr = m.total - m.region_a;
-  cuda::adamw_step(m.master.as<float>() + m.shard_a, g + m.region_a, m.adam_m.as<float>() + m.shard_a,
-                   m.adam_v.as<float>() + m.shard_a, c + m.region_a, nr, a);
-  m.gather_work.clear();
-  m.gather_work.resize(m.buckets.size());
-  for (size_t bi = 0; bi < m.buckets.size(); ++bi) {
-    const Impl::Bucket& b = m.buckets[bi];
-    const int64_t n = b.slice(m.dp_size), own = b.begin + m.dp_rank * n;
-    cuda::adamw_step(m.master.as<float>() + b.shard_off, g + own, m.adam_m.as<float>() + b.shard_off,
-                     m.adam_v.as<float>() + b.shard_off, c + own, n, a);
-    m.gather_work[bi] = m.dp->all_gather(c + own, c + b.begin, size_t(n), comm::ElemType::BF16);
-  }
-  m.section("optimizer", false);
-}
-
-// Which tensors the run's optimiser updates how, in arena order: AdamW segments (adjacent AdamW tensors with the
-// same decay rule merged: the padding between them has zero w, g, m, v and stays zero) and the Muon matrices
-// bucketed by shape into batches of at most kMuonBatchElems elements (the Newton-Schulz scratch).
-struct GpuModel::Impl::OptPlan {
-  std::string kind;
-  bool decay_vectors = true;
-  struct Segment {
-    int64_t offset = 0, n = 0;
-    bool decay = true;
-  };
-  std::vector<Segment> adamw;
-  struct MuonBatch {
-    int64_t rows = 0, cols = 0, count = 0;
-    DevMem offsets;  // int64 [count], element offsets of the matrices
-  };
-  std::vector<MuonBatch> muon;
-  int64_t muon_matrices = 0;
-  cuda::MuonScratch scratch;
-};
-
-namespace {
-// 512 MiB of fp32 X per batch (plus bf16 X, A, B: about 1 GiB of scratch): 16 of flash-l4's 2048 x 4096 expert
-// matrices per batch run their Newton-Schulz at 569 TFLOP/s against 527 with 4 (MuonGpu.NewtonSchulzThroughput*).
-constexpr int64_t kMuonBatchElems = int64_t(1) << 27;
-}
-
-void GpuModel::optimizer_step(const optim::OptimizerConfig& c, double lr, int64_t step, float grad_scale) {
-  Impl& m = *impl_;
-  TREX_CHECK(c.kind == "muon" || c.kind == "adamw", "GPU optimizer: kind '{}' (expected muon or adamw)", c.kind);
-  TREX_CHECK(step >= 1, "GPU optimizer: step {} must be >= 1", step);
-  cuda::AdamWStep a;
-  a.lr = lr, a.beta1 = c.adamw.beta1, a.beta2 = c.adamw.beta2, a.eps = c.adamw.eps;
-  a.weight_decay = c.adamw.weight_decay, a.step = step, a.grad_scale = grad_scale;
-  if (c.kind == "adamw" && c.adamw.decay_vectors) {  // one decay rule: the flat pass (sharded under DP)
-    adamw_step(a);
-    return;
-  }
-  TREX_CHECK(m.dp_size == 1,
-             "GPU model rank {}: optimizer kind '{}'{} is not implemented under data parallelism ({} ranks, ZeRO-1): "
-             "a rank's optimiser shard is a flat slice of the arena, while Muon orthogonalises whole matrices; use "
-             "optimizer kind adamw with decay_vectors true, or one GPU",
-             m.dp_rank, c.kind, c.kind == "adamw" ? " with decay_vectors false" : "", m.dp_size);
-  if (!m.opt_plan || m.opt_plan->kind != c.kind || m.opt_plan->decay_vectors != c.adamw.decay_vectors) {
-    auto plan = std::make_shared<Impl::OptPlan>();
-    plan->kind = c.kind, plan->decay_vectors = c.adamw.decay_vectors;
-    std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> by_shape;
-    bool prev_adamw = false;
-    int64_t end = 0;
-    for (const GpuParam& p : m.params) {
-      TREX_CHECK(p.offset >= end, "GPU optimizer: parameter '{}' is not in arena order", p.name);
-      end = p.offset + p.numel;
-      const optim::ParamGroup g = optim::dsv4_param_group(p.name, p.shape);
-      TREX_CHECK(g == optim::ParamGroup::Muon || g == optim::ParamGroup::AdamW,
-                 "GPU optimizer: parameter '{}' is in group {} (the GPU arena holds trained tensors only)", p.name,
-                 optim::group_name(g));
-      if (c.kind == "muon" && g == optim::ParamGroup::Muon) {
-        TREX_CHECK(p.shape.size() >= 2, "GPU optimizer: '{}' {} is in the Muon group but is not a matrix", p.name,
-                   shape_str(p.shape));
-        const int64_t rows = p.shape[p.shape.size() - 2], cols = p.shape.back();
-        auto& list = by_shape[{rows, cols}];
-        for (int64_t k = 0; k < p.numel / (rows * cols); ++k) list.push_back(p.offset + k * rows * cols);
-        prev_adamw = false;
-        continue;
-      }
-      const bool decay = c.adamw.decay_vectors || p.shape.size() >= 2;
-      if (prev_adamw && plan->adamw.back().decay == decay)
-        plan->adamw.back().n = end - plan->adamw.back().offset;
-      else
-        plan->adamw.push_back({p.offset, p.numel, decay});
-      prev_adamw = true;
-    }
-    for (const auto& [shape, offs] : by_shape) {
-      const int64_t per = std::max<int64_t>(1, std::min<int64_t>(65535, kMuonBatchElems / (shape.first * shape.second)));
-      for (size_t i = 0; i < offs.size(); i += size_t(per)) {
-        Impl::OptPlan::MuonBatch b;
-        b.rows = shape.first, b.cols = shape.second;
-        b.count = std::min<int64_t>(per, int64_t(offs.size() - i));
-        b.offsets = DevMem(size_t(b.count) * sizeof(int64_t));
-        TREX_CUDA(cudaMemcpy(b.offsets.as<int64_t>(), offs.data() + i, size_t(b.count) * sizeof(int64_t),
-                             cudaMemcpyHostToDevice));
-        plan->muon_matrices += b.count;
-        plan->muon.push_back(std::move(b));
-      }
-    }
-    m.opt_plan = std::move(plan);
-  }
-  Impl::OptPlan& plan = *m.opt_plan;
-  m.section("optimizer", true);
-  float *w = m.master.as<float>(), *g = m.grads.as<float>(), *mom = m.adam_m.as<float>(), *v = m.adam_v.as<float>();
-  bf16* wb = m.compute.as<bf16>();
-  for (const auto& s : plan.adamw) {
-    cuda::AdamWStep sa = a;
-    if (!s.decay) sa.weight_decay = 0.0;  // shrink 1, as the CPU's decay = false
-    cuda::adamw_step(w + s.offset, g + s.offset, mom + s.offset, v + s.offset, wb + s.offset, s.n, sa);
-  }
-  cuda::MuonStep ms;
-  ms.lr = lr * c.muon_lr_scale, ms.momentum = c.muon.momentum, ms.nesterov = c.muon.nesterov;
-  ms.ns_fast_steps = c.muon.ns_fast_steps, ms.ns_final_steps = c.muon.ns_final_steps;
-  ms.update_rms = c.muon.update_rms, ms.weight_decay = c.muon.weight_decay, ms.grad_scale = grad_scale;
-  // Muon's momentum lives in the AdamW first-moment arena (same offsets); its second moment is unused.
-  for (const auto& b : plan.muon)
-    cuda::muon_step_batched(m.gemm, plan.scratch, b.offsets.as<int64_t>(), b.count, b.rows, b.cols, w, g, mom, wb,
-                            ms);
-  m.section("optimizer", false);
 }
 
 double GpuModel::exposed_comm_ms() {

@@ -1,5 +1,6 @@
-// The DeepSeek-V4 training step on one GPU: bf16 weights and activations with fp32 accumulation, fp32 master
-// weights, gradients and AdamW state, everything resident on the device. The same blocks as the CPU model
+// The DeepSeek-V4 model on one GPU: bf16 weights and activations with fp32 accumulation, fp32 master weights and
+// gradients, everything resident on the device (the optimiser and its state live in the training layer,
+// train/cuda/gpu_optimizer.h; an inference-only model, GpuModelOptions::gradients false, has no gradient arena). The same blocks as the CPU model
 // (src/model/dsv4/model.h): embedding into n_hc streams; per layer mHC site -> attn_norm -> attention (sliding,
 // CSA with the lightning indexer, HCA) -> expand, mHC site -> ffn_norm -> MoE (score or hash routing, shared
 // expert) -> expand; hc_head -> norm -> LM head fused with the masked next-token CE (logits never materialised).
@@ -8,6 +9,7 @@
 // Not covered (yet): the MTP module (configs with num_nextn_predict_layers > 0 are rejected), the balance loss
 // under data / expert parallelism or pipeline stages, the indexer KL training signal (the indexer's weights get no
 // gradient, as on the CPU by default). Clipping: grad_norm() / scale_grads().
+// The data-parallel gradient reduce-scatter (ZeRO-1 buckets) and the expert exchange run over comm::Communicator.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -16,11 +18,9 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "kernels/cuda/adamw.h"
 #include "model/dsv4/config.h"
 #include "model/dsv4/seq_layout.h"
 #include "model/dsv4/weights.h"
-#include "optim/optimizer.h"
 
 namespace trex::dsv4gpu {
 
@@ -52,6 +52,9 @@ struct GpuModelOptions {
   // Micro-batches whose saved activations can be held at once (forward_stage done, backward_stage pending);
   // micro-batch m uses slot m % stage_slots. 1F1B on pipeline rank r of P needs P - r.
   int stage_slots = 1;
+  // False: inference only (the serving engine): no gradient arena is allocated, and anything that would write or
+  // read gradients (backward, a HeadMode::LossAndGrad forward, stage steps, zero_grads, grad) is an error.
+  bool gradients = true;
 };
 
 // Selections to use instead of the GPU's own (parity runs: bf16 rounding can flip near-ties of the indexer and
@@ -86,17 +89,6 @@ class GpuModel {
                  const Injection* inject = nullptr, HeadMode head = HeadMode::Loss);
   void zero_grads();  // free when nothing wrote the gradients since the last zero_grads()
   void backward();  // accumulates fp32 gradients of the last forward
-  // AdamW with one decay rule on every tensor (the benchmark's torch-AdamW setting).
-  void adamw_step(const cuda::AdamWStep& a);
-  // One step of the run's optimiser with the CPU's definition (optim::Optimizer, src/optim/optimizer.h): kind
-  // "muon" updates the Muon group of optim::dsv4_param_group with Muon (every matrix orthogonalised by batched
-  // bf16 Newton-Schulz, kernels/cuda/muon.h; learning rate lr * muon_lr_scale) and the rest with AdamW; kind
-  // "adamw" updates everything with AdamW (decay_vectors honoured). step is 1-based (AdamW bias corrections).
-  // Gradient clipping is not part of it (as Optimizer::step; the GPU model has none yet). One GPU only for Muon
-  // (a ZeRO-1 shard is a flat slice, a matrix's orthogonalisation needs all of it). Gradients are left as they are.
-  // grad_scale multiplies every gradient as the update reads it (clipping and 1 / micro-batches folded in; the
-  // gradients themselves stay unscaled).
-  void optimizer_step(const optim::OptimizerConfig& c, double lr, int64_t step, float grad_scale = 1.f);
   // Overwrites this rank's gradient of one parameter (tests: an optimiser step from known gradients).
   void set_grad(const std::string& name, const std::vector<float>& g);
 
@@ -106,10 +98,6 @@ class GpuModel {
   void scale_grads(float s);
   // Overwrites one parameter's fp32 master value and its bf16 compute copy (checkpoint resume).
   void set_value(const std::string& name, const std::vector<float>& v);
-  // Optimiser state of one parameter, as optimizer_step keeps it: which 0 = the AdamW first moment or the Muon
-  // momentum, 1 = the AdamW second moment.
-  std::vector<float> optimizer_state(const std::string& name, int which) const;
-  void set_optimizer_state(const std::string& name, int which, const std::vector<float>& v);
   // Router biases (buffers the auxiliary-loss-free update writes, not the optimiser), by official name.
   std::vector<std::string> router_bias_names() const;
   std::vector<float> router_bias(const std::string& name) const;
@@ -154,7 +142,10 @@ class GpuModel {
   void reset_sections();
 
   struct Impl;
-  Impl& impl() { return *impl_; }  // the inference engine (src/infer) runs its own step on these weights
+  // The parameter arenas and blocks (gpu_impl.h): the optimiser (train/cuda) updates them, the inference engine
+  // (src/infer) runs its cached step on them.
+  Impl& impl() { return *impl_; }
+  const Impl& impl() const { return *impl_; }
 
  private:
   std::unique_ptr<Impl> impl_;

@@ -1,5 +1,6 @@
 // Internals of the GPU model shared by its translation units (params, attention, MoE, blocks/head). Not a public
-// header: only src/train/cuda/*_cuda.cpp include it.
+// header: the GPU model's own files, its optimiser (src/train/cuda) and the inference engine's cached step
+// (src/infer/cuda_engine_cuda.cpp) include it.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -20,7 +21,7 @@
 #include "model/dsv4/compressor.h"
 #include "model/dsv4/config.h"
 #include "model/dsv4/rope.h"
-#include "train/cuda/dsv4_gpu.h"
+#include "model/cuda/gpu_model.h"
 
 namespace trex::dsv4gpu {
 

@@ -20,7 +20,7 @@
 #include "kernels/cuda/grouped_gemm.h"
 #include "kernels/cuda/router.h"
 #include "kernels/cuda/tensor_ops.h"
-#include "train/cuda/gpu_internal.h"
+#include "model/cuda/gpu_internal.h"
 
 namespace trex::dsv4gpu {
 

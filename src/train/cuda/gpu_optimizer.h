@@ -1,0 +1,49 @@
+// The optimiser of a GPU model (model/cuda/gpu_model.h): its state (AdamW moments, or the Muon momentum in the
+// first-moment arena) in the master weights' layout, and the update of the model's fp32 masters and bf16 compute
+// copies from its gradients. Under data parallelism (ZeRO-1) each rank updates its own bucket slices and
+// all-gathers the updated bf16 slices back, which the model's next forward waits for bucket by bucket.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/adamw.h"
+#include "model/cuda/gpu_model.h"
+#include "optim/optimizer.h"
+
+namespace trex::dsv4gpu {
+
+class GpuOptimizer {
+ public:
+  // Allocates zeroed moments for `model` (built with gradients), which must outlive the optimiser.
+  explicit GpuOptimizer(GpuModel& model);
+  ~GpuOptimizer();
+  GpuOptimizer(const GpuOptimizer&) = delete;
+  GpuOptimizer& operator=(const GpuOptimizer&) = delete;
+
+  // AdamW with one decay rule on every tensor (the benchmark's torch-AdamW setting).
+  void adamw_step(const cuda::AdamWStep& a);
+  // One step of the run's optimiser with the CPU's definition (optim::Optimizer, src/optim/optimizer.h): kind
+  // "muon" updates the Muon group of optim::dsv4_param_group with Muon (every matrix orthogonalised by batched
+  // bf16 Newton-Schulz, kernels/cuda/muon.h; learning rate lr * muon_lr_scale) and the rest with AdamW; kind
+  // "adamw" updates everything with AdamW (decay_vectors honoured). step is 1-based (AdamW bias corrections).
+  // Gradient clipping is not part of it (as Optimizer::step). One GPU only for Muon (a ZeRO-1 shard is a flat
+  // slice, a matrix's orthogonalisation needs all of it). Gradients are left as they are. grad_scale multiplies
+  // every gradient as the update reads it (clipping and 1 / micro-batches folded in; the gradients themselves stay
+  // unscaled).
+  void step(const optim::OptimizerConfig& c, double lr, int64_t step, float grad_scale = 1.f);
+
+  // State of one parameter (checkpoints; one GPU): which 0 = the AdamW first moment or the Muon momentum, 1 = the
+  // AdamW second moment.
+  std::vector<float> state(const std::string& name, int which) const;
+  void set_state(const std::string& name, int which, const std::vector<float>& v);
+
+  struct Impl;
+
+ private:
+  GpuModel& model_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace trex::dsv4gpu
