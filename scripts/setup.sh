@@ -9,7 +9,7 @@ packages=(
   libcpp-httplib-dev libssl-dev zlib1g-dev libpng-dev
   coinor-libcbc-dev coinor-libclp-dev coinor-libcgl-dev coinor-libosi-dev coinor-libcoinutils-dev coinor-cbc
   libglpk-dev glpk-utils coinor-libipopt-dev
-  python3 python3-numpy
+  python3 python3-numpy bubblewrap
 )
 missing=()
 for p in "${packages[@]}"; do
