@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace trex::orkit::eval {
@@ -40,8 +41,13 @@ struct Benchmark {
   int skipped_no_ground_truth() const;
 };
 
-// Reads a benchmark JSONL file; bad lines throw trex::Error naming file and line.
+inline constexpr size_t kMaxBenchmarkBytes = size_t(1) << 30;
+
+// Reads a benchmark JSONL file; bad lines (binary bytes, invalid JSON, fields of the wrong type) throw
+// trex::Error naming file and line.
 Benchmark load_benchmark(const std::filesystem::path& path);
+// The same from text already in memory; `source` names it in errors, `name` is the benchmark's stem.
+Benchmark parse_benchmark(std::string_view text, const std::string& source, const std::string& name);
 
 const char* answer_type_name(AnswerType t);
 

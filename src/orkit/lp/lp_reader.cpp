@@ -13,6 +13,7 @@
 #include "core/files.h"
 #include "orkit/lp/lp_format.h"
 #include "orkit/lp/model_util.h"
+#include "orkit/lp/text_input.h"
 
 namespace trex::orkit {
 namespace {
@@ -34,7 +35,10 @@ std::string lower(std::string_view s) {
   return out;
 }
 
-bool ends_name(char c) { return std::isspace(static_cast<unsigned char>(c)) || std::strchr("+-*^<>=:\\", c); }
+// strchr also finds the terminating '\0', so NUL is tested apart (require_text rejects it before).
+bool ends_name(char c) {
+  return c == '\0' || std::isspace(static_cast<unsigned char>(c)) || std::strchr("+-*^<>=:\\", c) != nullptr;
+}
 
 std::vector<Token> tokenize(std::string_view s, const std::string& source) {
   std::vector<Token> out;
@@ -141,6 +145,8 @@ std::vector<Token> tokenize(std::string_view s, const std::string& source) {
       }
       ++j;
     }
+    // Every character that cannot start a name was handled above; a zero-length name would not advance.
+    if (j == i) fail("{}:{}: unexpected character 0x{:02x}", source, line, static_cast<unsigned char>(s[i]));
     push(Tk::Name, std::string(s.substr(i, j - i)));
     i = j;
   }
@@ -570,6 +576,7 @@ class LpParser {
 }  // namespace
 
 Model read_lp(std::string_view text, const std::string& source_name, const LpReadOptions& opts) {
+  require_text(text, source_name, "LP file");
   return LpParser(text, source_name, opts).parse();
 }
 

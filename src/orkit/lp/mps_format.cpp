@@ -11,6 +11,7 @@
 #include "core/files.h"
 #include "orkit/lp/lp_format.h"
 #include "orkit/lp/model_util.h"
+#include "orkit/lp/text_input.h"
 
 namespace trex::orkit {
 namespace {
@@ -333,7 +334,10 @@ std::string mps_name(const std::string& name, std::unordered_set<std::string>& u
 
 }  // namespace
 
-Model read_mps(std::string_view text, const std::string& source_name) { return MpsParser(text, source_name).parse(); }
+Model read_mps(std::string_view text, const std::string& source_name) {
+  require_text(text, source_name, "MPS file");
+  return MpsParser(text, source_name).parse();
+}
 
 Model read_mps_file(const std::filesystem::path& path) {
   Model m = read_mps(read_text_file(path), path.string());

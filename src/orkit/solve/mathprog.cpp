@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "orkit/lp/model_util.h"
+#include "orkit/lp/text_input.h"
 #include "orkit/solve/glpk_model.h"
 
 namespace trex::orkit {
@@ -54,13 +55,14 @@ std::string replace_all(std::string s, const std::string& from, const std::strin
 class Translation {
  public:
   Translation(const std::filesystem::path& model_file, const std::optional<std::filesystem::path>& data_file,
-              std::string model_label, std::string data_label)
+              std::string model_label, std::string data_label, bool generate = true)
       : model_file_(model_file.string()), model_label_(std::move(model_label)), data_label_(std::move(data_label)) {
     if (data_file) data_file_ = data_file->string();
     glp_term_hook(capture_hook, &captured_);
     tran_ = glp_mpl_alloc_wksp();
     if (glp_mpl_read_model(tran_, model_file_.c_str(), data_file ? 1 : 0) != 0) failure("translation");
     if (data_file && glp_mpl_read_data(tran_, data_file_.c_str()) != 0) failure("reading data");
+    if (!generate) return;
     if (glp_mpl_generate(tran_, nullptr) != 0) failure("generation");
     prob_ = glp_create_prob();
     glp_mpl_build_prob(tran_, prob_);
@@ -121,9 +123,31 @@ MathProgResult run(Translation& t, const SolveOptions& options) {
   return out;
 }
 
+// GLPK's translator reads bytes as they come; binary input is refused first with the byte offset.
+void require_mathprog_text(std::string_view model_text, std::string_view data_text, const std::string& source) {
+  require_text(model_text, source, "MathProg model");
+  require_text(data_text, source + " (data)", "MathProg data file");
+}
+
+void require_mathprog_files(const std::filesystem::path& model_file,
+                            const std::optional<std::filesystem::path>& data_file) {
+  TREX_CHECK(std::filesystem::exists(model_file), "MathProg model file {} does not exist", model_file.string());
+  require_text(read_text_file(model_file), model_file.string(), "MathProg model");
+  if (data_file) require_text(read_text_file(*data_file), data_file->string(), "MathProg data file");
+}
+
 }  // namespace
 
+void check_mathprog_syntax(std::string_view model_text, std::string_view data_text, const std::string& source) {
+  require_mathprog_text(model_text, data_text, source);
+  TempFile mod(model_text, ".mod");
+  std::optional<TempFile> dat;
+  if (!data_text.empty()) dat.emplace(data_text, ".dat");
+  Translation t(mod.path(), dat ? std::optional(dat->path()) : std::nullopt, source, source + " (data)", false);
+}
+
 Model mathprog_to_model(std::string_view model_text, std::string_view data_text, const std::string& source) {
+  require_mathprog_text(model_text, data_text, source);
   TempFile mod(model_text, ".mod");
   std::optional<TempFile> dat;
   if (!data_text.empty()) dat.emplace(data_text, ".dat");
@@ -133,7 +157,7 @@ Model mathprog_to_model(std::string_view model_text, std::string_view data_text,
 
 Model mathprog_file_to_model(const std::filesystem::path& model_file,
                              const std::optional<std::filesystem::path>& data_file) {
-  TREX_CHECK(std::filesystem::exists(model_file), "MathProg model file {} does not exist", model_file.string());
+  require_mathprog_files(model_file, data_file);
   Translation t(model_file, data_file, model_file.string(), data_file ? data_file->string() : "");
   Model m = model_from_glpk(t.problem());
   if (m.name.empty()) m.name = model_file.stem().string();
@@ -142,6 +166,7 @@ Model mathprog_file_to_model(const std::filesystem::path& model_file,
 
 MathProgResult solve_mathprog(std::string_view model_text, std::string_view data_text, const SolveOptions& options,
                               const std::string& source) {
+  require_mathprog_text(model_text, data_text, source);
   TempFile mod(model_text, ".mod");
   std::optional<TempFile> dat;
   if (!data_text.empty()) dat.emplace(data_text, ".dat");
@@ -152,13 +177,16 @@ MathProgResult solve_mathprog(std::string_view model_text, std::string_view data
 MathProgResult solve_mathprog_file(const std::filesystem::path& model_file,
                                    const std::optional<std::filesystem::path>& data_file,
                                    const SolveOptions& options) {
-  TREX_CHECK(std::filesystem::exists(model_file), "MathProg model file {} does not exist", model_file.string());
+  require_mathprog_files(model_file, data_file);
   Translation t(model_file, data_file, model_file.string(), data_file ? data_file->string() : "");
   return run(t, options);
 }
 
 #else
 
+void check_mathprog_syntax(std::string_view, std::string_view, const std::string&) {
+  fail("MathProg needs GLPK, which was not built into this trex");
+}
 Model mathprog_to_model(std::string_view, std::string_view, const std::string&) {
   fail("MathProg needs GLPK, which was not built into this trex");
 }

@@ -18,6 +18,12 @@ struct MathProgResult {
   std::string output;  // text the model printed (display/printf) during generation and postsolve
 };
 
+// Translate only (model and data read, nothing generated): throws trex::Error on a syntax error or on
+// binary input (NUL or other non-text bytes, named with line and byte offset). Cheap and bounded by the
+// text, unlike generation, which evaluates the model's sets.
+void check_mathprog_syntax(std::string_view model_text, std::string_view data_text = {},
+                           const std::string& source = "<mathprog>");
+
 // Translate + generate only: the model as a trex Model (e.g. to write it as LP). Errors throw
 // trex::Error with GLPK's message (which names the line) and `source`.
 Model mathprog_to_model(std::string_view model_text, std::string_view data_text = {},
