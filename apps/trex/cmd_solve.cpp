@@ -130,7 +130,7 @@ const bool registered = trex::cli::register_command({
     [](CLI::App& sub) {
       auto a = std::make_shared<SolveArgs>();
       sub.add_option("file", a->file, "model file (.lp, .mps, .mod); '-' reads stdin")->required();
-      sub.add_option("--solver", a->solver, "auto, cbc, clp, glpk, ipopt")->capture_default_str();
+      sub.add_option("--solver", a->solver, "auto (integer programs: cbc and glpk raced, the first proof wins), cbc, clp, glpk, ipopt")->capture_default_str();
       sub.add_option("--format", a->format, "auto (by extension), lp, mps, mathprog")->capture_default_str();
       sub.add_option("--data", a->data, "MathProg data file");
       sub.add_option("--time-limit", a->time_limit, "seconds (0: none)");

@@ -24,6 +24,7 @@ struct ItemResult {
   std::optional<double> expected;
   std::string expected_type;  // objective / infeasible / unbounded / lp_structure
   std::string format;         // python / lp / mps / mathprog / none
+  std::string solver;         // the solver whose answer decided the verdict (the portfolio's winner); "" if none
   std::string message;        // error text (trimmed)
   double seconds = 0.0;
   nlohmann::json to_json() const;

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "orkit/lp/model_util.h"
 #include "orkit/solve/backends.h"
+#include "orkit/solve/portfolio.h"
 
 namespace trex::orkit {
 
@@ -154,6 +155,8 @@ SolveResult solve(const Model& model, const SolveOptions& options) {
     res.status = SolveStatus::Infeasible;
     res.solver = solver_name(kind);
     res.message = bad;
+  } else if (detail::uses_portfolio(model, options)) {
+    res = detail::solve_portfolio(model, options, {SolverKind::Cbc, SolverKind::Glpk});
   } else {
     const bool quad = model.is_quadratic(), ints = model.has_integers();
     if (quad && kind != SolverKind::Ipopt) {

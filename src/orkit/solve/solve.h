@@ -1,7 +1,8 @@
 // One entry point for every open solver: solve(model, options) -> SolveResult.
 //
 //   solver  Auto picks by model class among the backends built in: LP -> clp (else glpk), MILP -> cbc
-//           (else glpk), continuous quadratic (QP/QCQP) -> ipopt, mixed-integer quadratic -> branch and
+//           and glpk raced (the first proven answer wins, the other is killed; one of them alone when
+//           the other is not built in or options.portfolio is off), continuous quadratic (QP/QCQP) -> ipopt, mixed-integer quadratic -> branch and
 //           bound over ipopt (see below).
 //   status  Optimal / Infeasible / Unbounded are only reported when the backend proved them; an
 //           "infeasible or unbounded" answer from presolve or from an unbounded LP relaxation is settled by
@@ -33,6 +34,9 @@ struct SolveOptions {
   int threads = 1;
   bool verbose = false;
   int miqp_node_limit = 10000;  // branch-and-bound nodes for mixed-integer quadratic models
+  // With solver Auto, integer programs (no quadratic terms) are raced between CBC and GLPK in two
+  // processes; the first proven answer wins and `SolveResult::solver` names it (see portfolio.h).
+  bool portfolio = true;
 };
 
 SolveResult solve(const Model& model, const SolveOptions& options = {});
