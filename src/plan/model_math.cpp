@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "model/dsv4/param_table.h"
 
 namespace trex::plan {
 
@@ -31,15 +32,73 @@ double mean_compressed(int64_t S, int64_t m, int64_t cap) {
 
 }  // namespace
 
+dsv4::ModelConfig model_config(const ModelSpec& m) {
+  dsv4::ModelConfig c;
+  c.vocab_size = m.vocab, c.hidden = m.hidden, c.n_layers = m.n_layers, c.n_heads = m.n_heads;
+  c.head_dim = m.head_dim, c.rope_dim = m.rope_dim, c.q_lora_rank = m.q_lora_rank, c.o_groups = m.o_groups;
+  c.o_lora_rank = m.o_lora_rank, c.window = m.window, c.index_n_heads = m.index_n_heads;
+  c.index_head_dim = m.index_head_dim, c.index_topk = m.index_topk, c.n_routed_experts = m.n_routed_experts;
+  c.n_shared_experts = m.n_shared_experts, c.topk = m.topk, c.moe_inter = m.moe_inter, c.hc_mult = m.hc_mult;
+  c.n_mtp = std::min<int64_t>(m.n_mtp, 1);
+  c.compress_ratio = m.compress_ratio;
+  for (int64_t l = 0; l < m.n_layers; ++l) {
+    const AttnKind k = m.attn[size_t(l)];
+    c.attn_types.push_back(k == AttnKind::Sliding ? dsv4::AttnType::Sliding
+                           : k == AttnKind::CSA   ? dsv4::AttnType::CSA
+                                                  : dsv4::AttnType::HCA);
+    c.mlp_types.push_back(l < m.n_hash_layers ? dsv4::MlpType::HashMoE : dsv4::MlpType::MoE);
+  }
+  return c;
+}
+
+namespace {
+
+// How tensor parallelism treats one tensor of the parameter table: routed experts split by EP x ETP; the small
+// tensors every TP rank keeps whole (mHC, norms, sinks, compressor ape, the router); everything else (attention,
+// compressor and indexer projections, the shared expert, MTP projections) split by TP.
+void add_to(BlockParams& p, const dsv4::ParamSpec& s) {
+  const double n = double(numel(s.shape));
+  if (s.expert >= 0) {
+    p.experts += n;
+  } else if (s.name.ends_with("ffn.gate.weight")) {
+    p.replicated += n, p.router += n;
+  } else if (s.dtype == DType::F32 || s.name.ends_with("norm.weight")) {
+    p.replicated += n;
+  } else {
+    p.sharded += n;
+  }
+}
+
+}  // namespace
+
 ModelMath::ModelMath(const ModelSpec& m, int64_t seq, AttnCompute mode) : m_(m), seq_(seq) {
   TREX_CHECK(seq > 0, "sequence length must be positive, got {}", seq);
+  // Parameters from the model's own table; the MTP block is always counted (block n_layers) so that callers can
+  // choose with or without it.
+  dsv4::ModelConfig cfg = model_config(m);
+  cfg.n_mtp = 1;
+  params_.assign(size_t(m.n_layers + 1), BlockParams{});
+  mhc_fn_.assign(size_t(m.n_layers + 1), 0.0);
+  for (const dsv4::ParamSpec& s : dsv4::param_table(cfg)) {
+    if (s.kind == dsv4::ParamKind::HashTable) continue;  // a routing table, not parameters
+    if (s.part == dsv4::ParamPart::Embed) {
+      embed_ += double(numel(s.shape));
+      continue;
+    }
+    if (s.part == dsv4::ParamPart::Head) {
+      (s.name == "head.weight" ? head_ : final_misc_) += double(numel(s.shape));
+      continue;
+    }
+    const int64_t b = s.part == dsv4::ParamPart::Mtp ? m.n_layers : s.layer;
+    add_to(params_[size_t(b)], s);
+    if (s.name.ends_with("_fn") && s.name.find("hc_head") == std::string::npos)
+      mhc_fn_[size_t(b)] += double(numel(s.shape));
+  }
+
   const double d = double(m.hidden), nh = double(m.n_heads), c = double(m.head_dim);
-  const double qr = double(m.q_lora_rank), g = double(m.o_groups), dg = double(m.o_lora_rank);
-  const double E = double(m.n_routed_experts), K = double(m.topk), f = double(m.moe_inter);
-  const double ns = double(m.n_shared_experts), nI = double(m.index_n_heads), cI = double(m.index_head_dim);
+  const double E = double(m.n_routed_experts), K = double(m.topk);
+  const double nI = double(m.index_n_heads), cI = double(m.index_head_dim);
   const double hc = double(m.hc_mult);
-  const double attn_w = d * qr + qr * nh * c + d * c + nh * c * dg + g * dg * d;
-  const double mhc_w = 2.0 * (2 + hc) * hc * hc * d;
   const double S = double(seq);
   const double wbar = mode == AttnCompute::Sparse ? mean_window(seq, m.window) : S;
 
@@ -47,43 +106,25 @@ ModelMath::ModelMath(const ModelSpec& m, int64_t seq, AttnCompute mode) : m_(m),
     const bool mtp = b == m.n_layers;
     const int64_t ratio = mtp ? 0 : m.compress_ratio[size_t(b)];
     const AttnKind kind = mtp ? AttnKind::Sliding : m.attn[size_t(b)];
-    const bool hash = !mtp && b < m.n_hash_layers;
-    BlockParams p;
+    const BlockParams& p = params_[size_t(b)];
     BlockFlops fl;
-    // Weights in matmuls (design §4.2 P_mm), then the rest of the block's parameters (§4.1).
-    double sharded_mm = attn_w + ns * 3 * f * d;
-    p.replicated = mhc_w + 2 * ((2 + hc) * hc + 3)  // mHC fn of both sites, their base and scale
-                   + 2 * d + qr + c                   // attn_norm, ffn_norm, q_norm, kv_norm
-                   + nh                               // attention sinks
-                   + E * d + (hash ? 0.0 : E);        // router weight (+ bias on score-routed blocks)
-    p.router = E * d;
-    p.experts = E * 3 * f * d;
     double keys = wbar, idx = 0;
     if (kind == AttnKind::CSA) {
-      const double comp = 2 * d * 2 * c, icomp = 2 * d * 2 * cI, iq = qr * nI * cI, iw = d * nI;
-      sharded_mm += comp + icomp + iq + iw;
-      p.replicated += 4 * 2 * c + c + 4 * 2 * cI + cI;  // ape and norms of both compressors
       const double visible = mode == AttnCompute::Sparse ? mean_compressed(seq, ratio, m.index_topk)
                                                          : S / double(ratio);
       keys += visible;
       const double scored = mode == AttnCompute::Sparse ? mean_compressed(seq, ratio, -1) : S / double(ratio);
       idx = nI * (2 * cI + 2) * scored;
     } else if (kind == AttnKind::HCA) {
-      sharded_mm += 2 * d * c;
-      p.replicated += double(ratio) * c + c;
       keys += mode == AttnCompute::Sparse ? mean_compressed(seq, ratio, -1) : S / double(ratio);
     }
-    if (mtp) {
-      sharded_mm += d * d + hc * d * d;  // e_proj once, h_proj once per stream
-      p.replicated += 3 * d + hc * hc * d + hc + 1;  // enorm, hnorm, norm, MTP hc_head
-    }
-    // h_proj is one [d, d] weight applied to each of the hc streams: hc x the FLOPs, once the parameters.
-    p.sharded = mtp ? sharded_mm - (hc - 1) * d * d : sharded_mm;
-    fl.dense_mm = 2 * (sharded_mm + mhc_w + E * d);
-    fl.expert_mm = 2 * K * 3 * f * d;
+    // Weights in matmuls per token (design §4.2 P_mm): the TP-split projections, both mHC fn and the router;
+    // the MTP block's h_proj is one [d, d] weight applied to each of the hc streams (hc x its FLOPs).
+    const double dense_mm = p.sharded + mhc_fn_[size_t(b)] + p.router + (mtp ? (hc - 1) * d * d : 0.0);
+    fl.dense_mm = 2 * dense_mm;
+    fl.expert_mm = 2 * K * p.experts / E;
     fl.attn_core = 4 * nh * c * keys;
     fl.indexer = idx;
-    params_.push_back(p);
     flops_.push_back(fl);
     keys_.push_back(keys);
   }
@@ -96,11 +137,10 @@ double ModelMath::head_flops() const {
 
 ParamCounts ModelMath::params() const {
   ParamCounts pc;
-  const double d = double(m_.hidden), hc = double(m_.hc_mult);
   const double K = double(m_.topk), E = double(m_.n_routed_experts);
-  pc.embed = double(m_.vocab) * d;
-  pc.head = double(m_.vocab) * d;
-  pc.final_misc = d + hc * hc * d + hc + 1;
+  pc.embed = embed_;
+  pc.head = head_;
+  pc.final_misc = final_misc_;
   pc.main_total = pc.embed + pc.head + pc.final_misc;
   double inactive = 0;
   for (int64_t b = 0; b < m_.n_layers; ++b) {

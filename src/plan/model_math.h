@@ -1,4 +1,5 @@
-// Parameter counts and FLOPs per token of a DeepSeek-V4 config (design/deepseek-v4.md §4), in the
+// Parameter counts and FLOPs per token of a DeepSeek-V4 config (design/deepseek-v4.md §4), the counts (and the
+// matmul weights behind the dense FLOPs) read from the model's parameter table (model/dsv4/param_table.h), in the
 // project's MFU convention (shared/bench/model_flops.py): training = 3 x forward, every weight that
 // takes part in a matmul for one token (activated experts only, LM head included), core attention over
 // the keys each position really attends (causal-averaged), the indexer's dense scoring.
@@ -6,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/dsv4/config.h"
 #include "plan/model_spec.h"
 
 namespace trex::plan {
@@ -42,6 +44,9 @@ struct BlockFlops {
 // every key of the sequence under a mask (eager attention), which costs S keys per query.
 enum class AttnCompute { Sparse, DenseMasked };
 
+// The model config the parameter table is built from (no RoPE or routing details: the planner needs shapes).
+dsv4::ModelConfig model_config(const ModelSpec& m);
+
 class ModelMath {
  public:
   ModelMath(const ModelSpec& m, int64_t seq, AttnCompute mode = AttnCompute::Sparse);
@@ -67,6 +72,8 @@ class ModelMath {
   ModelSpec m_;
   int64_t seq_;
   std::vector<BlockParams> params_;
+  std::vector<double> mhc_fn_;  // per block: both mHC sites' fn weights (matmuls, replicated)
+  double embed_ = 0, head_ = 0, final_misc_ = 0;
   std::vector<BlockFlops> flops_;
   std::vector<double> keys_;
 };

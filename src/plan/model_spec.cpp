@@ -48,6 +48,7 @@ ModelSpec parse_model_spec(const nlohmann::json& j, const std::string& where) {
   m.n_layers = get_int(j, "num_hidden_layers", where);
   m.n_heads = get_int(j, "num_attention_heads", where);
   m.head_dim = get_int(j, "head_dim", where);
+  m.rope_dim = get_int_or(j, "qk_rope_head_dim", m.rope_dim, where);
   m.q_lora_rank = get_int(j, "q_lora_rank", where);
   m.o_groups = get_int(j, "o_groups", where);
   m.o_lora_rank = get_int(j, "o_lora_rank", where);

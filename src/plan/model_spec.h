@@ -1,7 +1,7 @@
 // The few DeepSeek-V4 shape fields the planner needs, read from either config.json dialect (official
 // `compress_ratios`, or transformers' `layer_types` + `compress_rates`) or taken from the built-in
-// presets for V4-Flash / V4-Pro (design/deepseek-v4.md §1.1). Kept separate from model/dsv4 so the
-// planner does not link the model module.
+// presets for V4-Flash / V4-Pro (design/deepseek-v4.md §1.1). model_math.h turns it into a dsv4::ModelConfig
+// and counts parameters from the model's own table.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -20,6 +20,7 @@ struct ModelSpec {
   int64_t n_layers = 0;
   int64_t n_heads = 0;   // n_h
   int64_t head_dim = 0;  // c
+  int64_t rope_dim = 64;  // r (qk_rope_head_dim): shapes do not depend on it, the attention dims check it
   int64_t q_lora_rank = 0;
   int64_t o_groups = 0;
   int64_t o_lora_rank = 0;

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/files.h"
+#include "model/dsv4/param_table.h"
 #include "plan/model_math.h"
 
 using namespace trex::plan;
@@ -90,4 +91,35 @@ TEST(PlanModelSpec, TransformersDialectAndErrors) {
     EXPECT_NE(std::string(e.what()).find("cfg.json: missing key 'hidden_size'"), std::string::npos) << e.what();
   }
   EXPECT_THROW(load_model_spec("no-such-model"), trex::Error);
+}
+
+// The released configs (shared/bench/v4-flash.json, v4-pro.json) through the planner read the model's parameter
+// table: 284B and 1.6T with MTP (design §4.1), the presets agree with the files, and each block's split adds up to
+// the table's tensors of that block.
+TEST(PlanModelMath, ReleasedConfigsCountTheParameterTable) {
+  struct Case {
+    const char* file;
+    const char* preset;
+    double main_b, mtp_b;
+  };
+  for (const Case& c : {Case{"v4-flash.json", "flash", 284.33, 6.61}, Case{"v4-pro.json", "pro", 1572.99, 25.84}}) {
+    SCOPED_TRACE(c.file);
+    const auto path = trex::shared_dir() / "bench" / c.file;
+    if (!trex::fs::exists(path)) GTEST_SKIP() << path << " not found";
+    const ModelSpec spec = load_model_spec(path.string());
+    const ModelMath mm(spec, 4096);
+    const ParamCounts pc = mm.params();
+    expect_rel(pc.main_total / 1e9, c.main_b, 5e-4, "main");
+    expect_rel(pc.mtp / 1e9, c.mtp_b, 1e-3, "mtp");
+    const ParamCounts preset = ModelMath(model_preset(c.preset), 4096).params();
+    EXPECT_EQ(pc.main_total, preset.main_total);
+    EXPECT_EQ(pc.mtp, preset.mtp);
+    // Independent of the split: the table's weights (no hash tables) of each block.
+    const trex::dsv4::ModelConfig cfg = model_config(spec);
+    std::vector<double> per_block(size_t(spec.n_layers + 1), 0.0);
+    for (const auto& s : trex::dsv4::param_table(cfg))
+      if (s.in_block() && s.kind != trex::dsv4::ParamKind::HashTable)
+        per_block[size_t(s.part == trex::dsv4::ParamPart::Mtp ? spec.n_layers : s.layer)] += double(trex::numel(s.shape));
+    for (int64_t b = 0; b <= spec.n_layers; ++b) EXPECT_EQ(mm.block_params(b).total(), per_block[size_t(b)]) << b;
+  }
 }

@@ -68,7 +68,8 @@ struct GpuModel::Impl {
   explicit Impl(const dsv4::ModelConfig& c, const GpuModelOptions& o) : cfg(c), opts(o) {}
   ~Impl();
 
-  void declare(const std::string& name, const Shape& shape);
+  void declare(const std::string& name, const Shape& shape);       // region A (bf16-read), unpadded
+  void declare_fp32(const std::string& name, const Shape& shape);  // region R (fp32-read), padded to 8
   void declare_all();
   void bind_all();
   const GpuParam& info(const std::string& name) const;

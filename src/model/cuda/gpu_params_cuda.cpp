@@ -1,9 +1,9 @@
-// Parameter table of the GPU model: the CPU model's official names and shapes (attention via
-// dsv4::attention_param_specs), laid out so that each expert's w1 and w3 are adjacent ([2f, d], one GEMM gives
-// gate|up) and the shared expert's w1|w3 likewise; random init on the device or a copy of the CPU table. The arena
-// is two regions (bf16-read parameters in per-layer buckets, then the fp32-read ones) so that data parallelism can
-// shard the optimiser by bucket slices (ZeRO-1, see gpu_impl.h); the data-parallel plumbing lives here too (the
-// optimiser step itself is train/cuda/gpu_optimizer_cuda.cpp).
+// The GPU model's arena: the parameter table's trained tensors (dsv4::param_table: official names and shapes),
+// laid out so that each expert's w1 and w3 are adjacent ([2f, d], one GEMM gives gate|up) and the shared expert's
+// w1|w3 likewise; random init on the device or a copy of the CPU table. The arena is two regions (bf16-read
+// parameters in per-layer buckets, then the fp32-read ones) so that data parallelism can shard the optimiser by
+// bucket slices (ZeRO-1, see gpu_impl.h); the data-parallel plumbing lives here too (the optimiser step itself is
+// train/cuda/gpu_optimizer_cuda.cpp).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -14,6 +14,7 @@
 #include "comm/nccl_communicator.h"
 #include "kernels/cuda/random_fill.h"
 #include "kernels/cuda/tensor_ops.h"
+#include "model/dsv4/param_table.h"
 #include "model/cuda/gpu_impl.h"
 
 namespace trex::dsv4gpu {
@@ -48,87 +49,87 @@ namespace {
 // 16-byte aligned slices.
 constexpr int64_t kBucketAlign = 512;
 
-bool read_in_fp32(const std::string& name) {
-  auto ends = [&](const char* suf) {
-    const std::string x(suf);
-    return name.size() >= x.size() && name.compare(name.size() - x.size(), x.size(), x) == 0;
-  };
-  return ends(".ape") || ends("attn_sink");
+// Where a tensor sits inside its layer's part of the arena. Region A (bf16-read): the table's order, except that
+// each routed expert's w1 and w3 are adjacent ([2f, d]: one GEMM gives gate|up) and all w2 follow. Region R
+// (fp32-read): the mHC fn of both sites, then the attention's fp32 tensors (sink, ape), then the mHC base and
+// scale of both sites. (Region R's order fixes the random init stream of the benchmark models; it is kept.)
+int64_t arena_rank(const dsv4::ParamSpec& s) {
+  if (s.dtype == DType::BF16) {
+    if (s.expert < 0) return 0;
+    const bool w2 = s.name.ends_with(".w2.weight");
+    return w2 ? 2 * (int64_t(1) << 40) + s.expert : (int64_t(1) << 40) + 2 * s.expert + (s.name.ends_with(".w3.weight") ? 1 : 0);
+  }
+  const bool attn_site = s.name.find("hc_attn_") != std::string::npos;
+  if (s.name.ends_with("_fn")) return attn_site ? 0 : 1;
+  if (s.name.find("hc_") == std::string::npos) return 2;  // attention sink / compressor ape
+  return 3 + (attn_site ? 0 : 2) + (s.name.ends_with("_scale") ? 1 : 0);
+}
+
+// The table's trained tensors of one part (or one layer) of one region, in arena order.
+std::vector<dsv4::ParamSpec> arena_order(const std::vector<dsv4::ParamSpec>& table, dsv4::ParamPart part,
+                                         int64_t layer, DType region) {
+  std::vector<dsv4::ParamSpec> out;
+  for (const dsv4::ParamSpec& s : table)
+    if (s.trained() && s.part == part && s.layer == layer && s.dtype == region) out.push_back(s);
+  std::stable_sort(out.begin(), out.end(),
+                   [](const dsv4::ParamSpec& a, const dsv4::ParamSpec& b) { return arena_rank(a) < arena_rank(b); });
+  return out;
 }
 }  // namespace
 
 void GpuModel::Impl::declare_all() {
-  const int64_t d = cfg.hidden, hc = cfg.hc_mult, V = cfg.vocab_size, E = cfg.n_routed_experts, f = cfg.moe_inter;
-  const int64_t mix = (2 + hc) * hc, fs = f * cfg.n_shared_experts;
+  const std::vector<dsv4::ParamSpec> table = dsv4::param_table(cfg);
   auto close_bucket = [&](int64_t begin) {
     pad_to(kBucketAlign);
     buckets.push_back(Bucket{begin, total, 0});
     return int(buckets.size()) - 1;
+  };
+  auto declare_part = [&](dsv4::ParamPart part, int64_t layer, DType region) {
+    for (const dsv4::ParamSpec& s : arena_order(table, part, layer, region))
+      if (region == DType::BF16)
+        declare(s.name, s.shape);
+      else
+        declare_fp32(s.name, s.shape);
   };
   // Region A, bucketed in the order backward finishes them (reverse): embed, head + final norm, layers.
   // A pipeline stage declares only its own parameters (the skipped ones leave empty buckets).
   auto in_stage = [&](int64_t l) { return l >= l0 && l < l1; };
   int64_t begin = total;
   declaring = first_stage();
-  declare("embed.weight", {V, d});
+  declare_part(dsv4::ParamPart::Embed, -1, DType::BF16);
   embed_bucket = close_bucket(begin);
   begin = total;
   declaring = last_stage();
-  declare("head.weight", {V, d});
-  declare("norm.weight", {d});
+  declare_part(dsv4::ParamPart::Head, -1, DType::BF16);
   head_bucket = close_bucket(begin);
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
-    const std::string p = fmt::format("layers.{}.", l);
     declaring = in_stage(l);
     begin = total;
-    declare(p + "attn_norm.weight", {d});
-    declare(p + "ffn_norm.weight", {d});
-    for (const auto& s : dsv4::attention_param_specs(cfg, l))
-      if (!read_in_fp32(s.name)) declare(p + s.name, s.shape);
-    declare(p + "ffn.gate.weight", {E, d});
-    if (fs > 0) {
-      declare(p + "ffn.shared_experts.w1.weight", {fs, d});
-      declare(p + "ffn.shared_experts.w3.weight", {fs, d});
-      declare(p + "ffn.shared_experts.w2.weight", {d, fs});
-    }
-    for (int64_t e = 0; e < E; ++e) {
-      declare(fmt::format("{}ffn.experts.{}.w1.weight", p, e), {f, d});
-      declare(fmt::format("{}ffn.experts.{}.w3.weight", p, e), {f, d});
-    }
-    for (int64_t e = 0; e < E; ++e) declare(fmt::format("{}ffn.experts.{}.w2.weight", p, e), {d, f});
+    declare_part(dsv4::ParamPart::Layer, l, DType::BF16);
     layer_bucket.push_back(close_bucket(begin));
   }
   region_a = total;
-  // Region R: read in fp32 by the kernels, replicated on every DP rank. Small tensors (4, 1, 3 elements) are
-  // padded to 8 so every tensor stays 16-byte aligned.
-  auto small = [&](const std::string& name, const Shape& shape) {
-    const int64_t ordinal = n_declared++;
-    if (!declaring) return;
-    GpuParam p;
-    p.name = name, p.shape = shape, p.numel = numel(shape), p.offset = total, p.ordinal = ordinal;
-    total += (p.numel + 7) / 8 * 8;
-    TREX_CHECK(!index.count(name), "GPU model: parameter '{}' declared twice", name);
-    index[name] = params.size();
-    params.push_back(p);
-  };
+  // Region R: read in fp32 by the kernels, replicated on every DP rank.
   declaring = last_stage();
-  small("hc_head_fn", {hc, hc * d});
-  small("hc_head_base", {hc});
-  small("hc_head_scale", {1});
+  declare_part(dsv4::ParamPart::Head, -1, DType::F32);
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
-    const std::string p = fmt::format("layers.{}.", l);
     declaring = in_stage(l);
-    small(p + "hc_attn_fn", {mix, hc * d});
-    small(p + "hc_ffn_fn", {mix, hc * d});
-    for (const auto& s : dsv4::attention_param_specs(cfg, l))
-      if (read_in_fp32(s.name)) small(p + s.name, s.shape);
-    for (const char* site : {"attn", "ffn"}) {
-      small(fmt::format("{}hc_{}_base", p, site), {mix});
-      small(fmt::format("{}hc_{}_scale", p, site), {3});
-    }
+    declare_part(dsv4::ParamPart::Layer, l, DType::F32);
   }
   declaring = true;
   pad_to(8);
+}
+
+// Small tensors (4, 1, 3 elements) are padded to 8 so every tensor stays 16-byte aligned.
+void GpuModel::Impl::declare_fp32(const std::string& name, const Shape& shape) {
+  const int64_t ordinal = n_declared++;
+  if (!declaring) return;
+  GpuParam p;
+  p.name = name, p.shape = shape, p.numel = numel(shape), p.offset = total, p.ordinal = ordinal;
+  total += (p.numel + 7) / 8 * 8;
+  TREX_CHECK(!index.count(name), "GPU model: parameter '{}' declared twice", name);
+  index[name] = params.size();
+  params.push_back(p);
 }
 
 float* GpuModel::Impl::master_at(const GpuParam& p) const {

@@ -71,96 +71,12 @@ bool natural_less(const std::string& a, const std::string& b) {
   return a.size() - i < b.size() - j;
 }
 
-void add_block(std::vector<ExpectedTensor>& out, const ModelConfig& c, const std::string& p, AttnType attn,
-               int64_t ratio, MlpType mlp) {
-  const int64_t d = c.hidden, hc = c.hc_mult, mix = (2 + hc) * hc;
-  auto add = [&](const std::string& n, Shape s, DType t = DType::F32) {
-    out.push_back({p + n, std::move(s), t});
-  };
-  add("attn_norm.weight", {d});
-  add("ffn_norm.weight", {d});
-  for (const char* site : {"attn", "ffn"}) {
-    add(fmt::format("hc_{}_fn", site), {mix, hc * d});
-    add(fmt::format("hc_{}_base", site), {mix});
-    add(fmt::format("hc_{}_scale", site), {3});
-  }
-  const int64_t c_ = c.head_dim, nh = c.n_heads;
-  add("attn.attn_sink", {nh});
-  add("attn.wq_a.weight", {c.q_lora_rank, d});
-  add("attn.q_norm.weight", {c.q_lora_rank});
-  add("attn.wq_b.weight", {nh * c_, c.q_lora_rank});
-  add("attn.wkv.weight", {c_, d});
-  add("attn.kv_norm.weight", {c_});
-  add("attn.wo_a.weight", {c.o_groups * c.o_lora_rank, nh * c_ / c.o_groups});
-  add("attn.wo_b.weight", {d, c.o_groups * c.o_lora_rank});
-  if (attn != AttnType::Sliding) {
-    const int64_t width = attn == AttnType::CSA ? 2 * c_ : c_;  // CSA compressor is overlapped
-    add("attn.compressor.wkv.weight", {width, d});
-    add("attn.compressor.wgate.weight", {width, d});
-    add("attn.compressor.ape", {ratio, width});
-    add("attn.compressor.norm.weight", {c_});
-  }
-  if (attn == AttnType::CSA) {
-    const int64_t ci = c.index_head_dim;
-    add("attn.indexer.wq_b.weight", {c.index_n_heads * ci, c.q_lora_rank});
-    add("attn.indexer.weights_proj.weight", {c.index_n_heads, d});
-    add("attn.indexer.compressor.wkv.weight", {2 * ci, d});
-    add("attn.indexer.compressor.wgate.weight", {2 * ci, d});
-    add("attn.indexer.compressor.ape", {ratio, 2 * ci});
-    add("attn.indexer.compressor.norm.weight", {ci});
-  }
-  const int64_t E = c.n_routed_experts, f = c.moe_inter;
-  add("ffn.gate.weight", {E, d});
-  if (mlp == MlpType::HashMoE) {
-    add("ffn.gate.tid2eid", {c.vocab_size, c.topk}, DType::I64);
-  } else {
-    add("ffn.gate.bias", {E});
-  }
-  if (c.n_shared_experts > 0) {
-    const int64_t fs_ = f * c.n_shared_experts;
-    add("ffn.shared_experts.w1.weight", {fs_, d});
-    add("ffn.shared_experts.w3.weight", {fs_, d});
-    add("ffn.shared_experts.w2.weight", {d, fs_});
-  }
-  for (int64_t e = 0; e < E; ++e) {
-    std::string ep = fmt::format("ffn.experts.{}.", e);
-    add(ep + "w1.weight", {f, d});
-    add(ep + "w3.weight", {f, d});
-    add(ep + "w2.weight", {d, f});
-  }
-}
-
 }  // namespace
-
-bool keeps_fp32(const std::string& n) {
-  return n.find("hc_") != std::string::npos || ends_with(n, ".ape") || ends_with(n, ".attn_sink") ||
-         ends_with(n, "ffn.gate.bias");
-}
 
 std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c) {
   std::vector<ExpectedTensor> out;
-  const int64_t d = c.hidden, hc = c.hc_mult;
-  out.push_back({"embed.weight", {c.vocab_size, d}});
-  out.push_back({"head.weight", {c.vocab_size, d}});
-  out.push_back({"norm.weight", {d}});
-  out.push_back({"hc_head_fn", {hc, hc * d}});
-  out.push_back({"hc_head_base", {hc}});
-  out.push_back({"hc_head_scale", {1}});
-  for (int64_t l = 0; l < c.n_layers; ++l)
-    add_block(out, c, fmt::format("layers.{}.", l), c.attn_types[size_t(l)], c.compress_ratio[size_t(l)],
-              c.mlp_types[size_t(l)]);
-  for (int64_t m = 0; m < c.n_mtp; ++m) {
-    std::string p = fmt::format("mtp.{}.", m);
-    add_block(out, c, p, AttnType::Sliding, 0, MlpType::MoE);
-    out.push_back({p + "e_proj.weight", {d, d}});
-    out.push_back({p + "h_proj.weight", {d, d}});
-    out.push_back({p + "enorm.weight", {d}});
-    out.push_back({p + "hnorm.weight", {d}});
-    out.push_back({p + "norm.weight", {d}});
-    out.push_back({p + "hc_head_fn", {hc, hc * d}});
-    out.push_back({p + "hc_head_base", {hc}});
-    out.push_back({p + "hc_head_scale", {1}});
-  }
+  for (ParamSpec& p : param_table(c))
+    out.push_back({std::move(p.name), std::move(p.shape), p.kind == ParamKind::HashTable ? DType::I64 : DType::F32});
   return out;
 }
 

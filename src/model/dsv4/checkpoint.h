@@ -22,6 +22,7 @@
 #include "core/tensor.h"
 #include "model/dsv4/config.h"
 #include "model/dsv4/naming.h"
+#include "model/dsv4/param_table.h"
 
 namespace trex::dsv4 {
 
@@ -29,8 +30,8 @@ namespace fs = std::filesystem;
 
 using StateDict = std::map<std::string, HostTensor>;
 
-// Every tensor the config implies, official names, logical shapes (FP4 experts unpacked), dtype F32
-// except tid2eid (I64). Order: globals, then layers 0..L-1, then mtp.0.
+// Every tensor the config implies (param_table, model/dsv4/param_table.h): official names, logical shapes (FP4
+// experts unpacked), dtype F32 except tid2eid (I64). Order: globals, then layers 0..L-1, then mtp.0.
 struct ExpectedTensor {
   std::string name;
   Shape shape;
@@ -93,9 +94,6 @@ StateDict load_state_dict(const fs::path& model_dir, const ModelConfig& cfg, con
 // exactly expected_tensors(cfg).
 void save_state_dict(const fs::path& dir, const StateDict& state, const ModelConfig& cfg, Dialect dialect,
                      DType dtype = DType::BF16, size_t max_shard_bytes = size_t(5) << 30);
-
-// True for the official names kept in FP32 in released checkpoints (design §1.4).
-bool keeps_fp32(const std::string& official);
 
 // De-quantisation kernels (exposed for tests and for callers with their own buffers).
 // FP8 block: w [rows, cols] E4M3 bytes; scale [ceil(rows/block), ceil(cols/block)] of `scale_dtype`.
