@@ -6,67 +6,8 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "model/dsv4/balance.h"
-#include "model/dsv4/embedding.h"
-#include "model/dsv4/loss.h"
-#include "model/dsv4/norm.h"
 
 namespace trex::dsv4 {
-
-template <class T>
-struct Model<T>::Block {
-  std::string prefix;  // "layers.3." or "mtp.0."
-  int64_t layer = 0;   // index into cfg_ext_
-  bool hash = false;
-  std::unique_ptr<AttentionLayerT<T>> attn;
-  std::vector<AttentionParamSpec> aspecs;
-  AttentionParamsT<T> ap, ag;
-  T *hc_attn_fn = nullptr, *hc_attn_base = nullptr, *hc_attn_scale = nullptr;
-  T *hc_ffn_fn = nullptr, *hc_ffn_base = nullptr, *hc_ffn_scale = nullptr;
-  T *attn_norm = nullptr, *ffn_norm = nullptr;
-  T *g_hc_attn_fn = nullptr, *g_hc_attn_base = nullptr, *g_hc_attn_scale = nullptr;
-  T *g_hc_ffn_fn = nullptr, *g_hc_ffn_base = nullptr, *g_hc_ffn_scale = nullptr;
-  T *g_attn_norm = nullptr, *g_ffn_norm = nullptr;
-  MoeShape moe;  // n_tok is set from the slot at every use
-  MoeWeights<T> mw;
-  MoeGrads<T> mg;
-  size_t entry_begin = 0, entry_end = 0;     // the block's tensors: params_.entries()[begin, end)
-  std::vector<const ParamInfo*> hook_params;  // the same, for the gradient-ready hook
-};
-
-template <class T>
-struct Model<T>::BlockActs {
-  int64_t n_tok = 0;
-  // Slices of the slot's arena, except what the attention and the MoE index arrays own.
-  MhcSiteActs<T> sa, sf;
-  T *col_a = nullptr, *a = nullptr, *a_rstd = nullptr, *y_a = nullptr, *X_mid = nullptr;
-  T *col_f = nullptr, *u = nullptr, *u_rstd = nullptr, *y_f = nullptr, *moe_t = nullptr;
-  std::vector<int32_t> moe_i;
-  MoeActs<T> macts;
-  AttentionSaved<T> asaved;
-  std::vector<T> dscores;  // balance-loss gradient on the router scores [N, E], x loss scale (empty when off)
-  std::vector<int64_t> load;
-};
-
-template <class T>
-struct Model<T>::Slot {
-  std::vector<T> act;  // one arena, carved by plan_activations from its size table
-  int64_t B = 0, S = 0;
-  std::vector<T*> X;  // local main layers + 1 stream tensors; X[0] is the stage input
-  std::vector<BlockActs> blocks;
-  HeadActs<T> head_acts{};
-  std::vector<T> logits, lse;
-  std::vector<int32_t> ids, targets, mtp_targets, next_ids;
-  T* Xm_in = nullptr;
-  T* Xm_out = nullptr;
-  MtpInputActs<T> mtp_in_acts{};
-  HeadActs<T> mtp_head_acts{};
-  std::vector<T> mtp_logits, mtp_lse;
-  SeqLayout layout;
-  LossParts loss;
-  double loss_scale = 1.0, mtp_weight = 0.0;  // as the forward used them (the backward must match)
-  bool forward_done = false;
-};
 
 namespace {
 
@@ -109,8 +50,7 @@ Model<T>::Model(const ModelConfig& cfg, const ModelOptions& opts, const ModelPar
   auto block = [&](const std::string& prefix, int64_t layer) {
     const size_t first = params_.entries().size();
     declare_block(prefix, cfg_ext_, layer);
-    blocks_.back()->entry_begin = first;
-    blocks_.back()->entry_end = params_.entries().size();
+    block_entries_.emplace_back(first, params_.entries().size());
   };
   for (int64_t l = part_.layer_begin; l < part_.layer_end; ++l) block(fmt::format("layers.{}.", l), l);
   if (mtp) {
@@ -125,14 +65,23 @@ Model<T>::Model(const ModelConfig& cfg, const ModelOptions& opts, const ModelPar
   if (!allocate) return;
   params_.allocate();
   for (auto& b : blocks_) bind_block(*b);
-  if (mtp) mtp_ = blocks_.back().get();
+  mtp_ = mtp;
   const auto& entries = params_.entries();
   std::vector<char> in_block(entries.size(), 0);
-  for (auto& b : blocks_)
-    for (size_t i = b->entry_begin; i < b->entry_end; ++i) b->hook_params.push_back(&entries[i]), in_block[i] = 1;
+  for (const auto& [first, last] : block_entries_) {
+    block_params_.emplace_back();
+    for (size_t i = first; i < last; ++i) block_params_.back().push_back(&entries[i]), in_block[i] = 1;
+  }
   for (size_t i = 0; i < entries.size(); ++i)
     if (!in_block[i]) rest_params_.push_back(&entries[i]);
-  slots_.push_back(std::make_unique<Slot>());
+  const int64_t Lm = part_.layer_end - part_.layer_begin;
+  backend_ = std::make_unique<CpuBackend<T>>(
+      cfg_, params_, cpu_blocks(),
+      CpuBackendShape{part_.embed, part_.head, mtp, Lm, part_.expert_begin, part_.expert_end});
+  ProgramShape ps;
+  ps.n_layers = Lm, ps.embed = part_.embed, ps.head = part_.head, ps.mtp = mtp, ps.vocab = cfg.vocab_size;
+  for (const auto& b : blocks_) ps.balance.push_back(!b->hash || opts_.balance_hash_layers);
+  program_ = std::make_unique<BlockProgram>(*backend_, std::move(ps));
 }
 
 template <class T>
@@ -151,28 +100,26 @@ std::vector<std::string> Model<T>::stage_shared_params() const {
 
 template <class T>
 void Model<T>::set_slots(int64_t n) {
-  TREX_CHECK(n >= 1, "model: {} activation slots", n);
-  while (int64_t(slots_.size()) < n) slots_.push_back(std::make_unique<Slot>());
-  slots_.resize(size_t(n));
+  backend_->set_slots(n);
+  program_->set_slots(n);
   if (cur_ >= n) cur_ = 0;
 }
 
 template <class T>
-typename Model<T>::Slot& Model<T>::slot(int64_t i) const {
-  TREX_CHECK(i >= 0 && i < n_slots(), "model: no activation slot {} ({} slots)", i, n_slots());
-  return *slots_[size_t(i)];
+size_t Model<T>::activation_bytes() const {
+  return backend_->activation_bytes();
 }
 
 template <class T>
-size_t Model<T>::activation_bytes() const {
-  size_t n = 0;
-  for (const auto& s : slots_) n += s->act.size() * sizeof(T);
-  return n;
+std::vector<const CpuBlock<T>*> Model<T>::cpu_blocks() const {
+  std::vector<const CpuBlock<T>*> out;
+  for (const auto& b : blocks_) out.push_back(b.get());
+  return out;
 }
 
 template <class T>
 const LossParts& Model<T>::loss_parts(int64_t i) const {
-  return slot(i).loss;
+  return program_->losses(i);
 }
 
 template <class T>
@@ -183,21 +130,21 @@ const std::string& Model<T>::block_prefix(int64_t l) const {
 
 template <class T>
 const T* Model<T>::logits() const {
-  const Slot& s = slot(cur_);
+  const CpuSlot<T>& s = last_slot();
   TREX_CHECK(part_.head && !s.logits.empty(), "model: no logits (not the head stage, or no forward yet)");
   return s.logits.data();
 }
 
 template <class T>
 const T* Model<T>::final_normed() const {
-  const Slot& s = slot(cur_);
+  const CpuSlot<T>& s = last_slot();
   TREX_CHECK(part_.head && !s.logits.empty(), "model: no final hidden state (not the head stage, or no forward yet)");
   return s.head_acts.normed;
 }
 
 template <class T>
 const T* Model<T>::layer_input(int64_t l) const {
-  const Slot& s = slot(cur_);
+  const CpuSlot<T>& s = last_slot();
   TREX_CHECK(l >= 0 && l < int64_t(s.X.size()), "model: no layer input {} (forward run: {})", l, !s.X.empty());
   return s.X[size_t(l)];
 }
@@ -207,28 +154,28 @@ Model<T>::~Model() = default;
 
 template <class T>
 const AttentionSaved<T>& Model<T>::attention_saved(int64_t l) const {
-  const Slot& s = slot(cur_);
+  const CpuSlot<T>& s = last_slot();
   TREX_CHECK(l >= 0 && l < int64_t(s.blocks.size()), "model: no block {} in the last forward", l);
   return s.blocks[size_t(l)].asaved;
 }
 
 template <class T>
 const std::vector<int64_t>& Model<T>::expert_load(int64_t l) const {
-  const Slot& s = slot(cur_);
+  const CpuSlot<T>& s = last_slot();
   TREX_CHECK(l >= 0 && l < int64_t(s.blocks.size()), "model: no block {} in the last forward", l);
   return s.blocks[size_t(l)].load;
 }
 
 template <class T>
 const int32_t* Model<T>::router_selection(int64_t l) const {
-  const Slot& s = slot(cur_);
+  const CpuSlot<T>& s = last_slot();
   TREX_CHECK(l >= 0 && l < int64_t(s.blocks.size()), "model: no block {} in the last forward", l);
   return s.blocks[size_t(l)].macts.sel;
 }
 
 template <class T>
 void Model<T>::declare_block(const std::string& p, const ModelConfig& c, int64_t layer) {
-  auto b = std::make_unique<Block>();
+  auto b = std::make_unique<CpuBlock<T>>();
   b->prefix = p;
   b->layer = layer;
   b->hash = c.mlp_types[size_t(layer)] == MlpType::HashMoE;
@@ -273,7 +220,7 @@ void Model<T>::declare_block(const std::string& p, const ModelConfig& c, int64_t
 }
 
 template <class T>
-void Model<T>::bind_block(Block& b) {
+void Model<T>::bind_block(CpuBlock<T>& b) {
   auto V = [&](const std::string& n) { return params_.value(b.prefix + n); };
   auto G = [&](const std::string& n) { return params_.grad(b.prefix + n); };
   for (const auto& s : b.aspecs) {
@@ -376,144 +323,13 @@ void Model<T>::load(const std::map<std::string, HostTensor>& state, bool allow_e
   }
 }
 
-// Activation table of one slot: every slice the forward keeps, carved from one arena. Pass `base` null to count.
-template <class T>
-void Model<T>::plan_activations(Slot& s, int64_t B, int64_t S) {
-  if (B == s.B && S == s.S && !s.act.empty()) return;
-  const int64_t N = B * S, d = cfg_.hidden, hc = cfg_.hc_mult, M = (2 + hc) * hc, V = cfg_.vocab_size;
-  const int64_t Lm = part_.layer_end - part_.layer_begin;
-  s.blocks.clear();
-  s.blocks.resize(blocks_.size());
-  auto carve = [&](T* base) {
-    int64_t used = 0;
-    auto take = [&](int64_t n) {
-      T* p = base ? base + used : nullptr;
-      used += (n + 15) / 16 * 16;
-      return p;
-    };
-    s.X.assign(size_t(Lm + 1), nullptr);
-    for (auto& x : s.X) x = take(N * hc * d);
-    for (size_t i = 0; i < blocks_.size(); ++i) {
-      Block& b = *blocks_[i];
-      BlockActs& a = s.blocks[i];
-      for (MhcSiteActs<T>* st : {&a.sa, &a.sf}) {
-        st->mix = take(N * M), st->rstd = take(N), st->pre = take(N * hc), st->post = take(N * hc);
-        st->comb = take(N * hc * hc);
-      }
-      a.col_a = take(N * d), a.a = take(N * d), a.a_rstd = take(N), a.y_a = take(N * d);
-      a.X_mid = take(N * hc * d);
-      a.col_f = take(N * d), a.u = take(N * d), a.u_rstd = take(N), a.y_f = take(N * d);
-      a.n_tok = N;
-      b.moe.n_tok = N;
-      a.moe_t = take(moe_act_sizes(b.moe).t_elems);
-    }
-    if (part_.head) {
-      T* head = take(head_act_elems(N, hc, d));
-      if (base) s.head_acts = head_acts_bind(N, hc, d, head, (T*)nullptr);
-    }
-    if (mtp_) {
-      s.Xm_in = take(N * hc * d), s.Xm_out = take(N * hc * d);
-      T* mi = take(mtp_input_act_elems(N, hc, d));
-      T* mh = take(head_act_elems(N, hc, d));
-      if (base) {
-        s.mtp_in_acts = mtp_input_acts_bind(N, hc, d, mi);
-        s.mtp_head_acts = head_acts_bind(N, hc, d, mh, (T*)nullptr);
-      }
-    }
-    return used;
-  };
-  const int64_t total = carve(nullptr);
-  s.act.assign(size_t(total), T(0));
-  carve(s.act.data());
-  for (size_t i = 0; i < blocks_.size(); ++i) {
-    Block& b = *blocks_[i];
-    BlockActs& a = s.blocks[i];
-    a.moe_i.assign(size_t(moe_act_sizes(b.moe).i32_elems), 0);
-    a.macts = moe_acts_bind(b.moe, a.moe_t, a.moe_i.data());
-    a.load.assign(size_t(b.moe.n_experts), 0);
-  }
-  if (part_.head) {
-    s.logits.assign(size_t(N * V), T(0));
-    s.lse.assign(size_t(N), T(0));
-    s.head_acts.logits = s.logits.data();
-  }
-  if (mtp_) {
-    s.mtp_logits.assign(size_t(N * V), T(0));
-    s.mtp_lse.assign(size_t(N), T(0));
-    s.mtp_head_acts.logits = s.mtp_logits.data();
-  }
-  s.B = B, s.S = S;
-}
-
 template <class T>
 void Model<T>::set_expert_exchange(ExpertExchange<T>* ex) {
   if (ex)
     TREX_CHECK(ex->expert_begin() == part_.expert_begin && ex->expert_end() == part_.expert_end,
                "model: the expert exchange holds experts [{}, {}), this model [{}, {})", ex->expert_begin(),
                ex->expert_end(), part_.expert_begin, part_.expert_end);
-  ex_ = ex;
-}
-
-// The exchange the MoE layers use: the one set, or (every expert here) the MoE layer's own local one.
-template <class T>
-ExpertExchange<T>* Model<T>::expert_exchange() const {
-  TREX_CHECK(ex_ || (part_.expert_begin == 0 && part_.expert_end == cfg_.n_routed_experts),
-             "model: this model holds routed experts [{}, {}) of {}: set_expert_exchange() must name where the others "
-             "are",
-             part_.expert_begin, part_.expert_end, cfg_.n_routed_experts);
-  return ex_;
-}
-
-// One exchange handle per (block, activation slot): the slot is the micro-batch in flight.
-template <class T>
-ExchangeKey Model<T>::exchange_key(const Block& b, const BlockActs& a) const {
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    const auto& bl = slots_[i]->blocks;
-    if (!bl.empty() && &a >= bl.data() && &a < bl.data() + bl.size()) return ExchangeKey{b.layer, int64_t(i)};
-  }
-  fail("model: block {} activations belong to no slot", b.prefix);
-}
-
-template <class T>
-void Model<T>::block_fwd(Block& b, BlockActs& a, const T* Xin, T* Xout, const int32_t* ids, const SeqLayout& layout) {
-  const int64_t N = a.n_tok, d = cfg_.hidden;
-  b.moe.n_tok = N;
-  MhcShape ms{N, cfg_.hc_mult, d, cfg_.hc_sinkhorn_iters, cfg_.hc_eps, cfg_.rms_eps};
-  mhc_site_fwd(ms, Xin, b.hc_attn_fn, b.hc_attn_base, b.hc_attn_scale, a.sa, a.col_a);
-  norm_fwd(a.col_a, b.attn_norm, N, d, cfg_.rms_eps, a.a, a.a_rstd);
-  b.attn->forward(b.ap, a.a, a.y_a, layout, a.asaved);
-  mhc_expand_fwd(ms, Xin, a.y_a, a.sa.post, a.sa.comb, a.X_mid);
-  mhc_site_fwd(ms, a.X_mid, b.hc_ffn_fn, b.hc_ffn_base, b.hc_ffn_scale, a.sf, a.col_f);
-  norm_fwd(a.col_f, b.ffn_norm, N, d, cfg_.rms_eps, a.u, a.u_rstd);
-  moe_fwd(b.moe, b.mw, a.u, ids, a.macts, a.y_f, expert_exchange(), exchange_key(b, a));
-  mhc_expand_fwd(ms, a.X_mid, a.y_f, a.sf.post, a.sf.comb, Xout);
-  moe_expert_load(a.macts.sel, N, b.moe.topk, b.moe.n_experts, a.load.data());
-}
-
-template <class T>
-void Model<T>::block_bwd(Block& b, BlockActs& a, const T* Xin, const T* dXout, T* dXin, const SeqLayout& layout) {
-  const int64_t N = a.n_tok, d = cfg_.hidden, hc = cfg_.hc_mult;
-  b.moe.n_tok = N;
-  MhcShape ms{N, hc, d, cfg_.hc_sinkhorn_iters, cfg_.hc_eps, cfg_.rms_eps};
-  std::vector<T> dX_mid(size_t(N * hc * d), T(0)), dy(size_t(N * d), T(0)), dpost(size_t(N * hc)),
-      dcomb(size_t(N * hc * hc)), dnormed(size_t(N * d), T(0)), dcol(size_t(N * d), T(0)),
-      scratch(size_t(N * ms.n_mix()));
-  mhc_expand_bwd(ms, a.X_mid, a.y_f, a.sf.post, a.sf.comb, dXout, dX_mid.data(), dy.data(), dpost.data(),
-                 dcomb.data());
-  moe_bwd(b.moe, b.mw, a.u, a.macts, dy.data(), a.dscores.empty() ? nullptr : a.dscores.data(), dnormed.data(),
-          b.mg, expert_exchange(), exchange_key(b, a));
-  norm_bwd(a.col_f, b.ffn_norm, a.u_rstd, dnormed.data(), N, d, dcol.data(), b.g_ffn_norm);
-  mhc_site_bwd(ms, a.X_mid, b.hc_ffn_fn, b.hc_ffn_base, b.hc_ffn_scale, a.sf, dcol.data(), dpost.data(),
-               dcomb.data(), dX_mid.data(), b.g_hc_ffn_fn, b.g_hc_ffn_base, b.g_hc_ffn_scale, scratch.data());
-  std::fill(dXin, dXin + N * hc * d, T(0));
-  std::fill(dy.begin(), dy.end(), T(0));
-  mhc_expand_bwd(ms, Xin, a.y_a, a.sa.post, a.sa.comb, dX_mid.data(), dXin, dy.data(), dpost.data(), dcomb.data());
-  std::fill(dnormed.begin(), dnormed.end(), T(0));
-  b.attn->backward(b.ap, b.ag, layout, a.asaved, dy.data(), dnormed.data());
-  std::fill(dcol.begin(), dcol.end(), T(0));
-  norm_bwd(a.col_a, b.attn_norm, a.a_rstd, dnormed.data(), N, d, dcol.data(), b.g_attn_norm);
-  mhc_site_bwd(ms, Xin, b.hc_attn_fn, b.hc_attn_base, b.hc_attn_scale, a.sa, dcol.data(), dpost.data(),
-               dcomb.data(), dXin, b.g_hc_attn_fn, b.g_hc_attn_base, b.g_hc_attn_scale, scratch.data());
+  backend_->set_expert_exchange(ex);
 }
 
 template <class T>
@@ -533,136 +349,31 @@ void Model<T>::backward() {
 template <class T>
 double Model<T>::forward_stage(int64_t si, const int32_t* ids, const int32_t* labels, const SeqLayout& layout,
                                const T* x_in, T* x_out, double loss_scale) {
-  Slot& s = slot(si);
+  TREX_CHECK(si >= 0 && si < n_slots(), "model: no activation slot {} ({} slots)", si, n_slots());
   layout.validate();
-  const int64_t B = layout.B, S = layout.T, N = B * S, d = cfg_.hidden, hc = cfg_.hc_mult, V = cfg_.vocab_size;
-  const int64_t Lm = part_.layer_end - part_.layer_begin;
   TREX_CHECK(part_.embed || x_in, "model stage (layers [{}, {})): forward needs the incoming stream", part_.layer_begin,
              part_.layer_end);
   TREX_CHECK(part_.head || x_out, "model stage (layers [{}, {})): forward needs a buffer for the outgoing stream",
              part_.layer_begin, part_.layer_end);
   TREX_CHECK(!part_.head || labels, "model: the head stage's forward needs labels");
-  plan_activations(s, B, S);
   cur_ = si;
-  s.layout = layout;
-  s.ids.assign(ids, ids + N);
-  s.loss = LossParts{};
-  s.loss_scale = loss_scale;
-  s.mtp_weight = opts_.mtp_weight;
-  const int64_t* doc = s.layout.doc_start.data();
-
-  if (part_.embed)
-    embed_streams_fwd(s.ids.data(), N, params_.value("embed.weight"), V, d, hc, s.X[0]);
-  else
-    std::copy(x_in, x_in + N * hc * d, s.X[0]);
-  for (int64_t l = 0; l < Lm; ++l)
-    block_fwd(*blocks_[size_t(l)], s.blocks[size_t(l)], s.X[size_t(l)], s.X[size_t(l + 1)], s.ids.data(), s.layout);
-  if (part_.head) {
-    s.targets = shifted_targets(labels, doc, B, S, 1, V);
-    MhcShape ms{N, hc, d, cfg_.hc_sinkhorn_iters, cfg_.hc_eps, cfg_.rms_eps};
-    HeadParams<T> hp{params_.value("hc_head_fn"), params_.value("hc_head_base"), params_.value("hc_head_scale"),
-                     params_.value("norm.weight"), params_.value("head.weight")};
-    head_fwd(ms, V, s.X[size_t(Lm)], hp, s.head_acts);
-    s.loss.lm = lm_loss_fwd(s.logits.data(), s.targets.data(), N, V, s.lse.data(), &s.loss.lm_targets);
-    s.loss.total = s.loss.lm;
-    if (mtp_) {
-      s.next_ids.assign(size_t(N), -1);
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t t = 0; t + 1 < S; ++t)
-          if (doc[b * S + t + 1] == doc[b * S + t]) s.next_ids[size_t(b * S + t)] = s.ids[size_t(b * S + t + 1)];
-      s.mtp_targets = shifted_targets(labels, doc, B, S, 2, V);
-      MtpInputParams<T> mp{params_.value("mtp.0.enorm.weight"), params_.value("mtp.0.hnorm.weight"),
-                           params_.value("mtp.0.e_proj.weight"), params_.value("mtp.0.h_proj.weight")};
-      mtp_input_fwd(N, hc, d, cfg_.rms_eps, s.next_ids.data(), params_.value("embed.weight"), V, s.X[size_t(Lm)], mp,
-                    s.mtp_in_acts, s.Xm_in);
-      block_fwd(*mtp_, s.blocks.back(), s.Xm_in, s.Xm_out, s.ids.data(), s.layout);
-      HeadParams<T> mh{params_.value("mtp.0.hc_head_fn"), params_.value("mtp.0.hc_head_base"),
-                       params_.value("mtp.0.hc_head_scale"), params_.value("mtp.0.norm.weight"),
-                       params_.value("head.weight")};
-      head_fwd(ms, V, s.Xm_out, mh, s.mtp_head_acts);
-      s.loss.mtp = lm_loss_fwd(s.mtp_logits.data(), s.mtp_targets.data(), N, V, s.mtp_lse.data(), &s.loss.mtp_targets);
-      s.loss.total += s.mtp_weight * s.loss.mtp;
-    }
-  } else {
-    std::copy(s.X[size_t(Lm)], s.X[size_t(Lm)] + N * hc * d, x_out);
-  }
-
-  // Balance loss: per layer, so each stage adds its own layers' terms.
-  for (size_t i = 0; i < blocks_.size(); ++i) {
-    const Block& b = *blocks_[i];
-    BlockActs& a = s.blocks[i];
-    const bool on = opts_.balance_alpha != 0.0 && (!b.hash || opts_.balance_hash_layers);
-    if (!on) {
-      a.dscores.clear();
-      continue;
-    }
-    a.dscores.assign(size_t(N * b.moe.n_experts), T(0));
-    s.loss.balance += balance_loss(a.macts.scores, a.macts.sel, B, S, b.moe.n_experts, b.moe.topk,
-                                   opts_.balance_alpha, a.dscores.data());
-    if (loss_scale != 1.0)
-      for (auto& g : a.dscores) g = T(double(g) * loss_scale);
-  }
-  s.loss.total += s.loss.balance;
-  s.forward_done = true;
-  return loss_scale * s.loss.total;
+  MicroBatch mb;
+  mb.slot = si, mb.ids = ids, mb.labels = labels, mb.layout = &layout, mb.x_in = x_in, mb.x_out = x_out;
+  mb.loss_scale = loss_scale, mb.mtp_weight = opts_.mtp_weight, mb.balance_alpha = opts_.balance_alpha;
+  return loss_scale * program_->forward(mb).total;
 }
 
 template <class T>
 void Model<T>::backward_stage(int64_t si, const T* dx_out, T* dx_in) {
-  Slot& s = slot(si);
-  TREX_CHECK(s.forward_done, "model: backward of activation slot {} called without a forward()", si);
+  TREX_CHECK(si >= 0 && si < n_slots(), "model: no activation slot {} ({} slots)", si, n_slots());
   TREX_CHECK(part_.head || dx_out, "model stage (layers [{}, {})): backward needs the outgoing stream's gradient",
              part_.layer_begin, part_.layer_end);
   TREX_CHECK(part_.embed || dx_in, "model stage (layers [{}, {})): backward needs a buffer for the input gradient",
              part_.layer_begin, part_.layer_end);
-  const int64_t N = s.B * s.S, d = cfg_.hidden, hc = cfg_.hc_mult, V = cfg_.vocab_size;
-  const int64_t Lm = part_.layer_end - part_.layer_begin;
-  MhcShape ms{N, hc, d, cfg_.hc_sinkhorn_iters, cfg_.hc_eps, cfg_.rms_eps};
-  std::vector<T> dX(size_t(N * hc * d), T(0)), dX_prev(size_t(N * hc * d), T(0));
-
-  if (part_.head) {
-    std::vector<T> dlogits(size_t(N * V));
-    std::vector<T> scratch(size_t(N * (d + hc)));
-    if (mtp_) {
-      lm_loss_bwd(s.mtp_logits.data(), s.mtp_lse.data(), s.mtp_targets.data(), N, V, s.loss.mtp_targets,
-                  s.mtp_weight * s.loss_scale, dlogits.data());
-      HeadParams<T> mh{params_.value("mtp.0.hc_head_fn"), params_.value("mtp.0.hc_head_base"),
-                       params_.value("mtp.0.hc_head_scale"), params_.value("mtp.0.norm.weight"),
-                       params_.value("head.weight")};
-      HeadGrads<T> mg{params_.grad("mtp.0.hc_head_fn"), params_.grad("mtp.0.hc_head_base"),
-                      params_.grad("mtp.0.hc_head_scale"), params_.grad("mtp.0.norm.weight"),
-                      params_.grad("head.weight")};
-      std::vector<T> dXm_out(size_t(N * hc * d), T(0)), dXm_in(size_t(N * hc * d), T(0));
-      head_bwd(ms, V, s.Xm_out, mh, s.mtp_head_acts, dlogits.data(), dXm_out.data(), mg, scratch.data());
-      block_bwd(*mtp_, s.blocks.back(), s.Xm_in, dXm_out.data(), dXm_in.data(), s.layout);
-      if (hook_) hook_(n_blocks() - 1, mtp_->hook_params);
-      MtpInputParams<T> mp{params_.value("mtp.0.enorm.weight"), params_.value("mtp.0.hnorm.weight"),
-                           params_.value("mtp.0.e_proj.weight"), params_.value("mtp.0.h_proj.weight")};
-      MtpInputGrads<T> mig{params_.grad("mtp.0.enorm.weight"), params_.grad("mtp.0.hnorm.weight"),
-                           params_.grad("mtp.0.e_proj.weight"), params_.grad("mtp.0.h_proj.weight")};
-      mtp_input_bwd(N, hc, d, s.next_ids.data(), s.X[size_t(Lm)], mp, s.mtp_in_acts, dXm_in.data(), dX.data(),
-                    params_.grad("embed.weight"), mig);
-    }
-    lm_loss_bwd(s.logits.data(), s.lse.data(), s.targets.data(), N, V, s.loss.lm_targets, s.loss_scale,
-                dlogits.data());
-    HeadParams<T> hp{params_.value("hc_head_fn"), params_.value("hc_head_base"), params_.value("hc_head_scale"),
-                     params_.value("norm.weight"), params_.value("head.weight")};
-    HeadGrads<T> hg{params_.grad("hc_head_fn"), params_.grad("hc_head_base"), params_.grad("hc_head_scale"),
-                    params_.grad("norm.weight"), params_.grad("head.weight")};
-    head_bwd(ms, V, s.X[size_t(Lm)], hp, s.head_acts, dlogits.data(), dX.data(), hg, scratch.data());
-  } else {
-    std::copy(dx_out, dx_out + N * hc * d, dX.begin());
-  }
-  for (int64_t l = Lm - 1; l >= 0; --l) {
-    block_bwd(*blocks_[size_t(l)], s.blocks[size_t(l)], s.X[size_t(l)], dX.data(), dX_prev.data(), s.layout);
-    std::swap(dX, dX_prev);
-    if (hook_) hook_(l, blocks_[size_t(l)]->hook_params);
-  }
-  if (part_.embed)
-    embed_streams_bwd(s.ids.data(), N, d, hc, dX.data(), params_.grad("embed.weight"));
-  else
-    std::copy(dX.begin(), dX.end(), dx_in);
-  if (hook_) hook_(-1, rest_params_);
+  BlocksReady ready;
+  if (hook_)
+    ready = [this](int64_t b) { hook_(b, b >= 0 ? block_params_[size_t(b)] : rest_params_); };
+  program_->backward(si, dx_out, dx_in, ready);
 }
 
 template class Model<float>;

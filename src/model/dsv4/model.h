@@ -1,8 +1,8 @@
-// The DeepSeek-V4 model on the CPU: parameter table (official names) + gradient arena, activation arenas sized
-// from a table, forward(ids, labels, layout) -> loss and a hand-written backward() filling every gradient.
-// Blocks (design §2.3): mHC site -> attn_norm -> attention -> expand; mHC site -> ffn_norm -> MoE -> expand.
-// Then hc_head -> norm -> LM head -> masked next-token CE (one mean over all labelled targets), plus the MTP
-// module (design §2.10, weight mtp_weight) and the sequence-wise balance loss (design §5, weight balance_alpha).
+// The DeepSeek-V4 model on the CPU: parameter table (official names) + gradient arena, and the block program
+// (program.h) over the CPU backend (cpu_backend.h): forward(ids, labels, layout) -> loss and backward() filling
+// every gradient. Blocks (design §2.3): mHC site -> attn_norm -> attention -> expand; mHC site -> ffn_norm -> MoE
+// -> expand. Then hc_head -> norm -> LM head -> masked next-token CE (one mean over all labelled targets), plus the
+// MTP module (design §2.10, weight mtp_weight) and the sequence-wise balance loss (design §5, weight balance_alpha).
 //
 // Pipeline parallelism: a Model built with a ModelPartition (partition.h) holds one stage's part and runs it with
 // forward_stage / backward_stage: stream in [B*S, n_hc, d] -> stream out (or the loss on the head stage), and
@@ -19,11 +19,9 @@
 #include "core/tensor.h"
 #include "model/dsv4/attention.h"
 #include "model/dsv4/config.h"
-#include "model/dsv4/head.h"
-#include "model/dsv4/mhc.h"
-#include "model/dsv4/moe.h"
-#include "model/dsv4/mtp.h"
+#include "model/dsv4/cpu_backend.h"
 #include "model/dsv4/partition.h"
+#include "model/dsv4/program.h"
 #include "model/dsv4/seq_layout.h"
 #include "model/dsv4/weights.h"
 
@@ -34,14 +32,6 @@ struct ModelOptions {
   bool balance_hash_layers = false;  // apply it to hash-routed layers too (UNCONFIRMED in the paper)
   double mtp_weight = 0.3;      // lambda of the MTP loss (0.3, then 0.1 after LR decay starts)
   bool use_mtp = true;          // run the MTP module when the config has one
-};
-
-struct LossParts {  // of one micro-batch and one stage; not multiplied by the loss scale
-  double total = 0;   // lm + mtp_weight * mtp + balance
-  double lm = 0;       // mean CE of the main head
-  double mtp = 0;      // mean CE of the MTP head (unweighted)
-  double balance = 0;  // already multiplied by alpha, summed over this stage's layers (MTP block included)
-  int64_t lm_targets = 0, mtp_targets = 0;
 };
 
 // Called during backward when the gradients of a group of tensors are complete for the micro-batch (the data-
@@ -68,7 +58,7 @@ class Model {
   void set_mtp_weight(double w) { opts_.mtp_weight = w; }  // the schedule lowers it when LR decay starts
   ParamTable<T>& params() { return params_; }
   const ParamTable<T>& params() const { return params_; }
-  bool has_mtp() const { return mtp_ != nullptr; }
+  bool has_mtp() const { return mtp_; }
   // Names held by this stage AND another one (the MTP's copy of embed.weight): sum their gradients over stages.
   std::vector<std::string> stage_shared_params() const;
 
@@ -85,7 +75,7 @@ class Model {
 
   // Stage execution. n_slots activation slots (default 1), each with its own arena, planned on first use.
   void set_slots(int64_t n);
-  int64_t n_slots() const { return int64_t(slots_.size()); }
+  int64_t n_slots() const { return backend_->n_slots(); }
   // Forward of one micro-batch on `slot` (overwrites what the slot held). ids/labels/layout: the micro-batch (every
   // stage gets them: hash layers and MTP read token ids). x_in [B*S, n_hc, d]: the incoming stream (null on the
   // embed stage); x_out: the outgoing stream (null on the head stage). Returns loss_scale * (this stage's
@@ -117,33 +107,29 @@ class Model {
   int64_t n_blocks() const { return int64_t(blocks_.size()); }
   const std::string& block_prefix(int64_t l) const;  // "layers.N." or "mtp.0."
   size_t activation_bytes() const;  // all slots
-
-  struct Block;      // one transformer block's parameters (defined in model.cpp)
-  struct BlockActs;  // what one block keeps for its backward, per slot
-  struct Slot;       // one micro-batch in flight: arena, streams, head/MTP activations, loss
+  // This stage's blocks (main layers, then the MTP block) as the CPU backend reads them: a decoder runs its own
+  // backend over them.
+  std::vector<const CpuBlock<T>*> cpu_blocks() const;
 
  private:
   Model(const ModelConfig& cfg, const ModelOptions& opts, const ModelPartition& part, bool allocate);
   void declare_block(const std::string& prefix, const ModelConfig& lcfg, int64_t layer);
-  void bind_block(Block& b);
-  ExpertExchange<T>* expert_exchange() const;
-  ExchangeKey exchange_key(const Block& b, const BlockActs& a) const;
-  Slot& slot(int64_t i) const;
-  void plan_activations(Slot& s, int64_t B, int64_t S);
-  void block_fwd(Block& b, BlockActs& a, const T* Xin, T* Xout, const int32_t* ids, const SeqLayout& layout);
-  void block_bwd(Block& b, BlockActs& a, const T* Xin, const T* dXout, T* dXin, const SeqLayout& layout);
+  void bind_block(CpuBlock<T>& b);
+  const CpuSlot<T>& last_slot() const { return backend_->slot(cur_); }
 
   ModelConfig cfg_, cfg_ext_;  // cfg_ext_: + one sliding / score-MoE layer for the MTP block
   ModelOptions opts_;
   ModelPartition part_;
   ParamTable<T> params_;
-  std::vector<std::unique_ptr<Block>> blocks_;  // this stage's main layers, then the MTP block
-  Block* mtp_ = nullptr;
-  std::vector<std::unique_ptr<Slot>> slots_;
+  std::vector<std::unique_ptr<CpuBlock<T>>> blocks_;  // this stage's main layers, then the MTP block
+  bool mtp_ = false;
+  std::vector<std::pair<size_t, size_t>> block_entries_;    // each block's tensors: params_.entries()[first, last)
+  std::vector<std::vector<const ParamInfo*>> block_params_;  // the same, for the gradient-ready hook
+  std::vector<const ParamInfo*> rest_params_;                 // the hook's block -1 group
+  std::unique_ptr<CpuBackend<T>> backend_;
+  std::unique_ptr<BlockProgram> program_;
   int64_t cur_ = 0;  // slot of the last forward
   GradReadyHook hook_;
-  ExpertExchange<T>* ex_ = nullptr;
-  std::vector<const ParamInfo*> rest_params_;  // the hook's block -1 group
 };
 
 }  // namespace trex::dsv4
