@@ -7,7 +7,10 @@
 // over the tokens that arrived together) and decode tok/s (tokens after each request's first, summed, over the
 // span from the last first token to the last token). One JSON line per level. Greedy requests take the engine's
 // forward_greedy (the token picked on the device). With TREX_INFER_PROFILE=1 the CUDA engine prints per-phase
-// device times per step kind (PROFILE lines, stderr) when it shuts down.
+// device times per step kind (PROFILE lines, stderr) when it shuts down. --speculative mtp: the config's MTP layer
+// drafts a token per step, verified by the main model (speculative.h); each level then reports the drafts
+// verified and accepted in its decode round. --model DIR: a checkpoint's weights instead of random ones (random
+// weights make a random MTP: its drafts are rarely accepted, so only a trained model shows the acceptance rate).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -20,6 +23,8 @@
 #include "command.h"
 #include "core/error.h"
 #include "infer/engine.h"
+#include "infer/model_loader.h"
+#include "infer/speculative.h"
 #include "infer/scheduler.h"
 
 namespace {
@@ -28,7 +33,7 @@ using namespace trex;
 using Clock = std::chrono::steady_clock;
 
 struct BenchServeArgs {
-  std::string config, device = "cuda", levels = "1,16,64";
+  std::string config, model, device = "cuda", levels = "1,16,64", speculative = "off";
   int64_t prompt_tokens = 512, gen_tokens = 64, max_context = 0;
   uint64_t seed = 1;
   bool moe_grouped = false;
@@ -93,14 +98,22 @@ void run(const BenchServeArgs& a) {
   }
   TREX_CHECK(!levels.empty(), "bench-serve: --concurrency is empty");
   const int64_t slots = *std::max_element(levels.begin(), levels.end());
-  const dsv4::ModelConfig cfg = dsv4::load_model_config(a.config);
+  TREX_CHECK(a.config.empty() != a.model.empty(), "bench-serve: give exactly one of --config and --model");
+  TREX_CHECK(a.speculative == "off" || a.speculative == "mtp", "bench-serve: --speculative must be off or mtp, got '{}'",
+             a.speculative);
+  const bool spec = a.speculative == "mtp";
+  std::unique_ptr<dsv4::Model<float>> weights;
+  if (!a.model.empty()) weights = infer::load_inference_model(a.model, /*with_mtp=*/spec);
+  const dsv4::ModelConfig cfg = weights ? weights->config() : dsv4::load_model_config(a.config);
+  const std::string source = weights ? a.model : a.config;
 #ifdef TREX_HAVE_CUDA
   infer::CudaEngineOptions eo;
   eo.slots = slots;
   eo.max_context = a.max_context > 0 ? a.max_context : a.prompt_tokens + a.gen_tokens + 64;
   eo.seed = a.seed;
   eo.moe_grouped_gemm = a.moe_grouped;
-  auto engine = infer::make_cuda_engine(cfg, nullptr, eo);
+  auto engine = infer::make_cuda_engine(cfg, weights ? &weights->params() : nullptr, eo, spec);
+  weights.reset();  // the GPU holds its copy
 #else
   std::unique_ptr<infer::Engine> engine;
   fail("bench-serve: this trex was built without CUDA");
@@ -108,6 +121,7 @@ void run(const BenchServeArgs& a) {
   infer::SchedulerOptions so;
   so.max_queue = 4 * slots;
   so.prefill_chunk = a.prompt_tokens;
+  infer::SpeculativeEngine* se = spec ? infer::speculative_engine(*engine) : nullptr;
   infer::Scheduler sched(std::move(engine), so);
   std::mt19937 rng(uint32_t(a.seed));
   double wall = 0;
@@ -116,7 +130,12 @@ void run(const BenchServeArgs& a) {
   for (int64_t C : levels) {
     double wall_p = 0, wall_d = 0;
     const auto pre = round_trip(sched, C, a.prompt_tokens, 1, cfg.vocab_size, rng, wall_p);
+    const infer::SpeculativeStats s0 = se ? se->speculative_stats() : infer::SpeculativeStats{};
+    const int64_t steps0 = sched.metrics().steps;
     const auto dec = round_trip(sched, C, a.prompt_tokens, a.gen_tokens, cfg.vocab_size, rng, wall_d);
+    infer::SpeculativeStats sd = se ? se->speculative_stats() : infer::SpeculativeStats{};
+    sd.drafted -= s0.drafted, sd.accepted -= s0.accepted, sd.verify_steps -= s0.verify_steps;
+    const int64_t dec_steps = sched.metrics().steps - steps0;
     std::string err;
     for (const auto* v : {&pre, &dec})
       for (const Trace& t : *v)
@@ -153,13 +172,20 @@ void run(const BenchServeArgs& a) {
                 "%.1f/%.1f/%.1f ms; ITL p50/p90/p99 %.2f/%.2f/%.2f ms\n",
                 (long long)C, pre_tps, (long long)C, (long long)a.prompt_tokens, wall_p, dec_tps, pct(ttft, 50),
                 pct(ttft, 90), pct(ttft, 99), pct(itl, 50), pct(itl, 90), pct(itl, 99));
+    if (spec)
+      std::printf("C=%3lld: speculative mtp: %lld drafts verified, %lld accepted (acceptance %.3f); decode round %lld "
+                  "steps for %lld tokens\n",
+                  (long long)C, (long long)sd.drafted, (long long)sd.accepted, sd.acceptance(), (long long)dec_steps,
+                  (long long)ntok);
     std::printf(
-        "BENCH_SERVE {\"config\": \"%s\", \"engine\": \"cuda\", \"moe_grouped\": %s, \"concurrency\": %lld, "
+        "BENCH_SERVE {\"config\": \"%s\", \"engine\": \"cuda\", \"speculative\": \"%s\", \"drafts\": %lld, "
+        "\"accepted\": %lld, \"decode_steps\": %lld, \"moe_grouped\": %s, \"concurrency\": %lld, "
         "\"prompt_tokens\": %lld, \"gen_tokens\": %lld, \"prefill_tok_s\": %.1f, \"prefill_round_s\": %.3f, "
         "\"decode_tok_s\": %.1f, \"decode_round_s\": %.3f, \"completion_tokens\": %lld, \"ttft_ms_p50\": %.1f, "
         "\"ttft_ms_p90\": %.1f, \"ttft_ms_p99\": %.1f, \"itl_ms_p50\": %.2f, \"itl_ms_p90\": %.2f, "
         "\"itl_ms_p99\": %.2f}\n",
-        a.config.c_str(), a.moe_grouped ? "true" : "false", (long long)C, (long long)a.prompt_tokens,
+        source.c_str(), a.speculative.c_str(), (long long)sd.drafted, (long long)sd.accepted, (long long)dec_steps,
+        a.moe_grouped ? "true" : "false", (long long)C, (long long)a.prompt_tokens,
         (long long)a.gen_tokens, pre_tps, wall_p, dec_tps, wall_d, (long long)ntok, pct(ttft, 50), pct(ttft, 90),
         pct(ttft, 99), pct(itl, 50), pct(itl, 90), pct(itl, 99));
     std::fflush(stdout);
@@ -175,7 +201,11 @@ const bool registered = trex::cli::register_command(
     {"bench-serve", "in-process load test of the serving stack (scheduler + GPU engine, random bf16 weights)",
      [](CLI::App& app) {
        auto a = std::make_shared<BenchServeArgs>();
-       app.add_option("--config", a->config, "model config.json (random weights)")->required();
+       app.add_option("--config", a->config, "model config.json (random weights)");
+       app.add_option("--model", a->model, "checkpoint directory (its weights; instead of --config)");
+       app.add_option("--speculative", a->speculative,
+                      "off, or mtp: the MTP layer drafts one token per step, verified by the main model")
+           ->capture_default_str();
        app.add_option("--device", a->device, "cuda")->capture_default_str();
        app.add_option("--concurrency", a->levels, "comma-separated concurrency levels")->capture_default_str();
        app.add_option("--prompt-tokens", a->prompt_tokens, "prompt tokens per request")->capture_default_str();

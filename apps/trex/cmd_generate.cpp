@@ -12,6 +12,7 @@
 #include "infer/engine.h"
 #include "infer/generate.h"
 #include "infer/model_loader.h"
+#include "infer/speculative.h"
 
 namespace {
 
@@ -19,7 +20,7 @@ namespace fs = std::filesystem;
 using namespace trex;
 
 struct GenerateArgs {
-  std::string model, prompt, prompt_ids, tokenizer, device = "cpu";
+  std::string model, prompt, prompt_ids, tokenizer, device = "cpu", speculative = "off";
   int64_t max_new_tokens = 64, max_context = 0, batch = 1, prefill_chunk = 0;
   double temperature = 0.0, top_p = 1.0;
   uint64_t seed = 0;
@@ -56,7 +57,11 @@ void run(const GenerateArgs& a) {
     tok_path = (fs::path(a.model) / "tokenizer.json").string();
   if (!tok_path.empty()) tok = std::make_unique<data::Tokenizer>(data::Tokenizer::load(tok_path));
 
-  auto model = infer::load_inference_model(a.model);
+  TREX_CHECK(a.speculative == "off" || a.speculative == "mtp", "--speculative must be off or mtp, got '{}'",
+             a.speculative);
+  const bool spec = a.speculative == "mtp";
+  TREX_CHECK(!spec || a.device == "cuda", "--speculative mtp needs --device cuda");
+  auto model = infer::load_inference_model(a.model, /*with_mtp=*/spec);
   std::vector<int32_t> prompt;
   if (!a.prompt_ids.empty()) {
     TREX_CHECK(!a.chat, "--chat needs --prompt (text) and a tokenizer");
@@ -80,7 +85,7 @@ void run(const GenerateArgs& a) {
     infer::CudaEngineOptions eo;
     eo.slots = a.batch;
     eo.max_context = a.max_context;
-    engine = infer::make_cuda_engine(model->config(), &model->params(), eo);
+    engine = infer::make_cuda_engine(model->config(), &model->params(), eo, spec);
 #else
     fail("--device cuda: this trex was built without CUDA (configure with -DTREX_CUDA=ON)");
 #endif
@@ -141,6 +146,12 @@ void run(const GenerateArgs& a) {
       (long long)st.decode_tokens, (long long)st.decode_steps, st.decode_seconds,
       st.decode_seconds > 0 ? double(st.decode_tokens) / st.decode_seconds : 0.0,
       out.empty() ? "-" : out[0].finish_reason.c_str());
+  if (spec) {
+    const infer::SpeculativeStats ss = infer::speculative_engine(*engine)->speculative_stats();
+    std::fprintf(stderr, "speculative mtp: %lld drafts verified, %lld accepted (acceptance %.3f)%s\n",
+                 (long long)ss.drafted, (long long)ss.accepted, ss.acceptance(),
+                 a.temperature == 0.0 && !a.ignore_eos ? "" : " (off: sampling or --ignore-eos decode plainly)");
+  }
 }
 
 const bool registered = trex::cli::register_command(
@@ -167,6 +178,10 @@ const bool registered = trex::cli::register_command(
                       "prefill at most this many tokens per step (0 = all)");
        app.add_flag("--ignore-eos", a->ignore_eos, "always generate --max-new-tokens tokens");
        app.add_option("--device", a->device, "cpu (fp32 decoder) or cuda (bf16 GPU engine)")->capture_default_str();
+       app.add_option("--speculative", a->speculative,
+                      "off, or mtp: the checkpoint's MTP layer drafts one token per step, verified by the main "
+                      "model (--device cuda; greedy without --ignore-eos, else plain)")
+           ->capture_default_str();
        app.callback([a] { run(*a); });
      }});
 

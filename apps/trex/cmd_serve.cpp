@@ -13,6 +13,7 @@
 #include "infer/engine.h"
 #include "infer/model_loader.h"
 #include "infer/scheduler.h"
+#include "infer/speculative.h"
 
 namespace {
 
@@ -20,7 +21,7 @@ namespace fs = std::filesystem;
 using namespace trex;
 
 struct ServeArgs {
-  std::string model, config, tokenizer, host = "127.0.0.1", name, device = "cpu";
+  std::string model, config, tokenizer, host = "127.0.0.1", name, device = "cpu", speculative = "off";
   uint64_t seed = 0;
   int port = 8000;
   int64_t max_batch = 8, max_context = 0, max_queue = 256, prefill_chunk = 512, default_max_tokens = 256;
@@ -44,6 +45,10 @@ void run(const ServeArgs& a) {
   TREX_CHECK(a.device == "cpu" || a.device == "cuda", "--device must be cpu or cuda, got '{}'", a.device);
   TREX_CHECK(a.config.empty() || a.device == "cuda", "--config (random weights) needs --device cuda");
   std::unique_ptr<infer::Engine> engine;
+  TREX_CHECK(a.speculative == "off" || a.speculative == "mtp", "--speculative must be off or mtp, got '{}'",
+             a.speculative);
+  const bool spec = a.speculative == "mtp";  // speculative decoding with the MTP layer (infer/speculative.h)
+  TREX_CHECK(!spec || a.device == "cuda", "--speculative mtp needs --device cuda");
   if (a.device == "cuda") {
 #ifdef TREX_HAVE_CUDA
     infer::CudaEngineOptions eo;
@@ -51,10 +56,10 @@ void run(const ServeArgs& a) {
     eo.max_context = a.max_context;
     eo.seed = a.seed;
     if (!a.config.empty()) {
-      engine = infer::make_cuda_engine(dsv4::load_model_config(a.config), nullptr, eo);
+      engine = infer::make_cuda_engine(dsv4::load_model_config(a.config), nullptr, eo, spec);
     } else {
-      std::unique_ptr<dsv4::Model<float>> cpu = infer::load_inference_model(a.model);
-      engine = infer::make_cuda_engine(cpu->config(), &cpu->params(), eo);
+      std::unique_ptr<dsv4::Model<float>> cpu = infer::load_inference_model(a.model, /*with_mtp=*/spec);
+      engine = infer::make_cuda_engine(cpu->config(), &cpu->params(), eo, spec);
     }
 #else
     fail("--device cuda: this trex was built without CUDA (configure with -DTREX_CUDA=ON)");
@@ -102,6 +107,10 @@ const bool registered = trex::cli::register_command(
        app.add_option("--seed", a->seed, "seed of the random weights (--config)")->capture_default_str();
        app.add_option("--device", a->device, "cpu (fp32 decoder) or cuda (bf16 GPU engine)")->capture_default_str();
        app.add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: the model directory's, if any)");
+       app.add_option("--speculative", a->speculative,
+                      "off, or mtp: the checkpoint's MTP layer drafts one token per step, verified by the main "
+                      "model (--device cuda; all-greedy steps only)")
+           ->capture_default_str();
        app.add_option("--host", a->host, "address to listen on")->capture_default_str();
        app.add_option("--port", a->port, "port (0 = any free port; the chosen one is printed)")
            ->capture_default_str();

@@ -12,6 +12,8 @@
 // thing to a step, so prefill and decode of different slots share one step. forward_greedy picks each feed's token
 // on the device (one id per feed comes back instead of [feeds, vocab] fp32 logits); TREX_INFER_PROFILE=1 times the
 // phases of every step with CUDA events and host clocks (StepProfile).
+// With speculation on (make_cuda_engine(..., speculative_mtp)), the checkpoint's MTP module runs after every step
+// (speculative.h): forward_greedy_speculative verifies last step's draft in the same step as the fed token.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -24,7 +26,9 @@
 #include <set>
 
 #include "core/error.h"
+#include "infer/cuda_mtp.h"
 #include "infer/engine.h"
+#include "infer/speculative.h"
 #include "kernels/cuda/attention_generic.h"
 #include "kernels/cuda/attention_sparse.h"
 #include "kernels/cuda/decode_attention.h"
@@ -35,6 +39,7 @@
 #include "kernels/cuda/mhc.h"
 #include "kernels/cuda/mhc_generic.h"
 #include "kernels/cuda/rope.h"
+#include "kernels/cuda/speculative_rows.h"
 #include "kernels/cuda/tensor_ops.h"
 #include "model/dsv4/rope.h"
 #include "model/cuda/gpu_impl.h"
@@ -189,10 +194,11 @@ class StepProfile {
   bool has_last_ = false;
 };
 
-class CudaEngine final : public Engine {
+class CudaEngine final : public Engine, public SpeculativeEngine {
  public:
-  CudaEngine(const dsv4::ModelConfig& cfg, const dsv4::ParamTable<float>* weights, const CudaEngineOptions& o)
-      : cfg_(cfg), slots_(o.slots) {
+  CudaEngine(const dsv4::ModelConfig& cfg, const dsv4::ParamTable<float>* weights, const CudaEngineOptions& o,
+             bool speculative_mtp)
+      : cfg_(cfg), slots_(o.slots), speculate_(speculative_mtp) {
     TREX_CHECK(o.slots >= 1, "cuda engine: need at least one slot, got {}", o.slots);
     // hc_mult 4 runs the fast mHC kernels, 1..3 (the golden fixtures b and c) the generic ones (mhc_generic.h).
     TREX_CHECK(cfg.hc_mult >= 1 && cfg.hc_mult <= cuda::kMhcGenericMaxStreams,
@@ -207,7 +213,10 @@ class CudaEngine final : public Engine {
     dsv4gpu::GpuModelOptions mo;
     mo.moe_grouped_gemm = o.moe_grouped_gemm;
     mo.gradients = false;
-    model_ = std::make_unique<dsv4gpu::GpuModel>(cfg, mo);
+    // The main model without the MTP block (loaded below when speculating, else skipped).
+    dsv4::ModelConfig main_cfg = cfg;
+    main_cfg.n_mtp = 0;
+    model_ = std::make_unique<dsv4gpu::GpuModel>(main_cfg, mo);
     if (weights)
       model_->load_from(*weights);
     else
@@ -239,6 +248,22 @@ class CudaEngine final : public Engine {
       caches_.push_back(std::move(C));
     }
     lengths_.assign(size_t(slots_), 0);
+    if (speculate_) {
+      TREX_CHECK(cfg.n_mtp == 1,
+                 "cuda engine: speculative decoding with MTP needs a checkpoint with an MTP layer (config "
+                 "num_nextn_predict_layers is {})",
+                 cfg.n_mtp);
+      TREX_CHECK(!weights || table_has_mtp(*weights),
+                 "cuda engine: speculative decoding with MTP: the weights have no MTP module (mtp.0.*; load the "
+                 "checkpoint with its MTP tensors)");
+      mtp_ = make_gpu_mtp(cfg, weights, o.seed, o.moe_grouped_gemm);
+      const int64_t W = mtp_->layer().dims.window, c = mtp_->layer().dims.head_dim;
+      mtp_cache_.keys = zeroed(size_t(slots_ * W * c) * sizeof(bf16));
+      mtp_cache_.cmp = mtp_cache_.keys.as<bf16>();
+      mtp_cache_.win = mtp_cache_.cmp;
+      xprev_ = zeroed(size_t(slots_ * 2 * cfg.hc_mult * cfg.hidden) * sizeof(bf16));
+      spec_.assign(size_t(slots_), SlotSpec{});
+    }
     if (const char* e = std::getenv("TREX_INFER_ATTENTION")) {
       const std::string v(e);
       TREX_CHECK(v == "reference" || v == "tensor" || v.empty(),
@@ -268,18 +293,31 @@ class CudaEngine final : public Engine {
   void reset(int64_t slot) override {
     TREX_CHECK(slot >= 0 && slot < slots_, "cuda engine: slot {} out of range [0, {})", slot, slots_);
     lengths_[size_t(slot)] = 0;
+    if (speculate_) spec_[size_t(slot)] = SlotSpec{};
   }
   int64_t cache_bytes() const override;
   void forward(const std::vector<EngineFeed>& feeds, std::vector<float>& logits) override;
   void forward_greedy(const std::vector<EngineFeed>& feeds, std::vector<int32_t>& tokens) override;
+  void forward_greedy_speculative(const std::vector<EngineFeed>& feeds, const std::vector<char>& decoding,
+                                  std::vector<std::vector<int32_t>>& tokens) override;
+  SpeculativeStats speculative_stats() const override { return stats_; }
+  bool speculating() const override { return speculate_; }
 
  private:
+  enum class Mode { Logits, Greedy, Speculative };
   StepPlan plan(const std::vector<EngineFeed>& feeds) const;
-  // The step up to the head: device fp32 logits [feeds.size(), V] in step_ (null when there are no feeds).
-  const float* run_step(const std::vector<EngineFeed>& feeds);
-  void attention(int64_t l, const StepPlan& P, const cuda::DecodeStep& st, const int32_t* pos,
-                 const std::map<int64_t, std::pair<const int32_t*, const int32_t*>>& ent, const bf16* a, bf16* y,
-                 Pool& tmp);
+  // The step up to the head: device fp32 logits [feeds.size(), V] in step_ (null when there are no feeds), or with
+  // head_rows the logits of those rows of the step instead. The final streams stay in step_X_.
+  const float* run_step(const std::vector<EngineFeed>& feeds, const std::vector<int32_t>* head_rows = nullptr);
+  // hc_head collapse -> norm -> fp32 logits [H, V] with the shared LM head, for H rows Xh [H, hc, d] (in step_).
+  float* head_logits(const bf16* Xh, int64_t H, const float* fn, const float* base, const float* scale,
+                     const bf16* norm);
+  // A step with the MTP module (speculate_): see speculative.h.
+  void speculative_step(const std::vector<EngineFeed>& feeds, Mode mode, std::vector<float>* logits,
+                        std::vector<std::vector<int32_t>>* tokens, const std::vector<char>* decoding = nullptr);
+  void attention(const dsv4gpu::GpuBlock& b, LayerCache& C, const StepPlan& P, const cuda::DecodeStep& st,
+                 const int32_t* pos, const std::map<int64_t, std::pair<const int32_t*, const int32_t*>>& ent,
+                 const bf16* a, bf16* y, Pool& tmp);
 
   dsv4::ModelConfig cfg_;
   int64_t slots_ = 0, max_context_ = 0;
@@ -294,6 +332,22 @@ class CudaEngine final : public Engine {
   dsv4gpu::DevLayout lay_;  // what moe_fwd reads of a step: N and the token ids (hash routing)
   Pool step_;               // the running step's buffers (freed stream-ordered when the next step starts)
   StepProfile prof_;
+  bf16* step_X_ = nullptr;  // the last step's final streams [N, hc, d] (in step_)
+  // Speculation (speculate_): the MTP module, its window ring, and per slot the main model's final streams of the
+  // two candidate last positions of the last step ([slots, 2, hc, d]: the last fed token's, the draft's).
+  bool speculate_ = false;
+  std::unique_ptr<GpuMtp> mtp_;
+  LayerCache mtp_cache_;
+  DevMem xprev_;
+  dsv4gpu::DevLayout mtp_lay_;
+  // Per slot: the token the engine returned last (-1: none; the MTP's row of position length-1 assumed it), the
+  // MTP's draft of the token after it (-1: none), and which xprev_ row holds position length-1.
+  struct SlotSpec {
+    int32_t guess = -1, draft = -1;
+    int xsel = 0;
+  };
+  std::vector<SlotSpec> spec_;
+  SpeculativeStats stats_;
 };
 
 int64_t CudaEngine::cache_bytes() const {
@@ -350,14 +404,13 @@ StepPlan CudaEngine::plan(const std::vector<EngineFeed>& feeds) const {
   return P;
 }
 
-void CudaEngine::attention(int64_t l, const StepPlan& P, const cuda::DecodeStep& st, const int32_t* pos,
+void CudaEngine::attention(const dsv4gpu::GpuBlock& b, LayerCache& C, const StepPlan& P, const cuda::DecodeStep& st,
+                           const int32_t* pos,
                            const std::map<int64_t, std::pair<const int32_t*, const int32_t*>>& ent, const bf16* a,
                            bf16* y, Pool& tmp) {
   dsv4gpu::GpuModel::Impl& m = model_->impl();
-  const dsv4gpu::GpuBlock& b = *m.blocks[size_t(l)];
   const dsv4::AttentionDims& D = b.dims;
   const dsv4gpu::AttnW& w = b.aw;
-  LayerCache& C = caches_[size_t(l)];
   const dsv4gpu::Linear lin{&m.gemm};
   const int64_t N = st.n_tok, d = D.d, H = D.n_heads, hd = D.head_dim, r = D.rope_dim, dc = D.d_c;
   const int64_t G = D.o_groups, hg = H / G, gd = G * D.o_rank;
@@ -489,6 +542,7 @@ void CudaEngine::attention(int64_t l, const StepPlan& P, const cuda::DecodeStep&
 
 void CudaEngine::forward(const std::vector<EngineFeed>& feeds, std::vector<float>& logits) {
   logits.clear();
+  if (speculate_) return speculative_step(feeds, Mode::Logits, &logits, nullptr);
   const float* dlog = run_step(feeds);
   if (!dlog) return;
   logits.resize(feeds.size() * size_t(cfg_.vocab_size));
@@ -499,6 +553,12 @@ void CudaEngine::forward(const std::vector<EngineFeed>& feeds, std::vector<float
 
 void CudaEngine::forward_greedy(const std::vector<EngineFeed>& feeds, std::vector<int32_t>& tokens) {
   tokens.clear();
+  if (speculate_) {
+    std::vector<std::vector<int32_t>> t;
+    speculative_step(feeds, Mode::Greedy, nullptr, &t);
+    for (const auto& v : t) tokens.push_back(v.front());
+    return;
+  }
   const float* dlog = run_step(feeds);
   if (!dlog) return;
   int32_t* dtok = step_.take<int32_t>(int64_t(feeds.size()));
@@ -509,7 +569,258 @@ void CudaEngine::forward_greedy(const std::vector<EngineFeed>& feeds, std::vecto
   prof_.end();
 }
 
-const float* CudaEngine::run_step(const std::vector<EngineFeed>& feeds) {
+// One step with the MTP module (speculative.h). Host plan first (nothing changes before the main step validates the
+// feeds), then on the stream: the main step (a decode feed whose token is the one returned last runs with the draft
+// as a second token), the head on the fed last rows and the draft rows, device argmax, the MTP block over the
+// positions whose next token is now known, the MTP's picks of the candidate last rows, one copy back; the host then
+// accepts or rejects each draft and keeps the slot's counters.
+//
+// The MTP's row of position p needs the main model's final streams at p and the token at p + 1. Positions below
+// length - 1 always have theirs; the row of position length - 1 was built with the token the engine returned
+// (guess), so a step whose first fed token differs (a sampled pick, another prompt chunk) builds it again from the
+// kept streams (xprev_). A rejected draft's rows in the main caches and the MTP ring lie at position >= the
+// length and are rewritten by the next step before any read (see speculative.h), so rejection only does not count
+// the position.
+void CudaEngine::speculative_step(const std::vector<EngineFeed>& feeds, Mode mode, std::vector<float>* logits,
+                                  std::vector<std::vector<int32_t>>* tokens, const std::vector<char>* decoding) {
+  const int64_t F = int64_t(feeds.size()), hc = cfg_.hc_mult, d = cfg_.hidden, V = cfg_.vocab_size;
+  if (tokens) tokens->assign(size_t(F), {});
+  if (feeds.empty()) return;
+  for (const EngineFeed& f : feeds)  // the first token is read below, before plan() checks the rest
+    TREX_CHECK(f.slot >= 0 && f.slot < slots_ && f.n >= 1 && f.ids != nullptr,
+               "cuda engine: feed of slot {} is invalid (slot range [0, {}), {} tokens)", f.slot, slots_, f.n);
+  // The main step's feeds: a verified draft appended where there is one.
+  std::vector<std::vector<int32_t>> ids(static_cast<size_t>(F));
+  std::vector<EngineFeed> step_feeds(static_cast<size_t>(F));
+  std::vector<char> verify(static_cast<size_t>(F), 0);
+  std::vector<int32_t> head_rows;  // per feed: its last fed row, then the draft's row when verifying
+  std::vector<int32_t> head_of(static_cast<size_t>(F));
+  int64_t row = 0;
+  for (int64_t k = 0; k < F; ++k) {
+    const EngineFeed& f = feeds[size_t(k)];
+    const SlotSpec& sp = spec_[size_t(f.slot)];
+    const int64_t L = lengths_[size_t(f.slot)];
+    ids[size_t(k)].assign(f.ids, f.ids + f.n);
+    verify[size_t(k)] = mode == Mode::Speculative && (*decoding)[size_t(k)] && f.n == 1 && sp.draft >= 0 &&
+                        sp.guess == f.ids[0] && L + 2 <= max_context_;
+    if (verify[size_t(k)]) ids[size_t(k)].push_back(sp.draft);
+    step_feeds[size_t(k)] = EngineFeed{f.slot, ids[size_t(k)].data(), int64_t(ids[size_t(k)].size())};
+    head_of[size_t(k)] = int32_t(head_rows.size());
+    head_rows.push_back(int32_t(row + f.n - 1));
+    if (verify[size_t(k)]) head_rows.push_back(int32_t(row + f.n));
+    row += step_feeds[size_t(k)].n;
+  }
+  // The MTP step's plan: per feed the positions [start, end) with their source rows (>= 0: this step's row, < 0:
+  // xprev_ row -code-1) and next tokens (>= 0: the id, < 0: main pick -code-1), and its candidate rows.
+  StepPlan Q;
+  Q.begin.push_back(0);
+  std::vector<int32_t> src, next, mtp_head;
+  std::vector<int32_t> cand(size_t(2 * F), -1);  // per feed: MTP head index of the last fed / the draft position
+  row = 0;
+  for (int64_t k = 0; k < F; ++k) {
+    const EngineFeed& f = feeds[size_t(k)];
+    const SlotSpec& sp = spec_[size_t(f.slot)];
+    const int64_t L = lengths_[size_t(f.slot)], n = f.n;
+    const int64_t start = (L >= 1 && sp.guess != f.ids[0]) ? L - 1 : L;
+    const int64_t q0 = int64_t(src.size());
+    for (int64_t p = start; p < L + n - 1; ++p) {
+      Q.pos.push_back(int32_t(p));
+      src.push_back(p == L - 1 ? -(2 * int32_t(f.slot) + sp.xsel) - 1 : int32_t(row + (p - L)));
+      next.push_back(p == L - 1 ? f.ids[0] : f.ids[p - L + 1]);
+    }
+    if (mode != Mode::Logits) {
+      cand[size_t(2 * k)] = int32_t(mtp_head.size());
+      mtp_head.push_back(int32_t(src.size()));
+      Q.pos.push_back(int32_t(L + n - 1));
+      src.push_back(int32_t(row + n - 1));
+      next.push_back(-head_of[size_t(k)] - 1);
+      if (verify[size_t(k)]) {
+        cand[size_t(2 * k + 1)] = int32_t(mtp_head.size());
+        mtp_head.push_back(int32_t(src.size()));
+        Q.pos.push_back(int32_t(L + n));
+        src.push_back(int32_t(row + n));
+        next.push_back(-(head_of[size_t(k)] + 1) - 1);
+      }
+    }
+    const int64_t cnt = int64_t(src.size()) - q0;
+    if (cnt > 0) {
+      for (int64_t j = 0; j < cnt; ++j) Q.item.push_back(int32_t(Q.slot.size()));
+      Q.slot.push_back(int32_t(f.slot));
+      Q.first.push_back(int32_t(start));
+      Q.begin.push_back(int32_t(src.size()));
+    }
+    row += step_feeds[size_t(k)].n;
+  }
+
+  // Main step (validates every feed before any state changes), head on head_rows.
+  const float* dlog = run_step(step_feeds, &head_rows);
+  const int64_t Hm = int64_t(head_rows.size()), Hq = int64_t(mtp_head.size()), Nq = int64_t(src.size());
+  Pool& step = step_;
+  int32_t* picks = step.take<int32_t>(Hm + Hq);  // main picks, then the MTP's
+  if (mode != Mode::Logits) cuda::decode_argmax_rows(dlog, Hm, V, picks);
+  dsv4gpu::GpuModel::Impl& m = model_->impl();
+  dsv4gpu::GpuModel::Impl& mm = mtp_->block->impl();
+  if (Nq > 0) {
+    std::vector<int32_t> host;
+    auto put = [&](const std::vector<int32_t>& v) {
+      const size_t at = host.size();
+      host.insert(host.end(), v.begin(), v.end());
+      return at;
+    };
+    const size_t o_pos = put(Q.pos), o_item = put(Q.item), o_slot = put(Q.slot), o_first = put(Q.first),
+                 o_begin = put(Q.begin), o_src = put(src), o_next = put(next), o_head = put(mtp_head);
+    int32_t* dev = step.take<int32_t>(int64_t(host.size()));
+    TREX_CUDA(cudaMemcpyAsync(dev, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice, nullptr));
+    cuda::DecodeStep st;
+    st.n_tok = Nq, st.n_items = int64_t(Q.slot.size());
+    st.tok_pos = dev + o_pos, st.tok_item = dev + o_item, st.item_slot = dev + o_slot;
+    st.item_first = dev + o_first, st.item_begin = dev + o_begin;
+    // Input streams: h_proj(hnorm(X_p)) per stream + e_proj(enorm(Embed[token p+1])).
+    mtp_lay_.N = Nq, mtp_lay_.B = 1, mtp_lay_.S = Nq;
+    mtp_lay_.ids = DevMem(size_t(Nq) * sizeof(int32_t));
+    int32_t* nid = mtp_lay_.ids.as<int32_t>();
+    cuda::resolve_token_ids(nid, dev + o_next, picks, Nq);
+    const dsv4gpu::Linear lin{&m.gemm};
+    const float eps = float(cfg_.rms_eps);
+    bf16* emb = step.take<bf16>(Nq * d);
+    bf16* en = step.take<bf16>(Nq * d);
+    bf16* e = step.take<bf16>(Nq * d);
+    float* rs = step.take<float>(Nq * hc);
+    cuda::embed_streams_fwd(emb, nid, m.b16("embed.weight"), Nq, d, 1);
+    cuda::rmsnorm_fwd(en, rs, emb, mtp_->enorm.as<bf16>(), Nq, d, eps);
+    lin.fwd(e, en, mtp_->e_proj.as<bf16>(), Nq, d, d);
+    bf16* xin = step.take<bf16>(Nq * hc * d);
+    bf16* hn = step.take<bf16>(Nq * hc * d);
+    bf16* X = step.take<bf16>(Nq * hc * d);
+    bf16* Xmid = step.take<bf16>(Nq * hc * d);
+    cuda::copy_rows_bf16(xin, nullptr, step_X_, xprev_.as<bf16>(), dev + o_src, Nq, hc * d);
+    cuda::rmsnorm_fwd(hn, rs, xin, mtp_->hnorm.as<bf16>(), Nq * hc, d, eps);
+    lin.fwd(X, hn, mtp_->h_proj.as<bf16>(), Nq * hc, d, d);
+    cuda::add_to_streams_bf16(X, e, Nq, hc, d);
+    // The MTP block, as a main layer (its own window ring).
+    dsv4gpu::GpuBlock& b = mtp_->layer();
+    cuda::MhcDims md;
+    md.n_tok = Nq, md.d = d, md.sinkhorn_iters = int(cfg_.hc_sinkhorn_iters);
+    md.hc_eps = float(cfg_.hc_eps), md.rms_eps = eps;
+    auto site_acts = [&]() {
+      cuda::MhcActs a;
+      a.mix = step.take<float>(Nq * cuda::kMhcMix), a.rstd = step.take<float>(Nq), a.pre = step.take<float>(Nq * 4);
+      a.post = step.take<float>(Nq * 4), a.comb = step.take<float>(Nq * 16);
+      return a;
+    };
+    const cuda::MhcActs sa = site_acts(), sf = site_acts();
+    bf16* an = step.take<bf16>(Nq * d);
+    bf16* y = step.take<bf16>(Nq * d);
+    float* rstd = step.take<float>(Nq);
+    Pool tmp;
+    cuda::mhc_site_norm_fwd_any(hc, md, X, b.hc_attn_fn, b.hc_attn_base, b.hc_attn_scale, sa, b.attn_norm, eps, an,
+                                rstd);
+    attention(b, mtp_cache_, Q, st, dev + o_pos, {}, an, y, tmp);
+    cuda::mhc_expand_fwd_any(hc, md, X, y, sa.post, sa.comb, Xmid);
+    cuda::mhc_site_norm_fwd_any(hc, md, Xmid, b.hc_ffn_fn, b.hc_ffn_base, b.hc_ffn_scale, sf, b.ffn_norm, eps, an,
+                                rstd);
+    dsv4gpu::Ctx c;
+    c.cfg = &cfg_, c.gemm = &m.gemm, c.lin = lin, c.lay = &mtp_lay_;
+    c.rope_main = &rope_main_, c.rope_compress = &rope_compress_;
+    c.grouped_experts = Nq <= moe_grouped_max_tokens_;
+    b.keep.clear();
+    b.u = an, b.y_f = y;
+    dsv4gpu::moe_fwd(c, b, nullptr);
+    cuda::mhc_expand_fwd_any(hc, md, Xmid, y, sf.post, sf.comb, X);
+    b.keep.clear();
+    if (Hq > 0) {
+      bf16* Xh = step.take<bf16>(Hq * hc * d);
+      cuda::copy_rows_bf16(Xh, nullptr, X, nullptr, dev + o_head, Hq, hc * d);
+      const float* mlog = head_logits(Xh, Hq, mm.f32("hc_head_fn"), mm.f32("hc_head_base"), mm.f32("hc_head_scale"),
+                                      mm.b16("norm.weight"));
+      cuda::decode_argmax_rows(mlog, Hq, V, picks + Hm);
+    }
+  }
+  // Keep the final streams of the candidate last rows per slot (after the MTP read the old ones).
+  {
+    std::vector<int32_t> dst, from;
+    for (int64_t k = 0; k < F; ++k) {
+      const int32_t s = int32_t(feeds[size_t(k)].slot);
+      dst.push_back(2 * s), from.push_back(head_rows[size_t(head_of[size_t(k)])]);
+      if (verify[size_t(k)]) dst.push_back(2 * s + 1), from.push_back(head_rows[size_t(head_of[size_t(k)]) + 1]);
+    }
+    std::vector<int32_t> host(dst);
+    host.insert(host.end(), from.begin(), from.end());
+    int32_t* dev = step.take<int32_t>(int64_t(host.size()));
+    TREX_CUDA(cudaMemcpyAsync(dev, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice, nullptr));
+    cuda::copy_rows_bf16(xprev_.as<bf16>(), dev, step_X_, nullptr, dev + dst.size(), int64_t(dst.size()), hc * d);
+  }
+  std::vector<int32_t> got(size_t(Hm + Hq));
+  if (mode == Mode::Logits) {
+    logits->resize(size_t(F * V));
+    TREX_CUDA(cudaMemcpy(logits->data(), dlog, logits->size() * sizeof(float), cudaMemcpyDeviceToHost));
+  } else {
+    TREX_CUDA(cudaMemcpy(got.data(), picks, got.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  }
+  prof_.mark(7);
+  prof_.end();
+  bool any_verify = false;
+  for (int64_t k = 0; k < F; ++k) {
+    const int64_t slot = feeds[size_t(k)].slot;
+    SlotSpec& sp = spec_[size_t(slot)];
+    if (mode == Mode::Logits) {
+      sp = SlotSpec{};
+      continue;
+    }
+    const int32_t g0 = got[size_t(head_of[size_t(k)])];
+    std::vector<int32_t>& out = (*tokens)[size_t(k)];
+    out.push_back(g0);
+    sp.xsel = 0;
+    sp.draft = got[size_t(Hm + cand[size_t(2 * k)])];
+    if (verify[size_t(k)]) {
+      any_verify = true;
+      ++stats_.drafted;
+      if (ids[size_t(k)].back() == g0) {  // accepted: the draft's position counts, its pick follows
+        ++stats_.accepted;
+        out.push_back(got[size_t(head_of[size_t(k)]) + 1]);
+        sp.xsel = 1;
+        sp.draft = got[size_t(Hm + cand[size_t(2 * k + 1)])];
+      } else {
+        lengths_[size_t(slot)] -= 1;  // the rejected draft's position is not part of the sequence
+      }
+    }
+    sp.guess = out.back();
+  }
+  stats_.verify_steps += any_verify;
+}
+
+void CudaEngine::forward_greedy_speculative(const std::vector<EngineFeed>& feeds, const std::vector<char>& decoding,
+                                            std::vector<std::vector<int32_t>>& tokens) {
+  tokens.clear();
+  TREX_CHECK(decoding.size() == feeds.size(), "cuda engine: {} decoding flags for {} feeds", decoding.size(),
+             feeds.size());
+  if (!speculate_) {  // plain: one token per feed
+    std::vector<int32_t> t;
+    forward_greedy(feeds, t);
+    for (int32_t v : t) tokens.push_back({v});
+    return;
+  }
+  speculative_step(feeds, Mode::Speculative, nullptr, &tokens, &decoding);
+}
+
+float* CudaEngine::head_logits(const bf16* Xh, int64_t H, const float* fn, const float* base, const float* scale,
+                               const bf16* norm) {
+  dsv4gpu::GpuModel::Impl& m = model_->impl();
+  const int64_t hc = cfg_.hc_mult, d = cfg_.hidden, V = cfg_.vocab_size;
+  Pool& step = step_;
+  bf16* hcol = step.take<bf16>(H * d);
+  bf16* hn = step.take<bf16>(H * d);
+  float* hmix = step.take<float>(H * 4);
+  float* hrstd = step.take<float>(H);
+  float* hw = step.take<float>(H * 4);
+  cuda::hc_head_fwd_any(hc, hcol, hmix, hrstd, hw, Xh, fn, base, scale, H, d, float(cfg_.hc_eps), float(cfg_.rms_eps));
+  cuda::rmsnorm_fwd(hn, hrstd, hcol, norm, H, d, float(cfg_.rms_eps));
+  float* dlog = step.take<float>(H * V);
+  dsv4gpu::Linear{&m.gemm}.fwd(dlog, hn, m.b16("head.weight"), H, d, V, true);
+  return dlog;
+}
+
+const float* CudaEngine::run_step(const std::vector<EngineFeed>& feeds, const std::vector<int32_t>* head_rows) {
   const StepPlan P = plan(feeds);  // validates before any state changes
   if (P.ids.empty()) return nullptr;
   step_.clear();
@@ -522,7 +833,6 @@ const float* CudaEngine::run_step(const std::vector<EngineFeed>& feeds) {
   }
   dsv4gpu::GpuModel::Impl& m = model_->impl();
   const int64_t N = int64_t(P.ids.size()), I = int64_t(P.slot.size()), d = cfg_.hidden, hc = cfg_.hc_mult;
-  const int64_t V = cfg_.vocab_size;
 
   // One upload of every int32 array of the step.
   std::vector<int32_t> host;
@@ -535,6 +845,7 @@ const float* CudaEngine::run_step(const std::vector<EngineFeed>& feeds) {
                o_first = put(P.first), o_begin = put(P.begin);
   std::map<int64_t, std::pair<size_t, size_t>> o_ent;
   for (const auto& [r, e] : P.entries) o_ent[r] = {put(e.first), put(e.second)};
+  const size_t o_head = head_rows ? put(*head_rows) : 0;
   Pool& step = step_;
   int32_t* dev = step.take<int32_t>(int64_t(host.size()));
   TREX_CUDA(cudaMemcpyAsync(dev, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice, nullptr));
@@ -581,7 +892,7 @@ const float* CudaEngine::run_step(const std::vector<EngineFeed>& feeds) {
     Pool tmp;
     site_norm(X, b.hc_attn_fn, b.hc_attn_base, b.hc_attn_scale, sa, b.attn_norm);
     prof_.mark(1);
-    attention(l, P, st, dev + o_pos, ent, an, y, tmp);
+    attention(b, caches_[size_t(l)], P, st, dev + o_pos, ent, an, y, tmp);
     prof_.mark(4);
     cuda::mhc_expand_fwd_any(hc, md, X, y, sa.post, sa.comb, Xmid);
     site_norm(Xmid, b.hc_ffn_fn, b.hc_ffn_base, b.hc_ffn_scale, sf, b.ffn_norm);
@@ -596,19 +907,16 @@ const float* CudaEngine::run_step(const std::vector<EngineFeed>& feeds) {
   }
   for (size_t it = 0; it < feeds.size(); ++it) lengths_[size_t(feeds[it].slot)] += feeds[it].n;
 
-  // Head on each feed's last token: hc_head collapse -> norm -> fp32 logits.
-  bf16* Xh = step.take<bf16>(I * hc * d);
-  cuda::decode_last_rows(st, X, hc * d, Xh);
-  bf16* hcol = step.take<bf16>(I * d);
-  bf16* hn = step.take<bf16>(I * d);
-  float* hmix = step.take<float>(I * 4);
-  float* hrstd = step.take<float>(I);
-  float* hw = step.take<float>(I * 4);
-  cuda::hc_head_fwd_any(hc, hcol, hmix, hrstd, hw, Xh, m.f32("hc_head_fn"), m.f32("hc_head_base"),
-                        m.f32("hc_head_scale"), I, d, float(cfg_.hc_eps), float(cfg_.rms_eps));
-  cuda::rmsnorm_fwd(hn, hrstd, hcol, m.b16("norm.weight"), I, d, float(cfg_.rms_eps));
-  float* dlog = step.take<float>(I * V);
-  dsv4gpu::Linear{&m.gemm}.fwd(dlog, hn, m.b16("head.weight"), I, d, V, true);
+  step_X_ = X;
+  // Head on each feed's last token (or on head_rows).
+  const int64_t H = head_rows ? int64_t(head_rows->size()) : I;
+  bf16* Xh = step.take<bf16>(H * hc * d);
+  if (head_rows)
+    cuda::copy_rows_bf16(Xh, nullptr, X, nullptr, dev + o_head, H, hc * d);
+  else
+    cuda::decode_last_rows(st, X, hc * d, Xh);
+  float* dlog = head_logits(Xh, H, m.f32("hc_head_fn"), m.f32("hc_head_base"), m.f32("hc_head_scale"),
+                            m.b16("norm.weight"));
   prof_.mark(6);
   return dlog;
 }
@@ -617,7 +925,12 @@ const float* CudaEngine::run_step(const std::vector<EngineFeed>& feeds) {
 
 std::unique_ptr<Engine> make_cuda_engine(const dsv4::ModelConfig& cfg, const dsv4::ParamTable<float>* weights,
                                          const CudaEngineOptions& opts) {
-  return std::make_unique<CudaEngine>(cfg, weights, opts);
+  return std::make_unique<CudaEngine>(cfg, weights, opts, false);
+}
+
+std::unique_ptr<Engine> make_cuda_engine(const dsv4::ModelConfig& cfg, const dsv4::ParamTable<float>* weights,
+                                         const CudaEngineOptions& opts, bool speculative_mtp) {
+  return std::make_unique<CudaEngine>(cfg, weights, opts, speculative_mtp);
 }
 
 }  // namespace trex::infer

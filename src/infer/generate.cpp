@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "infer/speculative.h"
 
 namespace trex::infer {
 
@@ -82,11 +83,7 @@ std::vector<GenerateResult> generate(Engine& engine, const std::vector<std::vect
   std::vector<float> logits;
   std::vector<int32_t> next(B, -1);
   std::vector<bool> done(B, opts.max_new_tokens == 0);
-  auto pick = [&](size_t i, float* row) {
-    if (int64_t(out[i].tokens.size()) < opts.min_new_tokens)
-      for (int32_t s : stop)
-        if (s >= 0 && s < V) row[s] = -std::numeric_limits<float>::infinity();
-    const int32_t t = samplers[i].sample(row, V);
+  auto take = [&](size_t i, int32_t t) {
     if (std::find(stop.begin(), stop.end(), t) != stop.end()) {
       out[i].finish_reason = "stop";
       done[i] = true;
@@ -100,6 +97,18 @@ std::vector<GenerateResult> generate(Engine& engine, const std::vector<std::vect
       done[i] = true;
     }
   };
+  auto pick = [&](size_t i, float* row) {
+    if (int64_t(out[i].tokens.size()) < opts.min_new_tokens)
+      for (int32_t s : stop)
+        if (s >= 0 && s < V) row[s] = -std::numeric_limits<float>::infinity();
+    take(i, samplers[i].sample(row, V));
+  };
+  // Speculative decoding (the engine's MTP drafts, speculative.h) for greedy requests without a minimum length
+  // (stop tokens are suppressed on logits the speculative step does not return); every other case runs plain.
+  SpeculativeEngine* spec = speculative_engine(engine);
+  if (spec && !(spec->speculating() && opts.sampling.temperature == 0.0 && opts.min_new_tokens == 0))
+    spec = nullptr;
+  std::vector<std::vector<int32_t>> picked;
 
   // Prefill (all prompts together, optionally in chunks); the last chunk's logits give the first token.
   auto t0 = std::chrono::steady_clock::now();
@@ -117,11 +126,18 @@ std::vector<GenerateResult> generate(Engine& engine, const std::vector<std::vect
       fed[i] += n;
     }
     if (items.empty()) break;
-    engine.forward(items, logits);
+    if (spec)
+      spec->forward_greedy_speculative(items, std::vector<char>(items.size(), 0), picked);
+    else
+      engine.forward(items, logits);
     for (size_t k = 0; k < who.size(); ++k) {
       st.prefill_tokens += items[k].n;
-      if (fed[who[k]] == int64_t(prompts[who[k]].size()) && !done[who[k]])
-        pick(who[k], logits.data() + k * V);
+      if (fed[who[k]] == int64_t(prompts[who[k]].size()) && !done[who[k]]) {
+        if (spec)
+          take(who[k], picked[k].front());  // a prompt feed verifies no draft: one token
+        else
+          pick(who[k], logits.data() + k * V);
+      }
     }
   }
   st.prefill_seconds = seconds_since(t0);
@@ -136,8 +152,18 @@ std::vector<GenerateResult> generate(Engine& engine, const std::vector<std::vect
         who.push_back(i);
       }
     if (items.empty()) break;
-    engine.forward(items, logits);
     ++st.decode_steps;
+    if (spec) {
+      spec->forward_greedy_speculative(items, std::vector<char>(items.size(), 1), picked);
+      for (size_t k = 0; k < who.size(); ++k)
+        for (int32_t t : picked[k]) {
+          if (done[who[k]]) break;  // a stop or the length limit before an accepted draft's successor
+          take(who[k], t);
+          ++st.decode_tokens;
+        }
+      continue;
+    }
+    engine.forward(items, logits);
     st.decode_tokens += int64_t(items.size());
     for (size_t k = 0; k < who.size(); ++k) pick(who[k], logits.data() + k * V);
   }

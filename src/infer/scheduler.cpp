@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "infer/speculative.h"
 
 namespace trex::infer {
 
@@ -166,10 +167,20 @@ void Scheduler::step_once(std::vector<std::shared_ptr<Request>>& active) {
   for (const auto& r : active) greedy = greedy && r->spec_.sampling.temperature == 0.0;
   std::vector<float> logits;
   std::vector<int32_t> picked;
+  // Speculative decoding (speculative.h): an all-greedy step on an engine with MTP drafts may return a second
+  // token per feed (its accepted draft's successor).
+  SpeculativeEngine* spec = speculative_engine(*engine_);
+  if (spec && !spec->speculating()) spec = nullptr;
+  std::vector<std::vector<int32_t>> multi;
   const auto t0 = std::chrono::steady_clock::now();
   std::string error;
   try {
-    if (greedy)
+    if (greedy && spec) {
+      std::vector<char> decoding;  // a decode feed (the request's last token), not a prompt chunk
+      for (size_t k = 0; k < feeds.size(); ++k) decoding.push_back(feeds[k].ids == &active[k]->last_);
+      spec->forward_greedy_speculative(feeds, decoding, multi);
+      for (const auto& v : multi) picked.push_back(v.front());
+    } else if (greedy)
       engine_->forward_greedy(feeds, picked);
     else
       engine_->forward(feeds, logits);
@@ -182,6 +193,7 @@ void Scheduler::step_once(std::vector<std::shared_ptr<Request>>& active) {
   // finish also sees it counted and its slot free.
   struct Outcome {
     int32_t token = -1;  // to publish (-1: none)
+    int32_t token2 = -1;  // a speculative step's second token, after `token` (-1: none)
     std::string finish;  // empty: keeps running
   };
   std::vector<Outcome> out(active.size());
@@ -210,6 +222,19 @@ void Scheduler::step_once(std::vector<std::shared_ptr<Request>>& active) {
       out[k].token = t;
       if (r.produced_ >= r.spec_.max_tokens) out[k].finish = "length";
     }
+    // The second token of an accepted draft: the same stop / length rules, after the first.
+    if (greedy && spec && multi[k].size() == 2 && out[k].finish.empty()) {
+      const int32_t t2 = multi[k][1];
+      if (std::find(stop.begin(), stop.end(), t2) != stop.end()) {
+        out[k].finish = "stop";
+      } else {
+        r.last_ = t2;
+        ++r.produced_;
+        ++new_completion;
+        out[k].token2 = t2;
+        if (r.produced_ >= r.spec_.max_tokens) out[k].finish = "length";
+      }
+    }
     if (!out[k].finish.empty()) ++finished;
   }
   {
@@ -226,6 +251,7 @@ void Scheduler::step_once(std::vector<std::shared_ptr<Request>>& active) {
   }
   for (size_t k = 0; k < active.size(); ++k) {
     if (out[k].token >= 0) active[k]->publish(out[k].token);
+    if (out[k].token2 >= 0) active[k]->publish(out[k].token2);
     if (!out[k].finish.empty()) active[k]->finish(out[k].finish, out[k].finish == "error" ? error : "");
   }
   if (!error.empty()) log::warn("engine step failed: {}", error);
