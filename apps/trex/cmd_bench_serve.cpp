@@ -6,7 +6,7 @@
 // token (TTFT), inter-token latency (ITL: gaps between successive token arrivals of a request, a gap spread evenly
 // over the tokens that arrived together) and decode tok/s (tokens after each request's first, summed, over the
 // span from the last first token to the last token). One JSON line per level. Greedy requests take the engine's
-// forward_greedy (the token picked on the device). With TREX_INFER_PROFILE=1 the CUDA engine prints per-phase
+// forward_greedy (the token picked on the device). With --profile the CUDA engine prints per-phase
 // device times per step kind (PROFILE lines, stderr) when it shuts down. --speculative mtp: the config's MTP layer
 // drafts a token per step, verified by the main model (speculative.h); each level then reports the drafts
 // verified and accepted in its decode round. --model DIR: a checkpoint's weights instead of random ones (random
@@ -37,6 +37,7 @@ struct BenchServeArgs {
   int64_t prompt_tokens = 512, gen_tokens = 64, max_context = 0;
   uint64_t seed = 1;
   bool moe_grouped = false;
+  bool profile = false;
 };
 
 struct Trace {
@@ -112,6 +113,7 @@ void run(const BenchServeArgs& a) {
   eo.max_context = a.max_context > 0 ? a.max_context : a.prompt_tokens + a.gen_tokens + 64;
   eo.seed = a.seed;
   eo.moe_grouped_gemm = a.moe_grouped;
+  eo.profile = a.profile;
   auto engine = infer::make_cuda_engine(cfg, weights ? &weights->params() : nullptr, eo, spec);
   weights.reset();  // the GPU holds its copy
 #else
@@ -214,6 +216,7 @@ const bool registered = trex::cli::register_command(
        app.add_option("--seed", a->seed, "weights and prompts seed")->capture_default_str();
        app.add_flag("--moe-grouped", a->moe_grouped,
                     "routed experts as one grouped GEMM (no host read of the expert counts per layer)");
+       app.add_flag("--profile", a->profile, "per-phase device times per step kind (PROFILE lines on stderr)");
        app.callback([a] { run(*a); });
      }});
 

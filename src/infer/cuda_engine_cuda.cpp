@@ -8,9 +8,9 @@
 // attention of prefill chunks and decoded tokens alike runs on the training tensor-core kernel
 // (sparse_attention_fwd): the step's own kv rows are its window rows, and older window rows and compressed entries
 // are selected rows of the layer's combined [entries | window rings] array (decode_key_sets); the per-warp decode
-// kernel stays as the reference (TREX_INFER_ATTENTION=reference). A prompt chunk and a decoded token are the same
+// kernel stays as the reference (reference_attention). A prompt chunk and a decoded token are the same
 // thing to a step, so prefill and decode of different slots share one step. forward_greedy picks each feed's token
-// on the device (one id per feed comes back instead of [feeds, vocab] fp32 logits); TREX_INFER_PROFILE=1 times the
+// on the device (one id per feed comes back instead of [feeds, vocab] fp32 logits); options.profile times the
 // phases of every step with CUDA events and host clocks (StepProfile).
 // With speculation on (make_cuda_engine(..., speculative_mtp)), the checkpoint's MTP module runs after every step
 // (speculative.h): forward_greedy_speculative verifies last step's draft in the same step as the fed token.
@@ -52,12 +52,6 @@ using dsv4gpu::DevMem;
 using dsv4gpu::Pool;
 
 constexpr int64_t kDefaultMaxContext = 16384;  // caches are allocated up front for this many tokens per slot
-// Steps of at most this many tokens run the routed experts as one grouped GEMM, larger ones one cuBLASLt GEMM per
-// expert after one host read of the expert counts per layer (a host stall per layer). Measured on flash-l4 (H200,
-// 00:40 call, bench/device/infer.sh): grouped everywhere was as fast or faster at every step size (16 sequences:
-// decode 4,865 vs 4,650 tok/s with per-expert prefill and 3,534 with per-expert everywhere; 8k-token prefill
-// steps' MoE 21 vs 24 ms), so every step is grouped; TREX_INFER_MOE_GROUPED_MAX_TOKENS overrides.
-constexpr int64_t kMoeGroupedMaxTokens = std::numeric_limits<int64_t>::max();
 
 // One layer's caches of all slots (contiguous per slot; slot s owns rows [s * per_slot, (s + 1) * per_slot)).
 // The compressed entries and the window ring share one allocation, so that the tensor-core attention reaches both
@@ -96,7 +90,7 @@ struct StepPlan {
   std::map<int64_t, int64_t> max_visible;                                              // ratio -> max (pos+1)/m
 };
 
-// Per-phase device time of the steps (TREX_INFER_PROFILE=1): CUDA events between the phases of every step, read
+// Per-phase device time of the steps (options.profile): CUDA events between the phases of every step, read
 // after the step's final copy, summed per step kind (decode steps of N tokens, or prefill/mixed); also the host
 // time inside forward and between forwards (the scheduler's own work). Printed to stderr when the engine dies.
 class StepProfile {
@@ -106,10 +100,6 @@ class StepProfile {
                                                   "attn-out", "moe",      "head",              "copy"};
   bool on = false;
 
-  StepProfile() {
-    const char* e = std::getenv("TREX_INFER_PROFILE");
-    on = e != nullptr && std::string(e) != "0" && std::string(e) != "";
-  }
   ~StepProfile() {
     if (!on) return;
     for (const auto& [key, a] : acc_) {
@@ -264,20 +254,15 @@ class CudaEngine final : public Engine, public SpeculativeEngine {
       xprev_ = zeroed(size_t(slots_ * 2 * cfg.hc_mult * cfg.hidden) * sizeof(bf16));
       spec_.assign(size_t(slots_), SlotSpec{});
     }
-    if (const char* e = std::getenv("TREX_INFER_ATTENTION")) {
-      const std::string v(e);
-      TREX_CHECK(v == "reference" || v == "tensor" || v.empty(),
-                 "cuda engine: TREX_INFER_ATTENTION={} (expected reference or tensor)", v);
-      reference_attention_ = v == "reference";
-    }
+    reference_attention_ = o.reference_attention;
+    prof_.on = o.profile;
     // The per-warp decode kernel serves head dims 256 / 512 only; the tensor-core path falls back to the generic
     // sparse attention for the others (the fixtures' 16 / 32 / 48).
     for (const auto& blk : m.blocks)
       TREX_CHECK(!reference_attention_ || cuda::sparse_attention_fast_head_dim(blk->dims.head_dim),
-                 "cuda engine: TREX_INFER_ATTENTION=reference needs head dim 256 or 512 (model has {})",
+                 "cuda engine: the reference decode attention needs head dim 256 or 512 (model has {})",
                  blk->dims.head_dim);
-    moe_grouped_max_tokens_ = o.moe_grouped_gemm ? std::numeric_limits<int64_t>::max() : kMoeGroupedMaxTokens;
-    if (const char* e = std::getenv("TREX_INFER_MOE_GROUPED_MAX_TOKENS")) moe_grouped_max_tokens_ = std::atoll(e);
+    moe_grouped_max_tokens_ = o.per_expert_moe ? 0 : std::numeric_limits<int64_t>::max();
     TREX_CUDA(cudaDeviceSynchronize());
   }
 
@@ -325,9 +310,11 @@ class CudaEngine final : public Engine, public SpeculativeEngine {
   dsv4gpu::RopeDev rope_main_, rope_compress_;
   std::vector<LayerCache> caches_;
   std::vector<int64_t> lengths_;
-  bool reference_attention_ = false;  // TREX_INFER_ATTENTION=reference: the per-warp decode kernel
+  bool reference_attention_ = false;  // CudaEngineOptions::reference_attention: the per-warp decode kernel
   // Routed experts as one grouped GEMM (no host read of the expert counts) for steps of at most this many tokens,
-  // else one cuBLASLt GEMM per expert after one host read per layer (kMoeGroupedMaxTokens: every step by default).
+  // else one cuBLASLt GEMM per expert after one host read per layer: every step is grouped, except with
+  // CudaEngineOptions::per_expert_moe (the reference). The grouped GEMM is never slower (it has no host stall per
+  // layer), so no step size is worth the per-expert path.
   int64_t moe_grouped_max_tokens_ = 0;
   dsv4gpu::DevLayout lay_;  // what moe_fwd reads of a step: N and the token ids (hash routing)
   Pool step_;               // the running step's buffers (freed stream-ordered when the next step starts)
@@ -491,7 +478,7 @@ void CudaEngine::attention(const dsv4gpu::GpuBlock& b, LayerCache& C, const Step
   prof_.mark(2);
   // Core attention against the caches, then the window ring takes the newest rows.
   bf16* o = tmp.take<bf16>(N * H * hd);
-  if (reference_attention_) {  // the per-warp decode kernel (TREX_INFER_ATTENTION=reference)
+  if (reference_attention_) {  // the per-warp decode kernel (CudaEngineOptions::reference_attention)
     cuda::DecodeAttention da;
     da.heads = H, da.c = hd, da.scale = float(1.0 / std::sqrt(double(hd)));
     da.q = q, da.kv = kv, da.win = C.win, da.window = D.window;

@@ -62,6 +62,12 @@ struct CudaEngineOptions {
   int64_t max_context = 0;
   uint64_t seed = 0;
   bool moe_grouped_gemm = false;  // GpuModelOptions::moe_grouped_gemm (no host read of the expert counts)
+  // The reference paths the fast ones are tested against: the per-warp decode attention kernel instead of the
+  // tensor-core one (head dims 256 / 512 only), and one cuBLASLt GEMM per routed expert (after a host read of the
+  // expert counts per layer) instead of the grouped GEMM.
+  bool reference_attention = false;
+  bool per_expert_moe = false;
+  bool profile = false;  // per-phase CUDA-event times of every step, printed to stderr when the engine is destroyed
 };
 std::unique_ptr<Engine> make_cuda_engine(const dsv4::ModelConfig& cfg, const dsv4::ParamTable<float>* weights,
                                          const CudaEngineOptions& opts);

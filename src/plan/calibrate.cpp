@@ -171,12 +171,11 @@ ImplProfile prior_for(const std::string& implementation) {
   ImplProfile p;
   p.name = implementation;
   if (implementation == "trex") {
-    // Used when eff_attn is not fitted (fewer records than time parameters; the fit itself starts from a grid),
-    // from direct measurement: the --sections breakdown of session 3's 01:40 UTC call (local/devres/final.0140.log,
-    // docs/performance.md "Session 3") puts the core attention kernels (fwd + bwd `/core`) and the indexer top-k
-    // at 32.3 ms per flash-l4 @8192 step and 10.4 ms per small-s6 @4096 step; the planner's sparse-attention +
-    // indexer FLOPs for those steps (3.60 and 0.69 TFLOP) give 112 and 67 TFLOP/s, 11.3% and 6.7% of the
-    // 989.4 TFLOP/s peak. (Session 2's value, 3.33%, divided by whole attention sections, projections included.)
+    // Used when eff_attn is not fitted (fewer records than time parameters; the fit itself starts from a grid).
+    // It is the core attention kernels' own rate, not the attention section's: `trex bench train --sections` puts
+    // the core kernels (fwd + bwd `/core`) and the indexer top-k at 32.3 ms per flash-l4 @8192 step, which with the
+    // planner's sparse-attention + indexer FLOPs for that step (3.60 TFLOP) is 112 TFLOP/s, 11.3% of the
+    // 989.4 TFLOP/s peak (docs/performance.md). Dividing by whole attention sections would count the projections.
     p.eff_attn = 0.113;
   }
   return p;

@@ -53,8 +53,8 @@ struct PredictionCheck {
 
 // The prior profile an implementation's fit starts from ("hf_baseline" -> hf_baseline-prior, else trex).
 ImplProfile prior_for(const std::string& implementation);
-// Time parameters the fitter holds at prior_for()'s value because they were measured directly
-// (none at present; session 1 held T-Rex's eff_attn while it had only two single-GPU records).
+// Time parameters the fitter holds at prior_for()'s value because they were measured directly (none at present:
+// with fewer records than time parameters a held parameter keeps the fit determined).
 std::vector<std::string> held_parameters(const std::string& implementation);
 std::vector<PredictionCheck> check_predictions(const std::vector<Measurement>& records, const ImplProfile& p);
 

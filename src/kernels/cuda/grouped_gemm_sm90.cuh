@@ -21,8 +21,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 
 namespace trex::cuda::sm90 {
 
@@ -763,9 +761,6 @@ cudaError_t launch(void* out, const __nv_bfloat16* a, const __nv_bfloat16* b, co
         cudaGetLastError();
         clusters = sm_count() / CL / 2;  // conservative
       }
-      if (std::getenv("TREX_GG_VERBOSE"))
-        std::fprintf(stderr, "grouped GEMM sm90: %d clusters of %d resident (of %d SMs)\n", clusters, CL,
-                     sm_count());
     }
     slots = clusters * CL;
   }

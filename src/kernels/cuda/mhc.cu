@@ -566,15 +566,6 @@ __global__ void split_bf16_kernel(const float* src, int64_t rows, int64_t cols, 
   lo[r * ld + c] = __float2bfloat16(v - __bfloat162float(h));
 }
 
-__global__ void coarsen_kernel(uint16_t* x, int64_t n, int drop) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const uint32_t v = x[i];
-  if ((v & 0x7f80u) == 0x7f80u) return;  // inf / nan
-  const uint32_t half = 1u << (drop - 1), mask = ~((1u << drop) - 1u);
-  x[i] = uint16_t(((v + half) & mask) & 0xffffu);
-}
-
 __global__ void add_split_rows_kernel(float* dW, const float* S, int64_t KD) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= KD) return;
@@ -695,13 +686,6 @@ void mhc_split_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld, bf
                     cudaStream_t stream) {
   if (rows * cols == 0) return;
   split_bf16_kernel<<<unsigned((rows * cols + 255) / 256), 256, 0, stream>>>(src, rows, cols, ld, hi, lo);
-  TREX_CUDA_LAUNCHED();
-}
-
-void mhc_diag_coarsen_bf16(bf16* x, int64_t n, int drop_bits, cudaStream_t stream) {
-  if (n == 0 || drop_bits <= 0) return;
-  TREX_CHECK(drop_bits < 7, "mhc_diag_coarsen_bf16: drop_bits {} out of range 1..6", drop_bits);
-  coarsen_kernel<<<unsigned((n + 255) / 256), 256, 0, stream>>>(reinterpret_cast<uint16_t*>(x), n, drop_bits);
   TREX_CUDA_LAUNCHED();
 }
 

@@ -61,10 +61,6 @@ void mhc_split_bf16(const float* src, int64_t rows, int64_t cols, int64_t ld, bf
 // dW [K, D] += S[0:K] + S[K:2K] (S [2K, D]: the product of a hi / lo split), in that order.
 void mhc_add_split_rows(float* dW, const float* S, int64_t K, int64_t D, cudaStream_t stream = nullptr);
 
-// Diagnostic only (the GPU model calls it when TREX_MHC_DIAG_DROP_BITS is set): rounds bf16 values to nearest
-// with drop_bits fewer mantissa bits, i.e. multiplies the streams' own rounding error by 2^drop_bits, to measure
-// how much of the mHC gradients' distance from the fp32 CPU model the bf16 storage of the streams causes.
-void mhc_diag_coarsen_bf16(bf16* x, int64_t n, int drop_bits, cudaStream_t stream = nullptr);
 
 // Xout [N, 4, d] (bf16, written) = post_j y + sum_i comb[i][j] X[i]; y [N, d] bf16.
 void mhc_expand_fwd(const MhcDims& s, const bf16* X, const bf16* y, const float* post, const float* comb,

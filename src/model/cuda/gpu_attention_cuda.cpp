@@ -3,7 +3,6 @@
 // overlapped compressor + lightning-indexer top-k; HCA: all visible entries), sparse attention with sinks, inverse
 // RoPE on the output, grouped low-rank output projection (one strided-batched GEMM over the groups).
 #include <cmath>
-#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/attention_generic.h"
@@ -25,16 +24,6 @@ std::string parts_prefix(const char* dir, dsv4::AttnType type) {
   return std::string(dir) + (type == dsv4::AttnType::Sliding ? ".attn.sliding/"
                              : type == dsv4::AttnType::CSA   ? ".attn.csa/"
                                                              : ".attn.hca/");
-}
-
-// TREX_ATTN_UNFUSED=1 runs the unfused element-wise sequence (separate rmsnorm / rope / copy / permute launches)
-// the fused kernels replace: an A/B switch for timing and parity checks.
-bool unfused() {
-  static const bool v = [] {
-    const char* e = std::getenv("TREX_ATTN_UNFUSED");
-    return e && e[0] == '1';
-  }();
-  return v;
 }
 
 cuda::RopeArgs rope_args(const RopeDev& r, int64_t rows, int64_t heads, int64_t c, int64_t rope_dim,
@@ -69,12 +58,7 @@ void compress_fwd(const Ctx& c, SectionParts& parts, bool indexer, Pool& pool, c
   cuda::compress_pool_fwd(pooled, kv, gate, ape, compress_args(plan, width_c, overlap));
   parts.next(indexer ? "idx.cmp.norm+rope" : "cmp.norm+rope");
   const cuda::RopeArgs ra = rope_args(rope, E, 1, width_c, rope_dim, plan.entry_pos.as<int32_t>(), +1);
-  if (unfused()) {
-    cuda::rmsnorm_fwd(out, rstd, pooled, norm, E, width_c, float(c.cfg->rms_eps));
-    cuda::rope_apply(out, ra);
-  } else {
-    cuda::rmsnorm_rope_fwd(out, rstd, pooled, norm, float(c.cfg->rms_eps), ra);
-  }
+  cuda::rmsnorm_rope_fwd(out, rstd, pooled, norm, float(c.cfg->rms_eps), ra);
   if (kv_out) *kv_out = kv, *gate_out = gate, *pooled_out = pooled, *rstd_out = rstd;
 }
 
@@ -116,22 +100,12 @@ void attention_fwd(const Ctx& c, GpuBlock& b, const int64_t* injected_sel) {
   parts.next("q.gemm");
   c.lin.fwd(s.q_pre, s.cq, w.wq_b, N, dc, H * hd);
   parts.next("q.headnorm+rope");
-  if (unfused()) {
-    cuda::rmsnorm_fwd(s.q, s.q_rstd, s.q_pre, nullptr, N * H, hd, eps);
-    cuda::rope_apply(s.q, rope_args(rope, N, H, hd, r, pos, +1));
-  } else {
-    cuda::rmsnorm_rope_fwd(s.q, s.q_rstd, s.q_pre, nullptr, eps, rope_args(rope, N, H, hd, r, pos, +1));
-  }
+  cuda::rmsnorm_rope_fwd(s.q, s.q_rstd, s.q_pre, nullptr, eps, rope_args(rope, N, H, hd, r, pos, +1));
   s.kvp = keep.take<bf16>(N * hd), s.kv = keep.take<bf16>(N * hd), s.kv_rstd = keep.take<float>(N);
   parts.next("kv.gemm");
   c.lin.fwd(s.kvp, a, w.wkv, N, d, hd);
   parts.next("kv.norm+rope");
-  if (unfused()) {
-    cuda::rmsnorm_fwd(s.kv, s.kv_rstd, s.kvp, w.kv_norm, N, hd, eps);
-    cuda::rope_apply(s.kv, rope_args(rope, N, 1, hd, r, pos, +1));
-  } else {
-    cuda::rmsnorm_rope_fwd(s.kv, s.kv_rstd, s.kvp, w.kv_norm, eps, rope_args(rope, N, 1, hd, r, pos, +1));
-  }
+  cuda::rmsnorm_rope_fwd(s.kv, s.kv_rstd, s.kvp, w.kv_norm, eps, rope_args(rope, N, 1, hd, r, pos, +1));
 
   const int64_t E = D.type == dsv4::AttnType::Sliding ? 0 : c.lay->plans.at(D.ratio).host.n_entries;
   if (D.type != dsv4::AttnType::Sliding) {
@@ -181,20 +155,13 @@ void attention_fwd(const Ctx& c, GpuBlock& b, const int64_t* injected_sel) {
     cuda::sparse_attention_generic_fwd(s.q, s.kv, s.cmp, w.sink, N, H, hd, key_sets(c, b), s.o, s.lse);
 
   // Inverse RoPE, grouped output projection: [N, G, hg*c] -> [G, N, hg*c] x wo_a[g]^T -> [G, N, d_g] -> [N, gd].
-  // The fused path keeps og for the backward's wo_a weight gradient (one q-sized activation more per layer
-  // instead of recomputing it there).
+  // og is kept for the backward's wo_a weight gradient (one q-sized activation more per layer instead of
+  // recomputing it there).
   Pool tmp;
-  bf16* og = unfused() ? tmp.take<bf16>(N * H * hd) : keep.take<bf16>(N * H * hd);
-  s.og = unfused() ? nullptr : og;
+  bf16* og = keep.take<bf16>(N * H * hd);
+  s.og = og;
   parts.next("out.rope+permute");
-  if (unfused()) {
-    bf16* orot = tmp.take<bf16>(N * H * hd);
-    TREX_CUDA(cudaMemcpyAsync(orot, s.o, size_t(N * H * hd) * sizeof(bf16), cudaMemcpyDeviceToDevice));
-    cuda::rope_apply(orot, rope_args(rope, N, H, hd, r, pos, -1));
-    cuda::permute_groups(og, orot, N, G, hg * hd, true);
-  } else {
-    cuda::rope_permute_groups(og, s.o, G, rope_args(rope, N, H, hd, r, pos, -1), true);
-  }
+  cuda::rope_permute_groups(og, s.o, G, rope_args(rope, N, H, hd, r, pos, -1), true);
   bf16* rg = tmp.take<bf16>(N * gd);
   cuda::GemmShape gs{N, D.o_rank, hg * hd, false, true, cuda::GemmType::BF16, cuda::GemmType::BF16, G};
   parts.next("out.gemm");
@@ -228,19 +195,9 @@ void attention_bwd(const Ctx& c, GpuBlock& b, const bf16* dout, float* da) {
   parts.next("out.permute");
   cuda::permute_groups(drg, dr, N, G, D.o_rank, true);
   bf16* orot = tmp.take<bf16>(N * H * hd);
-  // og: the forward's wo_a input when it kept it (overwritten below by dO: the backward is its last use).
+  // og: the forward's wo_a input (overwritten below by dO: the backward is its last use).
   bf16* og = s.og;
-  if (!og) {
-    og = tmp.take<bf16>(N * H * hd);
-    parts.next("out.rope+permute");
-    if (unfused()) {
-      TREX_CUDA(cudaMemcpyAsync(orot, s.o, size_t(N * H * hd) * sizeof(bf16), cudaMemcpyDeviceToDevice));
-      cuda::rope_apply(orot, rope_args(rope, N, H, hd, r, pos, -1));
-      cuda::permute_groups(og, orot, N, G, hg * hd, true);
-    } else {
-      cuda::rope_permute_groups(og, s.o, G, rope_args(rope, N, H, hd, r, pos, -1), true);
-    }
-  }
+  TREX_CHECK(og, "GPU attention backward of layer {}: no saved forward (wo_a input)", b.layer);
   {
     parts.next("out.gemm");
     cuda::GemmShape s1{D.o_rank, hg * hd, N, true, false, cuda::GemmType::BF16, cuda::GemmType::F32, G};
@@ -250,12 +207,7 @@ void attention_bwd(const Ctx& c, GpuBlock& b, const bf16* dout, float* da) {
   }
   bf16* dO = orot;
   parts.next("out.rope+permute");
-  if (unfused()) {
-    cuda::permute_groups(dO, og, N, G, hg * hd, false);
-    cuda::rope_apply(dO, rope_args(rope, N, H, hd, r, pos, +1));
-  } else {
-    cuda::rope_permute_groups(dO, og, G, rope_args(rope, N, H, hd, r, pos, +1), false);
-  }
+  cuda::rope_permute_groups(dO, og, G, rope_args(rope, N, H, hd, r, pos, +1), false);
 
   // Core attention.
   const int64_t E = D.type == dsv4::AttnType::Sliding ? 0 : c.lay->plans.at(D.ratio).host.n_entries;
@@ -277,12 +229,7 @@ void attention_bwd(const Ctx& c, GpuBlock& b, const bf16* dout, float* da) {
   // Query path: RoPE^T, per-head norm, wq_b, q_norm, wq_a.
   bf16* dq_pre = dO;
   parts.next("q.headnorm+rope");
-  if (unfused()) {
-    cuda::rope_apply(dq, rope_args(rope, N, H, hd, r, pos, -1));
-    rmsnorm_bwd_full(c, dq_pre, nullptr, dq, s.q_pre, nullptr, s.q_rstd, N * H, hd);
-  } else {
-    cuda::rope_rmsnorm_bwd(dq_pre, dq, s.q_pre, s.q_rstd, rope_args(rope, N, H, hd, r, pos, -1));
-  }
+  cuda::rope_rmsnorm_bwd(dq_pre, dq, s.q_pre, s.q_rstd, rope_args(rope, N, H, hd, r, pos, -1));
   parts.next("q.gemm");
   c.lin.dw(w.g_wq_b, dq_pre, s.cq, N, dc, H * hd);
   bf16* dcq = tmp.take<bf16>(N * dc);

@@ -1,7 +1,6 @@
 // The GPU model's step: batch layout upload, embedding, blocks (mHC site / norm / attention / expand, mHC site /
 // norm / MoE / expand), hc_head, final norm, fused LM head + CE; the hand-written backward in reverse order.
 #include <cmath>
-#include <cstdlib>
 #include <numeric>
 
 #include "kernels/cuda/elementwise.h"
@@ -42,16 +41,6 @@ cuda::MhcDims mhc_dims(const dsv4::ModelConfig& c, int64_t N) {
   m.n_tok = N, m.d = c.hidden, m.sinkhorn_iters = int(c.hc_sinkhorn_iters);
   m.hc_eps = float(c.hc_eps), m.rms_eps = float(c.rms_eps);
   return m;
-}
-
-// TREX_MHC_DIAG_DROP_BITS (diagnostic, default 0): the streams lose that many more mantissa bits after every
-// expand (cuda::mhc_diag_coarsen_bf16), to measure how much the bf16 streams move the mHC gradients.
-int diag_drop_bits() {
-  static const int bits = [] {
-    const char* e = std::getenv("TREX_MHC_DIAG_DROP_BITS");
-    return e ? std::atoi(e) : 0;
-  }();
-  return bits;
 }
 
 // An mHC site's forward and its RMSNorm (the collapse kept in fp32). n_hc = 4: the 24-wide projection X fn^T as
@@ -326,7 +315,6 @@ double GpuModel::forward_impl(const int32_t* ids, const int32_t* labels, const d
     m.section(an, false);
     m.section("fwd.mhc+norm", true);
     cuda::mhc_expand_fwd_any(hc, md, Xin, b.y_a, b.sa.post, b.sa.comb, b.X_mid);
-    cuda::mhc_diag_coarsen_bf16(b.X_mid, N * hc * d, diag_drop_bits());
     site_norm_fwd(c, hc, md, b.X_mid, b.hc_ffn_fn, b.hc_ffn_base, b.hc_ffn_scale, b.sf, b.ffn_norm,
                   float(cfg.rms_eps), b.u, b.u_rstd);
     m.section("fwd.mhc+norm", false);
@@ -350,7 +338,6 @@ double GpuModel::forward_impl(const int32_t* ids, const int32_t* labels, const d
     m.section("fwd.moe", false);
     m.section("fwd.mhc+norm", true);
     cuda::mhc_expand_fwd_any(hc, md, b.X_mid, b.y_f, b.sf.post, b.sf.comb, m.X[size_t(l + 1)]);
-    cuda::mhc_diag_coarsen_bf16(m.X[size_t(l + 1)], N * hc * d, diag_drop_bits());
     m.section("fwd.mhc+norm", false);
   }
 
