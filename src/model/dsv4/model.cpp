@@ -6,23 +6,9 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "model/dsv4/param_table.h"
 
 namespace trex::dsv4 {
-
-namespace {
-
-ModelConfig extended_config(const ModelConfig& cfg) {
-  ModelConfig c = cfg;
-  if (cfg.n_mtp > 0) {  // the MTP block: sliding attention (rope_main), score-routed MoE
-    c.n_layers = cfg.n_layers + 1;
-    c.attn_types.push_back(AttnType::Sliding);
-    c.compress_ratio.push_back(0);
-    c.mlp_types.push_back(MlpType::MoE);
-  }
-  return c;
-}
-
-}  // namespace
 
 template <class T>
 Model<T>::Model(const ModelConfig& cfg, const ModelOptions& opts, const ModelPartition& part)
@@ -30,38 +16,52 @@ Model<T>::Model(const ModelConfig& cfg, const ModelOptions& opts, const ModelPar
 
 template <class T>
 Model<T>::Model(const ModelConfig& cfg, const ModelOptions& opts, const ModelPartition& part, bool allocate)
-    : cfg_(cfg), cfg_ext_(extended_config(cfg)), opts_(opts), part_(part.resolved(cfg)) {
+    : cfg_(cfg), cfg_ext_(with_mtp_block(cfg)), opts_(opts), part_(part.resolved(cfg)) {
   TREX_CHECK(cfg.score_func == "sqrtsoftplus" && cfg.norm_topk_prob,
              "model: only sqrtsoftplus routing with normalised top-k weights is implemented (config has {}, "
              "norm_topk_prob {})",
              cfg.score_func, cfg.norm_topk_prob);
   TREX_CHECK(cfg.n_mtp <= 1, "model: {} MTP modules configured; only 0 or 1 is supported", cfg.n_mtp);
-  const int64_t d = cfg.hidden, hc = cfg.hc_mult;
-  const bool mtp = cfg.n_mtp > 0 && opts.use_mtp && part_.head;
-  // The MTP input embeds token t+1 with the shared embedding: the head stage holds a copy (stage_shared_params).
-  if (part_.embed || mtp) params_.declare("embed.weight", {cfg.vocab_size, d});
-  if (part_.head) {
-    params_.declare("head.weight", {cfg.vocab_size, d});
-    params_.declare("norm.weight", {d});
-    params_.declare("hc_head_fn", {hc, hc * d});
-    params_.declare("hc_head_base", {hc});
-    params_.declare("hc_head_scale", {1});
-  }
-  auto block = [&](const std::string& prefix, int64_t layer) {
-    const size_t first = params_.entries().size();
-    declare_block(prefix, cfg_ext_, layer);
-    block_entries_.emplace_back(first, params_.entries().size());
+  // Every tensor this stage holds comes from the one parameter table, in its order (the arena layout and the
+  // initialisers' random stream follow it). A block's tensors are contiguous there; the MTP module's own tensors
+  // (e_proj onwards) follow its block and belong to no block.
+  const bool with_mtp = cfg.n_mtp > 0 && opts.use_mtp;
+  const bool mtp = with_mtp && part_.head;
+  int64_t open = -1;  // the block whose tensors are being declared (-1: none)
+  bool mtp_tail = false;
+  auto close_block = [&] {
+    if (open >= 0) block_entries_.back().second = params_.entries().size();
+    open = -1;
   };
-  for (int64_t l = part_.layer_begin; l < part_.layer_end; ++l) block(fmt::format("layers.{}.", l), l);
-  if (mtp) {
-    block("mtp.0.", cfg.n_layers);
-    for (const char* n : {"e_proj.weight", "h_proj.weight"}) params_.declare(std::string("mtp.0.") + n, {d, d});
-    for (const char* n : {"enorm.weight", "hnorm.weight", "norm.weight"})
-      params_.declare(std::string("mtp.0.") + n, {d});
-    params_.declare("mtp.0.hc_head_fn", {hc, hc * d});
-    params_.declare("mtp.0.hc_head_base", {hc});
-    params_.declare("mtp.0.hc_head_scale", {1});
+  for (const ParamSpec& spec : param_table(cfg)) {
+    if (!partition_holds(part_, spec, with_mtp)) continue;
+    const std::string prefix =
+        spec.part == ParamPart::Mtp ? fmt::format("mtp.{}.", spec.layer) : fmt::format("layers.{}.", spec.layer);
+    if (spec.part == ParamPart::Mtp && spec.name == prefix + "e_proj.weight") mtp_tail = true;
+    const int64_t blk = spec.part == ParamPart::Layer                ? spec.layer
+                        : spec.part == ParamPart::Mtp && !mtp_tail ? cfg.n_layers + spec.layer
+                                                                   : -1;
+    if (blk != open) {
+      close_block();
+      if (blk >= 0) {
+        new_block(prefix, cfg_ext_, blk);
+        block_entries_.emplace_back(params_.entries().size(), 0);
+        open = blk;
+      }
+    }
+    switch (spec.kind) {
+      case ParamKind::Weight:
+        params_.declare(spec.name, spec.shape, spec.lm_grad);
+        break;
+      case ParamKind::RouterBias:
+        params_.bias[spec.name].assign(size_t(trex::numel(spec.shape)), 0.f);
+        break;
+      case ParamKind::HashTable:
+        params_.tid2eid[spec.name].assign(size_t(trex::numel(spec.shape)), 0);
+        break;
+    }
   }
+  close_block();
   if (!allocate) return;
   params_.allocate();
   for (auto& b : blocks_) bind_block(*b);
@@ -173,46 +173,20 @@ const int32_t* Model<T>::router_selection(int64_t l) const {
   return s.blocks[size_t(l)].macts.sel;
 }
 
+// A block's non-parameter parts (its tensors are declared from the parameter table).
 template <class T>
-void Model<T>::declare_block(const std::string& p, const ModelConfig& c, int64_t layer) {
+void Model<T>::new_block(const std::string& p, const ModelConfig& c, int64_t layer) {
   auto b = std::make_unique<CpuBlock<T>>();
   b->prefix = p;
   b->layer = layer;
   b->hash = c.mlp_types[size_t(layer)] == MlpType::HashMoE;
   b->attn = std::make_unique<AttentionLayerT<T>>(c, layer);
   b->aspecs = attention_param_specs(c, layer);
-  const int64_t d = c.hidden, hc = c.hc_mult, mix = (2 + hc) * hc, E = c.n_routed_experts, f = c.moe_inter;
-  params_.declare(p + "attn_norm.weight", {d});
-  params_.declare(p + "ffn_norm.weight", {d});
-  for (const char* site : {"attn", "ffn"}) {
-    params_.declare(fmt::format("{}hc_{}_fn", p, site), {mix, hc * d});
-    params_.declare(fmt::format("{}hc_{}_base", p, site), {mix});
-    params_.declare(fmt::format("{}hc_{}_scale", p, site), {3});
-  }
-  for (const auto& s : b->aspecs) params_.declare(p + s.name, s.shape, s.lm_grad);
-  params_.declare(p + "ffn.gate.weight", {E, d});
-  if (b->hash) {
-    params_.tid2eid[p + "ffn.gate.tid2eid"].assign(size_t(c.vocab_size * c.topk), 0);
-  } else {
-    params_.bias[p + "ffn.gate.bias"].assign(size_t(E), 0.f);
-  }
-  const int64_t fs = f * c.n_shared_experts;
-  if (fs > 0) {
-    params_.declare(p + "ffn.shared_experts.w1.weight", {fs, d});
-    params_.declare(p + "ffn.shared_experts.w3.weight", {fs, d});
-    params_.declare(p + "ffn.shared_experts.w2.weight", {d, fs});
-  }
-  // Routed experts held here ([expert_begin, expert_end): all of them without expert parallelism; official names
-  // keep the global expert id): all w1, then all w3, then all w2, each contiguous (no padding between experts
-  // because f*d is a multiple of 16 in every real config; checked in bind_block).
-  for (int w : {1, 3, 2})
-    for (int64_t e = part_.expert_begin; e < part_.expert_end; ++e)
-      params_.declare(fmt::format("{}ffn.experts.{}.w{}.weight", p, e, w), w == 2 ? Shape{d, f} : Shape{f, d});
-  b->moe.d = d;
-  b->moe.n_experts = E;
+  b->moe.d = c.hidden;
+  b->moe.n_experts = c.n_routed_experts;
   b->moe.topk = c.topk;
-  b->moe.inter = f;
-  b->moe.shared_inter = fs;
+  b->moe.inter = c.moe_inter;
+  b->moe.shared_inter = c.moe_inter * c.n_shared_experts;
   b->moe.routed_scale = c.routed_scale;
   b->moe.swiglu_limit = c.swiglu_limit;
   b->moe.hash = b->hash;

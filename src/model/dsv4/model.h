@@ -113,7 +113,7 @@ class Model {
 
  private:
   Model(const ModelConfig& cfg, const ModelOptions& opts, const ModelPartition& part, bool allocate);
-  void declare_block(const std::string& prefix, const ModelConfig& lcfg, int64_t layer);
+  void new_block(const std::string& prefix, const ModelConfig& lcfg, int64_t layer);
   void bind_block(CpuBlock<T>& b);
   const CpuSlot<T>& last_slot() const { return backend_->slot(cur_); }
 
