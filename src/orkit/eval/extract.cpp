@@ -147,4 +147,94 @@ ExtractedCode extract_code(std::string_view response) {
   return {CodeFormat::None, "", "no code found"};
 }
 
+namespace {
+
+const Block* longest_block(const std::vector<Block>& blocks, bool python, size_t min_len = 0) {
+  const Block* best = nullptr;
+  for (const auto& b : blocks) {
+    // "plain": any fence not tagged python (the tag itself is not part of the code)
+    if (python != (b.lang == "python")) continue;
+    if (b.body.size() <= min_len && min_len > 0) continue;
+    if (!best || b.body.size() > best->body.size()) best = &b;
+  }
+  return best;
+}
+
+// The text after the last closing think tag and the think section before it; npos-free.
+void split_think(std::string_view response, std::string_view& before, std::string_view& after, bool& found) {
+  found = false;
+  size_t at = std::string_view::npos, len = 0;
+  for (std::string_view tag : {std::string_view("</think>"), std::string_view("</redacted_reasoning>")}) {
+    const size_t p = response.rfind(tag);
+    if (p != std::string_view::npos && (at == std::string_view::npos || p > at)) at = p, len = tag.size();
+  }
+  if (at == std::string_view::npos) {
+    before = {};
+    after = response;
+    return;
+  }
+  found = true;
+  before = response.substr(0, at);
+  after = response.substr(at + len);
+}
+
+ExtractedCode as_python(std::string code, std::string how) {
+  return {CodeFormat::Python, std::move(code), std::move(how)};
+}
+
+}  // namespace
+
+ExtractedCode extract_code_report_solver(std::string_view response) {
+  const auto blocks = fenced_blocks(response);
+  if (const Block* b = longest_block(blocks, true)) return as_python(b->body, "report: fenced python block");
+  if (const Block* b = longest_block(blocks, false, 50)) return as_python(b->body, "report: plain block > 50 chars");
+  if (const Block* b = longest_block(blocks, false)) return as_python(b->body, "report: plain block");
+  {
+    std::string best;
+    bool any = false;
+    for (size_t pos = 0; (pos = response.find("<python>", pos)) != std::string_view::npos; pos += 8) {
+      const size_t end = response.find("</python>", pos + 8);
+      if (end == std::string_view::npos) break;
+      std::string_view inner = response.substr(pos + 8, end - pos - 8);
+      if (!any || inner.size() > best.size()) best = std::string(inner), any = true;
+    }
+    if (any) {
+      const auto inner_blocks = fenced_blocks(best);
+      const Block* in = nullptr;
+      for (const auto& b : inner_blocks)
+        if (!in || b.body.size() > in->body.size()) in = &b;
+      return as_python(in ? in->body : trim(best) + "\n", "report: <python> tags");
+    }
+  }
+  std::string_view think, after;
+  bool has_think = false;
+  split_think(response, think, after, has_think);
+  if (has_think) {
+    const auto tail_blocks = fenced_blocks(after);
+    const Block* b = nullptr;
+    for (const auto& x : tail_blocks)
+      if (!b || x.body.size() > b->body.size()) b = &x;
+    if (b) return as_python(b->body, "report: block after </think>");
+    if (!trim(after).empty()) return as_python(trim(after) + "\n", "report: text after </think>");
+    const auto think_blocks = fenced_blocks(think);
+    for (const auto& x : think_blocks)
+      if (!b || x.body.size() > b->body.size()) b = &x;
+    if (b) return as_python(b->body, "report: block in the think section");
+  }
+  return as_python(std::string(response), "report: whole response");
+}
+
+ExtractedCode extract_code_report_orgeval(std::string_view response) {
+  std::string_view think, after;
+  bool has_think = false;
+  split_think(response, think, after, has_think);
+  const auto after_blocks = fenced_blocks(after), all_blocks = fenced_blocks(response);
+  if (const Block* b = longest_block(after_blocks, true)) return as_python(b->body, "report: python block after think");
+  if (const Block* b = longest_block(all_blocks, true)) return as_python(b->body, "report: python block");
+  if (const Block* b = longest_block(after_blocks, false)) return as_python(b->body, "report: plain block after think");
+  if (const Block* b = longest_block(all_blocks, false)) return as_python(b->body, "report: plain block");
+  if (has_think && !trim(after).empty()) return as_python(std::string(after), "report: text after </think>");
+  return as_python(std::string(response), "report: whole response");
+}
+
 }  // namespace trex::orkit::eval

@@ -18,6 +18,19 @@ struct ExtractedCode {
 };
 
 ExtractedCode extract_code(std::string_view response);
+
+// The founding report's two extraction functions (design/trex-report.md §1.4), for `--protocol report`.
+// Both always return code (format Python): what the report's harness would run, even when that is prose.
+// Solver targets: longest ```python block anywhere (think section included); else the longest plain
+// ``` block over 50 characters, else the longest plain block; else the longest <python>...</python>
+// content (the longest fenced block inside it if it has any); else the text after the last </think>
+// (or </redacted_reasoning>), or a fenced block in it; else a fenced block in the think section; else the
+// whole response.
+ExtractedCode extract_code_report_solver(std::string_view response);
+// ORGEval: the text after the last </think> is preferred: the longest ```python block there, then in the
+// whole response; then the longest plain block (after-think, then whole); else the after-think text; else
+// the whole response. <python> tags are not looked at.
+ExtractedCode extract_code_report_orgeval(std::string_view response);
 // Guesses the format of bare text (None when it does not look like any).
 CodeFormat sniff_format(std::string_view text);
 const char* format_name(CodeFormat f);

@@ -18,6 +18,9 @@ struct GenerateOptions {
   std::string prompt_format = "auto";
   int concurrency = 16;
   int limit = 0;
+  int samples = 1;                  // n answers per item (Pass@k needs n >= k)
+  Protocol protocol = Protocol::Trex;
+  std::string data_base_dir;        // Bench4Opt "File Path Base Directory"; empty: the benchmark's directory
 };
 
 struct GenerationStats {
@@ -25,7 +28,15 @@ struct GenerationStats {
   int requests = 0, cached = 0, failed = 0;
 };
 
-// id -> response for every item with ground truth that got one.
+// id -> up to opts.samples answers (sample order) for every item with ground truth that got any. The
+// samples of an item are asked for in one request with the API's `n`; when the server returns fewer
+// choices, each missing sample s is requested alone with seed + s. Every sample is cached on its own
+// (sample 0 under the same key as a one-sample run), so a resumed run asks only for what is missing.
+std::map<std::string, std::vector<std::string>> generate_samples(const Benchmark& bench, const OpenAIClient& client,
+                                                                 ResponseCache& cache, const GenerateOptions& opts,
+                                                                 bool progress, GenerationStats& stats);
+
+// id -> response for every item with ground truth that got one (the first sample).
 std::map<std::string, std::string> generate_responses(const Benchmark& bench, const OpenAIClient& client,
                                                       ResponseCache& cache, const GenerateOptions& opts,
                                                       bool progress, GenerationStats& stats);

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -35,13 +36,13 @@ OpenAIClient::OpenAIClient(ClientOptions opts) : opts_(std::move(opts)) {
 }
 
 ChatResult OpenAIClient::chat(const std::vector<ChatMessage>& messages,
-                              const SamplingParams& sampling) const {
+                              const SamplingParams& sampling, int n) const {
   ChatResult res;
 #ifndef TREX_HAVE_HTTPLIB
   res.error = "built without cpp-httplib (TREX_HAVE_HTTPLIB): no HTTP client";
   return res;
 #else
-  json body{{"model", opts_.model}, {"messages", json::array()}, {"n", 1}};
+  json body{{"model", opts_.model}, {"messages", json::array()}, {"n", std::max(1, n)}};
   for (const auto& m : messages) body["messages"].push_back({{"role", m.role}, {"content", m.content}});
   const json sampling_json = sampling.to_json();  // items() must not iterate a temporary
   for (const auto& [k, v] : sampling_json.items()) body[k] = v;
@@ -67,9 +68,22 @@ ChatResult OpenAIClient::chat(const std::vector<ChatMessage>& messages,
       if (r->status == 200) {
         try {
           const json j = json::parse(r->body);
-          const json& choice = j.at("choices").at(0);
-          const json& content = choice.at("message").at("content");
-          res.content = content.is_string() ? content.get<std::string>() : "";
+          const json& choices = j.at("choices");
+          TREX_CHECK(choices.is_array() && !choices.empty(), "no choices");
+          std::vector<std::pair<long, std::string>> indexed;
+          for (size_t c = 0; c < choices.size(); ++c) {
+            const json& content = choices[c].at("message").at("content");
+            const json idx = choices[c].value("index", json(long(c)));
+            indexed.emplace_back(idx.is_number_integer() ? idx.get<long>() : long(c),
+                                 content.is_string() ? content.get<std::string>() : "");
+          }
+          std::stable_sort(indexed.begin(), indexed.end(),
+                           [](const auto& a, const auto& b) { return a.first < b.first; });
+          res.choices.clear();
+          for (auto& [idx, text] : indexed) res.choices.push_back(std::move(text));
+          if (int(res.choices.size()) > std::max(1, n)) res.choices.resize(size_t(std::max(1, n)));
+          res.content = res.choices.front();
+          const json& choice = choices.at(0);
           res.finish_reason = choice.value("finish_reason", json("")).is_string()
                                   ? choice.value("finish_reason", std::string())
                                   : "";

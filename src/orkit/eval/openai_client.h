@@ -32,7 +32,8 @@ struct ClientOptions {
 
 struct ChatResult {
   bool ok = false;
-  std::string content;
+  std::string content;               // choices[0]
+  std::vector<std::string> choices;  // every choice's content, in index order (may be fewer than asked)
   std::string finish_reason;
   long prompt_tokens = 0, completion_tokens = 0;
   int attempts = 0;
@@ -43,8 +44,9 @@ struct ChatResult {
 class OpenAIClient {
  public:
   explicit OpenAIClient(ClientOptions opts);
-  // Thread-safe: each call opens its own connection.
-  ChatResult chat(const std::vector<ChatMessage>& messages, const SamplingParams& sampling) const;
+  // Thread-safe: each call opens its own connection. `n` > 1 asks for that many choices in one request
+  // (the API's `n`); a server may return fewer (see generate.h for the fall-back).
+  ChatResult chat(const std::vector<ChatMessage>& messages, const SamplingParams& sampling, int n = 1) const;
   const ClientOptions& options() const { return opts_; }
 
  private:
