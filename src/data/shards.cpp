@@ -241,9 +241,10 @@ void make_batch(const ShardDataset& ds, const std::vector<int64_t>& rows, int32_
       b.input_ids[i] = (fl[t] & kPad) ? pad_id : int32_t(tk[t]);
       b.pos[i] = pos;
       b.doc_start[i] = start ? 1 : 0;
-      const bool has_next = t + 1 < S && !(fl[t + 1] & kDocStart) && (fl[t + 1] & kTarget) && !(fl[t + 1] & kPad);
-      b.labels[i] = has_next ? int32_t(tk[t + 1]) : -1;
-      b.n_targets += has_next;
+      // batch.h: a target is a token the previous position of its document predicts.
+      const bool target = !start && (fl[t] & kTarget) && !(fl[t] & kPad);
+      b.labels[i] = target ? int32_t(tk[t]) : -1;
+      b.n_targets += target;
     }
   }
 }

@@ -37,7 +37,6 @@ void Dsv4Stage::set_step_batches(const std::vector<data::Batch>& batches) {
     TREX_CHECK(owner_[s] < 0, "{}: new step while micro-batch {} is still in flight (slot {})", where(), owner_[s], s);
   const int64_t B = batches[0].batch, S = batches[0].seq;
   layouts_.clear();
-  labels_.clear();
   for (size_t m = 0; m < batches.size(); ++m) {
     const data::Batch& b = batches[m];
     TREX_CHECK(b.batch == B && b.seq == S, "{}: micro-batch {} is [{}, {}], micro-batch 0 is [{}, {}]", where(), m,
@@ -46,7 +45,6 @@ void Dsv4Stage::set_step_batches(const std::vector<data::Batch>& batches) {
                    int64_t(b.pos.size()) == B * S && int64_t(b.doc_start.size()) == B * S,
                "{}: micro-batch {} has arrays of the wrong size for [{}, {}]", where(), m, B, S);
     layouts_.push_back(batch_layout(b));
-    labels_.push_back(model_labels(b));
   }
   batches_ = batches;
   loss_scale_ = 1.0 / double(batches.size());
@@ -67,7 +65,7 @@ double Dsv4Stage::forward(int64_t m, const float* x_in, float* x_out) {
              "slots; the schedule keeps more in flight)", where(), m, slot, owner_[size_t(slot)], owner_.size());
   const data::Batch& b = batches_[size_t(m)];
   const double loss =
-      model_.forward_stage(slot, b.input_ids.data(), labels_[size_t(m)].data(), layouts_[size_t(m)], x_in, x_out,
+      model_.forward_stage(slot, b.input_ids.data(), b.labels.data(), layouts_[size_t(m)], x_in, x_out,
                            loss_scale_);
   owner_[size_t(slot)] = m;
   for (int64_t l = 0; l < model_.n_blocks(); ++l) {

@@ -70,7 +70,6 @@ class Dsv4Stage : public parallel::PipelineStage {
   dsv4::Model<float> model_;
   std::vector<data::Batch> batches_;
   std::vector<dsv4::SeqLayout> layouts_;
-  std::vector<std::vector<int32_t>> labels_;  // the model's labels per micro-batch (model_labels)
   double loss_scale_ = 1.0;
   std::vector<int64_t> owner_;  // per slot: the micro-batch in flight there, -1 = free
   std::vector<std::vector<int64_t>> load_sum_;

@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <set>
 
 #include "core/error.h"
 #include "data/sampler.h"
 #include "model/dsv4/checkpoint.h"
 #include "model/dsv4/moe.h"
+#include "model/dsv4/param_table.h"
 #include "optim/param_groups.h"
 
 namespace trex::train {
@@ -35,39 +37,38 @@ void Dsv4Trainable::init_weights(uint64_t seed) {
 
 void init_dsv4_weights(dsv4::ParamTable<float>& table, const dsv4::ModelConfig& cfg, const dsv4::ModelOptions& mopts,
                        double init_std, uint64_t seed) {
-  const dsv4::ParamTable<float> whole = dsv4::Model<float>::declared_params(cfg, mopts);
+  // The whole model's tensors in the parameter table's order (the random stream), each by its table init.
+  const bool with_mtp = cfg.n_mtp > 0 && mopts.use_mtp;
+  std::set<std::string> hash_tables;  // in name order, as the stream has always drawn them
   uint64_t s = seed;
-  for (const auto& e : whole.entries()) {
-    const std::string& n = e.name;
-    auto ends = [&](const char* suf) {
-      const size_t l = std::strlen(suf);
-      return n.size() >= l && n.compare(n.size() - l, l, suf) == 0;
-    };
-    float* v = table.has(n) ? table.value(n) : nullptr;
-    if (ends("norm.weight") || (n.find("hc_") != std::string::npos && ends("_scale"))) {
-      if (v) std::fill(v, v + e.numel, 1.0f);
-    } else if ((n.find("hc_") != std::string::npos && ends("_base")) || ends("attn_sink") || ends(".ape")) {
-      if (v) std::fill(v, v + e.numel, 0.0f);
-    } else {
-      // splitmix64 is a counter (state += golden ratio per draw): value i of this tensor draws from the state
-      // s + 2 i golden, so the values are filled in parallel, bit-identical to one sequential stream, and a
-      // tensor this table lacks is skipped by advancing the state.
-      const uint64_t s0 = s;
-      if (v) {
-#pragma omp parallel for schedule(static) if (e.numel >= (int64_t(1) << 18))
-        for (int64_t i = 0; i < e.numel; ++i) {
-          uint64_t si = s0 + uint64_t(2 * i) * 0x9E3779B97F4A7C15ull;
-          v[i] = float(init_std * normal(si));
-        }
-      }
-      s = s0 + uint64_t(2 * e.numel) * 0x9E3779B97F4A7C15ull;
+  for (const dsv4::ParamSpec& e : dsv4::param_table(cfg)) {
+    if (e.part == dsv4::ParamPart::Mtp && !with_mtp) continue;
+    if (e.kind == dsv4::ParamKind::HashTable) hash_tables.insert(e.name);
+    if (!e.trained()) continue;
+    const int64_t n = numel(e.shape);
+    float* v = table.has(e.name) ? table.value(e.name) : nullptr;
+    if (e.init == dsv4::ParamInit::One || e.init == dsv4::ParamInit::Zero) {
+      if (v) std::fill(v, v + n, e.init == dsv4::ParamInit::One ? 1.0f : 0.0f);
+      continue;
     }
+    // splitmix64 is a counter (state += golden ratio per draw): value i of this tensor draws from the state
+    // s + 2 i golden, so the values are filled in parallel, bit-identical to one sequential stream, and a
+    // tensor this table lacks is skipped by advancing the state.
+    const uint64_t s0 = s;
+    if (v) {
+#pragma omp parallel for schedule(static) if (n >= (int64_t(1) << 18))
+      for (int64_t i = 0; i < n; ++i) {
+        uint64_t si = s0 + uint64_t(2 * i) * 0x9E3779B97F4A7C15ull;
+        v[i] = float(init_std * normal(si));
+      }
+    }
+    s = s0 + uint64_t(2 * n) * 0x9E3779B97F4A7C15ull;
   }
   for (auto& [name, b] : table.bias) std::fill(b.begin(), b.end(), 0.0f);
   const int64_t K = cfg.topk, E = cfg.n_routed_experts;
   TREX_CHECK(K <= E, "config: topk {} > n_routed_experts {}", K, E);
   std::vector<int32_t> scratch(size_t(cfg.vocab_size * K));
-  for (const auto& [name, unused] : whole.tid2eid) {
+  for (const std::string& name : hash_tables) {
     auto it = table.tid2eid.find(name);
     std::vector<int32_t>& t = it != table.tid2eid.end() ? it->second : scratch;  // rejection sampling: replay it
     for (int64_t tok = 0; tok < cfg.vocab_size; ++tok)
@@ -101,13 +102,6 @@ dsv4::SeqLayout batch_layout(const data::Batch& b) {
   return layout;
 }
 
-std::vector<int32_t> model_labels(const data::Batch& b) {
-  std::vector<int32_t> out(b.labels.size(), -1);
-  for (int64_t r = 0; r < b.batch; ++r)
-    for (int64_t t = 1; t < b.seq; ++t) out[size_t(r * b.seq + t)] = b.labels[size_t(r * b.seq + t - 1)];
-  return out;
-}
-
 void Dsv4Trainable::load_pretrained(const std::filesystem::path& dir) {
   dsv4::StateDict sd = dsv4::load_state_dict(dir, cfg_);
   model_->load(sd);
@@ -131,8 +125,7 @@ void Dsv4Trainable::zero_grads() {
 StepStats Dsv4Trainable::forward_backward(const data::Batch& b) {
   const dsv4::SeqLayout layout = batch_layout(b);
   StepStats s;
-  const std::vector<int32_t> labels = model_labels(b);
-  s.loss = model_->forward(b.input_ids.data(), labels.data(), layout);
+  s.loss = model_->forward(b.input_ids.data(), b.labels.data(), layout);  // labels in the model's convention
   model_->backward();
   const auto& parts = model_->loss_parts();
   s.n_targets = parts.lm_targets;

@@ -54,12 +54,6 @@ void init_dsv4_weights(dsv4::ParamTable<float>& table, const dsv4::ModelConfig& 
                        double init_std, uint64_t seed);
 // The packed-document layout of a batch (positions and row-local document starts from its flags).
 dsv4::SeqLayout batch_layout(const data::Batch& b);
-// The DeepSeek-V4 model's labels for a batch. data::Batch carries next-token labels (labels[t] is the token position
-// t predicts, -1 for none); the model takes transformers-style labels aligned with the ids and shifts them itself
-// (position t predicts labels[t + 1], and the MTP block labels[t + 2]: design §6, the fixtures' convention). So
-// labels[t] moves to t + 1 and every row starts with -1; passing the batch's labels unchanged would train every
-// position on the token two ahead.
-std::vector<int32_t> model_labels(const data::Batch& b);
 
 // The ../shared/bench convention (model_flops.py): 3 x forward matmul FLOPs of the weights one token
 // touches (activated experts only, LM head included) + core attention over the keys each position sees.

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "data/sampler.h"
+#include "model/dsv4/loss.h"
 
 namespace trex::train {
 
@@ -46,15 +47,18 @@ void ToyLM::zero_grads() {
 
 double ToyLM::run(const data::Batch& b, bool backward) {
   const int64_t n = b.batch * b.seq;
+  // The batch's labels are aligned with the ids (data/batch.h); the same one shift as the DeepSeek-V4 model's gives
+  // each position its next-token target (a document's first label is -1, so no target crosses a document start).
+  const std::vector<int32_t> next = dsv4::shifted_targets(b.labels.data(), nullptr, b.batch, b.seq, 1, V_);
   int64_t targets = 0;
-  for (int64_t i = 0; i < n; ++i) targets += b.labels[size_t(i)] >= 0;
+  for (int64_t i = 0; i < n; ++i) targets += next[size_t(i)] >= 0;
   if (targets == 0) return 0.0;
   const double inv = 1.0 / double(targets);
   const size_t d = static_cast<size_t>(d_), V = static_cast<size_t>(V_);
   std::vector<float> z(d), a(d), th(d), logits(V), da(d), dz(d);
   double total = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const int32_t y = b.labels[size_t(i)];
+    const int32_t y = next[size_t(i)];
     if (y < 0) continue;
     const int32_t x = b.input_ids[size_t(i)];
     TREX_CHECK(x >= 0 && x < V_ && y < V_, "toy model: token id {} / label {} outside vocab {}", x, y, V_);

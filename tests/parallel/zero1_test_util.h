@@ -15,8 +15,8 @@
 
 namespace trex::zero1_test {
 
-// Micro-batch `index` of step `step`: one document per row, random tokens, next-token labels, the
-// last position of each row unlabelled (and every 5th label dropped, so masks matter).
+// Micro-batch `index` of step `step`: one document per row, random tokens, labels aligned with the ids
+// (data/batch.h), the first position of each row unlabelled (and every 5th label dropped, so masks matter).
 inline data::Batch make_batch(int64_t vocab, int64_t rows, int64_t seq, int64_t step, int64_t index) {
   uint64_t s = 0x9E3779B97F4A7C15ull * uint64_t(step * 1000 + index + 1);
   data::Batch b;
@@ -29,7 +29,7 @@ inline data::Batch make_batch(int64_t vocab, int64_t rows, int64_t seq, int64_t 
       const size_t i = size_t(r * seq + t);
       b.pos[i] = int32_t(t);
       b.doc_start[i] = t == 0;
-      b.labels[i] = (t + 1 < seq && (i % 5) != 4) ? b.input_ids[i + 1] : -1;
+      b.labels[i] = (t > 0 && (i % 5) != 0) ? b.input_ids[i] : -1;
       b.n_targets += b.labels[i] >= 0;
     }
   return b;

@@ -66,11 +66,10 @@ std::vector<data::Batch> make_batches(int64_t n, int64_t vocab, uint64_t seed) {
         const size_t i = size_t(r * 16 + t);
         if (b.doc_start[i]) pos = 0;
         b.pos[i] = pos++;
-        const bool last_of_doc = t == 15 || b.doc_start[i + 1];
-        b.labels[i] = last_of_doc ? -1 : b.input_ids[i + 1];
+        b.labels[i] = b.doc_start[i] ? -1 : b.input_ids[i];  // aligned with the ids (data/batch.h)
       }
     }
-    b.labels[size_t(1 + m)] = -1;
+    b.labels[size_t(2 + m)] = -1;
     for (int32_t l : b.labels) b.n_targets += l != -1;
     out.push_back(std::move(b));
   }

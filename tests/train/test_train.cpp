@@ -177,7 +177,7 @@ TEST(ToyLM, GradientMatchesFiniteDifferences) {
   data::Batch b;
   b.batch = 1, b.seq = 6;
   b.input_ids = {1, 4, 7, 2, 11, 0};
-  b.labels = {4, 7, -1, 11, 0, -1};
+  b.labels = {-1, 4, 7, -1, 11, 0};  // aligned with the ids; -1 at each document start
   b.pos = {0, 1, 2, 0, 1, 2};
   b.doc_start = {1, 0, 0, 1, 0, 0};
   b.n_targets = 4;

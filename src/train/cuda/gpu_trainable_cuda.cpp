@@ -167,8 +167,7 @@ class GpuDsv4Trainable final : public Trainable {
   StepStats forward_backward(const data::Batch& b) override {
     const dsv4::SeqLayout layout = batch_layout(b);
     StepStats s;
-    const std::vector<int32_t> labels = model_labels(b);
-    s.loss = gpu_->forward(b.input_ids.data(), labels.data(), layout, nullptr, dsv4gpu::HeadMode::LossAndGrad);
+    s.loss = gpu_->forward(b.input_ids.data(), b.labels.data(), layout, nullptr, dsv4gpu::HeadMode::LossAndGrad);
     add_expert_loads(layout.n_tokens());
     gpu_->backward();
     s.n_targets = b.n_targets;  // s.loss: the LM loss plus the balance loss (the GPU model returns their sum)
