@@ -1,15 +1,18 @@
-// Runs `trex parity` on the golden tiny fixture (transformers 5.17, float64) and checks it passes.
+// The parity comparison (model/dsv4/parity.h) on the golden fixtures (transformers 5.17, float64) passes, and
+// `trex parity` on a perturbed copy reports the failure with a non-zero exit.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <unistd.h>
 
 #include "core/files.h"
+#include "model/dsv4/parity.h"
 
 namespace {
 
@@ -25,17 +28,18 @@ std::string run(const std::string& cmd, int* status) {
 
 }  // namespace
 
+// The library comparison (dsv4::parity_cpu, what `trex parity` prints).
+static nlohmann::json parity_of(const trex::fs::path& dir) {
+  trex::dsv4::ParityOptions o;
+  o.model_dir = dir, o.io_file = dir / "io.safetensors", o.grads_file = dir / "grads.safetensors";
+  return trex::dsv4::parity_cpu(o);
+}
+
 TEST(Parity, TinyFixtureMatchesTransformers) {
   const auto dir = trex::shared_dir() / "fixtures" / "deepseek-v4" / "tiny";
   if (!trex::fs::exists(dir / "io.safetensors")) GTEST_SKIP() << "fixture not found at " << dir;
-  const std::string cmd = std::string(TREX_BINARY) + " parity --model " + dir.string() + " --io " +
-                          (dir / "io.safetensors").string() + " --grads " + (dir / "grads.safetensors").string() +
-                          " --threads 2";
-  int status = -1;
-  const std::string out = run(cmd, &status);
-  ASSERT_FALSE(out.empty()) << cmd;
-  const auto j = nlohmann::json::parse(out);
-  EXPECT_EQ(status, 0) << out;
+  const auto j = parity_of(dir);
+  const std::string out = j.dump();
   EXPECT_TRUE(j.at("pass").get<bool>()) << out;
   EXPECT_LT(std::fabs(j.at("loss").get<double>() - j.at("loss_ref").get<double>()), 1e-5);
   EXPECT_LT(j.at("logits_max_rel_err").get<double>(), 1e-4);
@@ -54,14 +58,8 @@ class ParityOtherShapes : public ::testing::TestWithParam<const char*> {};
 TEST_P(ParityOtherShapes, MatchesTransformers) {
   const auto dir = trex::source_dir() / "tests" / "fixtures" / "deepseek-v4" / GetParam();
   ASSERT_TRUE(trex::fs::exists(dir / "io.safetensors")) << dir;
-  int status = -1;
-  const std::string out = run(std::string(TREX_BINARY) + " parity --model " + dir.string() + " --io " +
-                                  (dir / "io.safetensors").string() + " --grads " +
-                                  (dir / "grads.safetensors").string() + " --threads 2",
-                              &status);
-  ASSERT_FALSE(out.empty());
-  const auto j = nlohmann::json::parse(out);
-  EXPECT_EQ(status, 0) << out;
+  const auto j = parity_of(dir);
+  const std::string out = j.dump();
   EXPECT_TRUE(j.at("pass").get<bool>()) << out;
   EXPECT_EQ(j.at("topk_match").get<double>(), 1.0) << out;
   EXPECT_GT(j.at("grads_compared").get<int>(), 50) << out;

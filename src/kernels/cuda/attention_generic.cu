@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "kernels/cuda/attention_generic.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/block_reduce.cuh"
 
 namespace trex::cuda {
 
@@ -12,17 +13,7 @@ namespace {
 
 constexpr int kThreads = 64;
 
-// Sum of v over the block, returned to every thread. red: kThreads / 32 + 1 floats of shared memory.
-__device__ float block_sum(float v, float* red) {
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // red may still be read by the previous call
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  float t = 0.f;
-  for (int w = 0; w < kThreads / 32; ++w) t += red[w];
-  return t;
-}
+using reduce::block_sum;  // red: kThreads / 32 floats of shared memory
 
 // Key t of query i: window rows first, then compressed slots. Null for an empty (-1) slot.
 struct KeyWalk {

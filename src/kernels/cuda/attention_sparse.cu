@@ -3,6 +3,7 @@
 #include "kernels/cuda/attention_keys.cuh"
 #include "kernels/cuda/attention_sparse_mma.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/vec_io.cuh"
 
 namespace trex::cuda {
 namespace {
@@ -16,15 +17,7 @@ constexpr int kPad = 8;  // bf16 padding per smem key row: lane j reading row j 
 static_assert(kHeadsPerWarp * kWarps == kSparseAttnHeadsPerBlock,
               "heads per block must split over the warps");
 
-__device__ inline void unpack8(const uint4& v, float* f) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float2 t = __bfloat1622float2(h[i]);
-    f[2 * i] = t.x;
-    f[2 * i + 1] = t.y;
-  }
-}
+using vec::unpack8;
 
 __device__ inline float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

@@ -1,4 +1,8 @@
-// Device memory owned by RAII (plain cudaMalloc: never managed memory), plus host<->device copies.
+// Device memory owned by RAII, the project's one device-buffer type, plus host<->device copies. Allocation is
+// stream-ordered on the default stream (cudaMallocAsync from the device's default pool, never managed memory),
+// and so is the free: a buffer dropped while kernels still read it stays valid until they finish, and the pool
+// hands the memory to the next allocation without a device synchronisation (the GPU model allocates its
+// activations per step this way).
 #pragma once
 #include <cstddef>
 #include <utility>
@@ -12,15 +16,15 @@ class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
-    if (bytes) TREX_CUDA(cudaMalloc(&ptr_, bytes));
+    if (bytes) TREX_CUDA(cudaMallocAsync(&ptr_, bytes, nullptr));
   }
   ~DeviceBuffer() {
-    if (ptr_) cudaFree(ptr_);
+    if (ptr_) cudaFreeAsync(ptr_, nullptr);
   }
   DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     if (this != &o) {
-      if (ptr_) cudaFree(ptr_);
+      if (ptr_) cudaFreeAsync(ptr_, nullptr);
       ptr_ = std::exchange(o.ptr_, nullptr);
       bytes_ = std::exchange(o.bytes_, 0);
     }

@@ -1,6 +1,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/vec_io.cuh"
+#include "kernels/cuda/block_reduce.cuh"
 
 #include <cstdint>
 #include <initializer_list>
@@ -11,22 +12,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ inline float block_sum(float v, float* shared) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  float total = 0.f;
-  if (threadIdx.x < 32) {
-    total = threadIdx.x < blockDim.x / 32 ? shared[threadIdx.x] : 0.f;
-    for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
-    if (threadIdx.x == 0) shared[0] = total;
-  }
-  __syncthreads();
-  total = shared[0];
-  __syncthreads();
-  return total;
-}
+using reduce::block_sum;
 
 using vec::load_v;
 using vec::store_v;

@@ -3,6 +3,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/mhc.h"
 #include "kernels/cuda/token_weight_grad.cuh"
+#include "kernels/cuda/vec_io.cuh"
 
 namespace trex::cuda {
 namespace {
@@ -75,22 +76,8 @@ __device__ inline float sinkhorn_bwd_warp(float z, float g, int iters, float eps
   return p * (g - row_sum(g * p));
 }
 
-__device__ inline void unpack8(const uint4& v, float* f) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 x = __bfloat1622float2(h[i]);
-    f[2 * i] = x.x;
-    f[2 * i + 1] = x.y;
-  }
-}
-__device__ inline uint4 pack8(const float* f) {
-  uint4 v;
-  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-  return v;
-}
+using vec::unpack8;
+using vec::pack8;
 
 // 8 consecutive fp32 values as two 16-byte accesses (callers pass 32-byte aligned addresses).
 __device__ inline void load8(const float* p, float* f) {

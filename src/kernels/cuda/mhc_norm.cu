@@ -6,6 +6,7 @@
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/mhc_norm.h"
 #include "kernels/cuda/vec_io.cuh"
+#include "kernels/cuda/block_reduce.cuh"
 
 #include <initializer_list>
 
@@ -17,16 +18,7 @@ constexpr int kMaxStreams = 4;
 constexpr int kRowsPerBlock = 16;
 constexpr int64_t kMaxWidth = 12288;  // d fp32 values of shared memory within the default 48 KB
 
-__device__ inline float block_sum(float v, float* shared) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  float total = 0.f;
-  for (int u = 0; u < int(blockDim.x / 32); ++u) total += shared[u];  // fixed order
-  __syncthreads();
-  return total;
-}
+using reduce::block_sum;  // fixed order
 
 // v[0..K) summed over the block (fixed order); every thread gets the totals.
 template <int K>

@@ -1,5 +1,6 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/router.h"
+#include "kernels/cuda/vec_io.cuh"
 
 namespace trex::cuda {
 namespace {
@@ -179,22 +180,8 @@ __global__ void gather_kernel(bf16* xe, const bf16* u, const int32_t* order, int
   for (int64_t v = threadIdx.x; v < d / 8; v += blockDim.x) dst[v] = src[v];
 }
 
-__device__ inline void unpack8(const uint4& v, float* f) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 x = __bfloat1622float2(h[i]);
-    f[2 * i] = x.x;
-    f[2 * i + 1] = x.y;
-  }
-}
-__device__ inline uint4 pack8(const float* f) {
-  uint4 v;
-  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-  return v;
-}
+using vec::unpack8;
+using vec::pack8;
 
 __global__ void gather_bwd_kernel(float* du, const bf16* dxe, const int32_t* slot_pos, int K, int64_t d) {
   const int64_t t = blockIdx.x;

@@ -1,10 +1,27 @@
 // V consecutive elements of a row between memory and fp32 registers: V = 8 as one 16-byte access for bf16 (two for
-// fp32), V = 1 scalar (rows of any width or alignment). bf16 stores round to nearest even. Shared by the
-// element-wise kernels (norms, RoPE, casts) and the fused mHC collapse + norm.
+// fp32), V = 1 scalar (rows of any width or alignment). bf16 stores round to nearest even. The kernels' one vector
+// load / store: the element-wise kernels (norms, RoPE, casts), the mHC and router kernels, the sparse attention.
 #pragma once
 #include <cuda_bf16.h>
 
 namespace trex::cuda::vec {
+
+// 8 bf16 values held in one 16-byte register word <-> 8 fp32 values (round to nearest even).
+__device__ inline void unpack8(const uint4& v, float* f) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 x = __bfloat1622float2(h[i]);
+    f[2 * i] = x.x, f[2 * i + 1] = x.y;
+  }
+}
+__device__ inline uint4 pack8(const float* f) {
+  uint4 v;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+  return v;
+}
 
 template <int V>
 __device__ inline void load_v(const __nv_bfloat16* p, float* f) {

@@ -15,6 +15,7 @@
 
 #include "core/tensor.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/mhc.h"
 #include "model/dsv4/attention.h"
@@ -27,31 +28,8 @@ namespace trex::dsv4gpu {
 
 using bf16 = __nv_bfloat16;
 
-// Stream-ordered device memory (cudaMallocAsync from the default pool, which keeps freed memory for reuse), freed
-// asynchronously when the owner goes away.
-class DevMem {
- public:
-  DevMem() = default;
-  explicit DevMem(size_t bytes) {
-    if (bytes) TREX_CUDA(cudaMallocAsync(&p_, bytes, nullptr));
-  }
-  ~DevMem() {
-    if (p_) cudaFreeAsync(p_, nullptr);
-  }
-  DevMem(DevMem&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
-  DevMem& operator=(DevMem&& o) noexcept {
-    if (this != &o) {
-      if (p_) cudaFreeAsync(p_, nullptr);
-      p_ = std::exchange(o.p_, nullptr);
-    }
-    return *this;
-  }
-  template <typename T>
-  T* as() const { return static_cast<T*>(p_); }
-
- private:
-  void* p_ = nullptr;
-};
+// Device memory of the GPU model: the one device-buffer type (stream-ordered, kernels/cuda/device_buffer.h).
+using DevMem = cuda::DeviceBuffer;
 
 // A list of allocations with one lifetime (a block's saved activations, a backward's temporaries).
 class Pool {
