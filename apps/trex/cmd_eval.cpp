@@ -1,4 +1,5 @@
-// `trex eval`: zero-shot Pass@1 on OR benchmarks, for pre-generated answers (score) or a served model (run).
+// `trex eval`: zero-shot Pass@1 on OR benchmarks, for pre-generated answers (score) or a served model (run);
+// `trex eval suite`: the founding report's four-set table with Pass@k from n samples per item.
 #include <unistd.h>
 
 #include <chrono>
@@ -10,7 +11,9 @@
 #include "core/files.h"
 #include "orkit/eval/benchmark.h"
 #include "orkit/eval/generate.h"
+#include "orkit/eval/protocol.h"
 #include "orkit/eval/runner.h"
+#include "orkit/eval/suite.h"
 
 namespace {
 
@@ -20,6 +23,7 @@ namespace fs = std::filesystem;
 struct CommonOpts {
   std::vector<std::string> benchmarks;
   std::string out, rule, python, trex_bin, python_pkg;
+  std::string protocol = "trex";
   double timeout = 60.0;
   double memory_gb = 4.0;
   int jobs = 0;
@@ -40,6 +44,10 @@ void add_common(CLI::App& sub, CommonOpts& o) {
   sub.add_option("--python-pkg", o.python_pkg, "directory with the solver look-alikes (python/trex_solvers)");
   sub.add_flag("--keep-workdirs", o.keep, "keep each program's temporary directory");
   sub.add_flag("--no-progress", o.no_progress, "no progress bar");
+  sub.add_option("--protocol", o.protocol,
+                 "trex (T-Rex's corrected protocol) or report (the founding report's prompts, extraction and "
+                 "ORGEval rewrites, quirks included; docs/eval.md)")
+      ->capture_default_str();
 }
 
 ScoreOptions score_options(const CommonOpts& o) {
@@ -83,9 +91,14 @@ void setup_score(CLI::App& sub) {
     const ScoreOptions so = score_options(*o);
     const auto answers = load_responses(*responses);
     std::vector<BenchmarkScore> scores;
-    for (const auto& b : o->benchmarks) scores.push_back(score_benchmark(load_benchmark(b), answers, so));
+    const Protocol protocol = parse_protocol(o->protocol);
+    for (const auto& path : o->benchmarks) {
+      const Benchmark b = load_benchmark(path);
+      scores.push_back(score_benchmark(b, apply_protocol(protocol, b, answers), so));
+    }
     nlohmann::json meta{
-        {"mode", "score"}, {"responses", *responses}, {"jobs", so.jobs}, {"timeout_seconds", o->timeout}};
+        {"mode", "score"}, {"responses", *responses}, {"jobs", so.jobs}, {"timeout_seconds", o->timeout},
+        {"protocol", o->protocol}};
     finish(o->out, scores, meta,
            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   });
@@ -115,6 +128,8 @@ void setup_run(CLI::App& sub) {
   sub.add_option("--request-timeout", g->client.timeout_seconds, "seconds per request")
       ->capture_default_str();
   sub.add_option("--limit", g->limit, "only the first N items of each benchmark (0: all)");
+  sub.add_option("--data-base-dir", g->data_base_dir,
+                 "the Bench4Opt prompt's \"File Path Base Directory\" (default: the benchmark file's directory)");
   auto generate_only = std::make_shared<bool>(false);
   sub.add_flag("--generate-only", *generate_only,
                "only generate: write OUT/responses.jsonl (score it with `trex eval score --responses` where the "
@@ -123,6 +138,7 @@ void setup_run(CLI::App& sub) {
   sub.callback([o, g, generate_only] {
     auto t0 = std::chrono::steady_clock::now();
     const ScoreOptions so = score_options(*o);
+    g->protocol = parse_protocol(o->protocol);
     fs::create_directories(o->out);
     ResponseCache cache(fs::path(o->out) / "cache.jsonl");
     OpenAIClient client(g->client);
@@ -144,7 +160,7 @@ void setup_run(CLI::App& sub) {
         for (const auto& [id, text] : answers) lines.push_back({id, b.name, text});
         continue;
       }
-      scores.push_back(score_benchmark(b, answers, so));
+      scores.push_back(score_benchmark(b, apply_protocol(g->protocol, b, answers), so));
     }
     if (*generate_only) {
       const fs::path file = fs::path(o->out) / "responses.jsonl";
@@ -161,10 +177,69 @@ void setup_run(CLI::App& sub) {
                         {"model", g->client.model},
                         {"base_url", g->client.base_url},
                         {"prompt", g->prompt_format},
+                        {"protocol", o->protocol},
                         {"sampling", g->sampling.to_json()},
                         {"usage", usage}};
     finish(o->out, scores, meta,
            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  });
+}
+
+void setup_suite(CLI::App& sub) {
+  auto o = std::make_shared<CommonOpts>();
+  auto so = std::make_shared<SuiteOptions>();
+  auto dir = std::make_shared<std::string>((trex::shared_dir() / "benchmarks").string());
+  GenerateOptions& g = so->generate;
+  sub.add_option("--benchmarks-dir", *dir,
+                 "directory with nl4opt_289.jsonl, optibench.jsonl, bench4opt_feasible.jsonl, bench4opt_orgeval.jsonl")
+      ->capture_default_str();
+  sub.add_option("--base-url", g.client.base_url, "OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
+      ->required();
+  sub.add_option("--model", g.client.model, "model name sent to the server")->required();
+  sub.add_option("--api-key-env", g.client.api_key_env, "environment variable holding the API key")
+      ->capture_default_str();
+  sub.add_option("--samples", g.samples, "answers per item, n (asked for with the API's n, else one by one)")
+      ->capture_default_str();
+  sub.add_option("--k", so->ks, "Pass@k to report, each k <= n (e.g. --k 1 --k 4)")->capture_default_str();
+  sub.add_option("--prompt", g.prompt_format, "prompt format (auto: per benchmark)")->capture_default_str();
+  sub.add_option("--temperature", g.sampling.temperature)->capture_default_str();
+  sub.add_option("--top-p", g.sampling.top_p)->capture_default_str();
+  sub.add_option("--max-tokens", g.sampling.max_tokens)->capture_default_str();
+  sub.add_option("--seed", g.sampling.seed)->capture_default_str();
+  sub.add_option("--concurrency", g.concurrency, "requests in flight")->capture_default_str();
+  sub.add_option("--retries", g.client.max_attempts, "attempts per request")->capture_default_str();
+  sub.add_option("--request-timeout", g.client.timeout_seconds, "seconds per request")->capture_default_str();
+  sub.add_option("--limit", g.limit, "only the first N items of each set (0: all)");
+  sub.add_option("--data-base-dir", g.data_base_dir,
+                 "the Bench4Opt prompt's \"File Path Base Directory\" (default: the benchmarks directory)");
+  add_common(sub, *o);
+  sub.callback([o, so, dir] {
+    auto t0 = std::chrono::steady_clock::now();
+    TREX_CHECK(o->rule.empty(), "--rule does not apply to the suite: each set is scored under the report's rule");
+    so->score = score_options(*o);
+    so->score.progress = !o->no_progress;
+    so->generate.protocol = parse_protocol(o->protocol);
+    so->benchmarks_dir = *dir;
+    so->out = o->out;
+    so->progress = !o->no_progress;
+    fs::create_directories(so->out);
+    ResponseCache cache(so->out / "cache.jsonl");
+    OpenAIClient client(so->generate.client);
+    const nlohmann::json meta{
+        {"mode", "suite"}, {"model", so->generate.client.model}, {"base_url", so->generate.client.base_url}};
+    const nlohmann::json suite = run_suite(client, cache, *so, meta);
+    std::printf("%-16s %6s", "set", "items");
+    for (int k : so->ks) std::printf("  Pass@%-3d", k);
+    std::printf("\n");
+    for (const auto& s : suite["sets"]) {
+      std::printf("%-16s %6d", s["label"].get<std::string>().c_str(), s["items"].get<int>());
+      for (int k : so->ks) std::printf("  %7.2f ", s["pass_at"]["pass@" + std::to_string(k)].get<double>());
+      std::printf("\n");
+    }
+    std::printf("%-16s %6s", "Average", "");
+    for (int k : so->ks) std::printf("  %7.2f ", suite["average"]["pass@" + std::to_string(k)].get<double>());
+    std::printf("\nwrote %s/suite.json, suite.html, samples.jsonl (%.1f s)\n", so->out.c_str(),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   });
 }
 
@@ -174,6 +249,9 @@ const bool registered = trex::cli::register_command(
        app.require_subcommand(1);
        setup_score(*app.add_subcommand("score", "score pre-generated answers (a responses JSONL file)"));
        setup_run(*app.add_subcommand("run", "generate answers with an OpenAI-compatible server, then score"));
+       setup_suite(*app.add_subcommand(
+           "suite", "the report's four-set table (NL4OPT-289, OptiBench-600, B4O-Feasible, B4O-ORGEval): n samples "
+                    "per item, Pass@k, one HTML page + JSON"));
      }});
 
 }  // namespace
