@@ -72,7 +72,10 @@ TEST(ReportProtocol, ExtractionFollowsTheReportsTwoFunctions) {
   // a plain block of <= 50 characters loses to a longer one, but is taken when alone
   EXPECT_EQ(extract_code_report_solver("```\nshort\n```\n").code, "short\n");
   // an LP file in an ```lp fence is a plain block: run as Python by the report's harness
-  EXPECT_EQ(extract_code_report_orgeval("```lp\nMinimize\n x\nEnd\n```\n").how, "report: plain block");
+  // (without a think section the whole response is the "after think" text)
+  EXPECT_EQ(extract_code_report_orgeval("```lp\nMinimize\n x\nEnd\n```\n").how, "report: plain block after think");
+  EXPECT_EQ(extract_code_report_orgeval("```lp\nMinimize\n x\nEnd\n```\n</think>\nsee above").how,
+            "report: plain block");
   EXPECT_EQ(extract_code_report_solver("just prose").how, "report: whole response");
 }
 
@@ -83,7 +86,7 @@ TEST(ReportProtocol, OrgEvalRewritesReproduceTheHarness) {
             "d = json.load(open('./lp_data/d.json'))\nmodel.write('temp_lp/a.lp')\n");
   // a nested ')' in the argument: the rewrite stops at the first ')' and leaves a syntax error
   EXPECT_EQ(report_orgeval_rewrites("model.write(os.path.join(out, 'x.lp'))\n", lp, data),
-            "model.write('temp_lp/a.lp'), 'x.lp'))\n");
+            "model.write('temp_lp/a.lp'))\n");
   // no write: one is appended, on `m` when the code builds with m.addVar(s)
   EXPECT_EQ(report_orgeval_rewrites("m = gp.Model()\nx = m.addVar()\n", lp, data),
             "m = gp.Model()\nx = m.addVar()\nm.write('temp_lp/a.lp')\n");
