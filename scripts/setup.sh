@@ -10,6 +10,7 @@ packages=(
   coinor-libcbc-dev coinor-libclp-dev coinor-libcgl-dev coinor-libosi-dev coinor-libcoinutils-dev coinor-cbc
   libglpk-dev glpk-utils coinor-libipopt-dev
   python3 python3-numpy bubblewrap
+  nodejs npm
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -19,4 +20,11 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+# The official OpenAI Node client, for the serving test through a real client
+# (tests/infer/test_server_openai_node.cpp; it skips when this is missing). Into git-ignored local/node.
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [[ ! -f "$repo/local/node/node_modules/openai/package.json" ]]; then
+  npm install --prefix "$repo/local/node" --no-audit --no-fund --loglevel=error openai@4.95.0 ||
+    echo "setup.sh: npm install openai failed; the OpenAI Node client test will be skipped" >&2
 fi

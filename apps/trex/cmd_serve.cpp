@@ -1,4 +1,4 @@
-// `trex serve`: an OpenAI-compatible chat completion server over the CPU or GPU engine with continuous batching
+// `trex serve`: an OpenAI-compatible chat and text completion server over the CPU or GPU engine with continuous batching
 // (src/infer/chat_server.h documents the endpoints and request fields).
 #include <csignal>
 #include <cstdio>
@@ -25,6 +25,7 @@ struct ServeArgs {
   uint64_t seed = 0;
   int port = 8000;
   int64_t max_batch = 8, max_context = 0, max_queue = 256, prefill_chunk = 512, default_max_tokens = 256;
+  infer::ServerLimits limits;
 };
 
 volatile std::sig_atomic_t g_stop = 0;
@@ -44,11 +45,11 @@ void run(const ServeArgs& a) {
   TREX_CHECK(a.model.empty() != a.config.empty(), "give exactly one of --model DIR and --config FILE");
   TREX_CHECK(a.device == "cpu" || a.device == "cuda", "--device must be cpu or cuda, got '{}'", a.device);
   TREX_CHECK(a.config.empty() || a.device == "cuda", "--config (random weights) needs --device cuda");
-  std::unique_ptr<infer::Engine> engine;
   TREX_CHECK(a.speculative == "off" || a.speculative == "mtp", "--speculative must be off or mtp, got '{}'",
              a.speculative);
   const bool spec = a.speculative == "mtp";  // speculative decoding with the MTP layer (infer/speculative.h)
   TREX_CHECK(!spec || a.device == "cuda", "--speculative mtp needs --device cuda");
+  std::unique_ptr<infer::Engine> engine;
   if (a.device == "cuda") {
 #ifdef TREX_HAVE_CUDA
     infer::CudaEngineOptions eo;
@@ -78,6 +79,7 @@ void run(const ServeArgs& a) {
   o.model_name = a.name.empty() ? fs::path(a.model.empty() ? a.config : a.model).stem().string() : a.name;
   if (o.model_name.empty()) o.model_name = "deepseek-v4";
   o.default_max_tokens = a.default_max_tokens;
+  o.limits = a.limits;
   infer::ChatServer server(sched, tok.get(), o);
   const int port = server.bind();
   std::signal(SIGINT, on_signal);
@@ -99,18 +101,18 @@ void run(const ServeArgs& a) {
 }
 
 const bool registered = trex::cli::register_command(
-    {"serve", "OpenAI-compatible chat completion server (CPU or GPU engine, continuous batching)",
+    {"serve", "OpenAI-compatible chat and text completion server (CPU or GPU engine, continuous batching)",
      [](CLI::App& app) {
        auto a = std::make_shared<ServeArgs>();
        app.add_option("--model", a->model, "model directory (config.json + safetensors)");
        app.add_option("--config", a->config, "config.json only: random bf16 weights (benchmarks; --device cuda)");
        app.add_option("--seed", a->seed, "seed of the random weights (--config)")->capture_default_str();
        app.add_option("--device", a->device, "cpu (fp32 decoder) or cuda (bf16 GPU engine)")->capture_default_str();
-       app.add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: the model directory's, if any)");
        app.add_option("--speculative", a->speculative,
                       "off, or mtp: the checkpoint's MTP layer drafts one token per step, verified by the main "
                       "model (--device cuda; all-greedy steps only)")
            ->capture_default_str();
+       app.add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: the model directory's, if any)");
        app.add_option("--host", a->host, "address to listen on")->capture_default_str();
        app.add_option("--port", a->port, "port (0 = any free port; the chosen one is printed)")
            ->capture_default_str();
@@ -121,6 +123,20 @@ const bool registered = trex::cli::register_command(
        app.add_option("--prefill-chunk", a->prefill_chunk, "prompt tokens per step per request")
            ->capture_default_str();
        app.add_option("--default-max-tokens", a->default_max_tokens, "max_tokens when a request gives none")
+           ->capture_default_str();
+       app.add_option("--max-body-bytes", a->limits.max_body_bytes,
+                      "request body limit, chunked bodies included (413 beyond)")
+           ->capture_default_str();
+       app.add_option("--max-connections", a->limits.max_connections,
+                      "open HTTP connections at once (503 and closed beyond)")
+           ->capture_default_str();
+       app.add_option("--header-timeout", a->limits.header_timeout_s,
+                      "seconds from accept (or the previous response) to the end of a request's headers")
+           ->capture_default_str();
+       app.add_option("--body-timeout", a->limits.body_timeout_s,
+                      "seconds from the end of the headers to the end of the body")
+           ->capture_default_str();
+       app.add_option("--max-prompts", a->limits.max_prompts, "prompts in one /v1/completions request")
            ->capture_default_str();
        app.add_option("--name", a->name, "model id reported by /v1/models (default: the directory name)");
        app.callback([a] { run(*a); });

@@ -1,14 +1,22 @@
 // OpenAI-compatible HTTP front end over the Scheduler (cpp-httplib; needs TREX_HAVE_HTTPLIB):
-//   POST /v1/chat/completions  (stream: true -> server-sent events in the OpenAI chunk format)
-//   GET  /v1/models, GET /health, GET /metrics (Prometheus text format)
-// Prompts use the DeepSeek-V4 chat encoding (design §6) with thinking on or off (`thinking: true` or
-// `chat_template_kwargs: {"thinking": true}`); in thinking mode the text before </think> is returned as
-// `reasoning_content`. Sampling: temperature (default 1), top_p (default 1), seed, max_tokens
-// (or max_completion_tokens), stop (string or list). Extension: `prompt_token_ids` (list of ints) replaces
-// `messages` (the only way to prompt a server without a tokenizer); `ignore_eos: true` generates max_tokens
-// tokens (as vLLM); choices carry `token_ids`.
-// Errors: HTTP 400 with {"error": {"message", "type": "invalid_request_error", "param", "code"}} for bad
-// requests (code "context_length_exceeded" for prompts over the context limit), 503 when the queue is full.
+//   POST /v1/chat/completions, POST /v1/completions (stream: true -> server-sent events in the OpenAI chunk
+//   formats), GET /v1/models, GET /health, GET /metrics (Prometheus text format).
+// docs/serving.md lists every request field, the response formats and the limits; in short:
+// - chat prompts use the DeepSeek-V4 chat encoding (design §6) with thinking on or off (`thinking: true` or
+//   `chat_template_kwargs: {"thinking": true}`); in thinking mode the text before </think> is returned as
+//   `reasoning_content`. Completions take `prompt` as a string, a list of ids, or a list of either (one
+//   prompt each; choice index = prompt * n + j).
+// - both: model (an unknown name is a 404), max_tokens (chat also max_completion_tokens), temperature,
+//   top_p, seed (choice j of n samples with seed + j), n (the prompt is prefilled once and its caches
+//   copied), stop (strings, matched across token boundaries, not returned), presence_penalty,
+//   frequency_penalty, logprobs (chat: bool + top_logprobs; completions: an int), stream,
+//   stream_options.include_usage. Extensions: `prompt_token_ids` (chat: replaces messages), `ignore_eos`,
+//   choices carry `token_ids`.
+// Errors: {"error": {"message", "type", "param", "code"}}: 400 bad request (code "context_length_exceeded"
+// for prompts over the context limit), 404 unknown model or endpoint, 413 body too large, 503 queue full or
+// too many connections. Messages are bounded and never echo the body.
+// Limits (ServerLimits): body bytes however the body is sent (chunked included), open connections, header
+// and body time-outs; each connection has its own thread, so idle or slow clients never delay /health.
 // A streaming client that disconnects cancels its request (its slot is freed at the next step); a
 // non-streaming request runs to its end.
 #pragma once
@@ -20,12 +28,20 @@
 
 namespace trex::infer {
 
+struct ServerLimits {
+  int64_t max_body_bytes = int64_t(16) << 20;  // request body, after any chunked framing
+  int64_t max_connections = 256;               // open at once; more get a 503 and are closed
+  double header_timeout_s = 10;  // from accept (or the previous response) to the end of the headers
+  double body_timeout_s = 30;    // from the end of the headers to the end of the body
+  int64_t max_prompts = 64;      // prompts in one /v1/completions request
+};
+
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;  // 0: any free port (see ChatServer::bind)
   std::string model_name = "deepseek-v4";
   int64_t default_max_tokens = 256;  // when a request gives none (clamped to the context left)
-  int threads = 0;                   // HTTP worker threads; 0: 2 * slots + 8
+  ServerLimits limits;
 };
 
 class ChatServer {

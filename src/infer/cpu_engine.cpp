@@ -31,6 +31,11 @@ class CpuEngine final : public Engine {
     }
     decoder_.step(items, logits);
   }
+  void copy_slot(int64_t from, int64_t to) override {
+    TREX_CHECK(from >= 0 && from < slots() && to >= 0 && to < slots() && from != to,
+               "cpu engine: cannot copy slot {} to slot {} (slots [0, {}))", from, to, slots());
+    seqs_[size_t(to)] = seqs_[size_t(from)]->clone();
+  }
   int64_t cache_bytes() const override {
     int64_t b = 0;
     for (const auto& s : seqs_) b += int64_t(s->bytes());

@@ -280,6 +280,7 @@ class CudaEngine final : public Engine, public SpeculativeEngine {
     lengths_[size_t(slot)] = 0;
     if (speculate_) spec_[size_t(slot)] = SlotSpec{};
   }
+  void copy_slot(int64_t from, int64_t to) override;
   int64_t cache_bytes() const override;
   void forward(const std::vector<EngineFeed>& feeds, std::vector<float>& logits) override;
   void forward_greedy(const std::vector<EngineFeed>& feeds, std::vector<int32_t>& tokens) override;
@@ -336,6 +337,47 @@ class CudaEngine final : public Engine, public SpeculativeEngine {
   std::vector<SlotSpec> spec_;
   SpeculativeStats stats_;
 };
+
+// Slot `to` continues where `from` is (n > 1 sequences sharing a prompt): device copies of `from`'s cache regions
+// in every layer (the compressed and indexer entries written so far, the whole window ring and partial-window rows;
+// each slot owns a fixed region of every array), stream-ordered before the next step.
+void CudaEngine::copy_slot(int64_t from, int64_t to) {
+  TREX_CHECK(from >= 0 && from < slots_ && to >= 0 && to < slots_ && from != to,
+             "cuda engine: cannot copy slot {} to slot {} (slots [0, {}))", from, to, slots_);
+  const dsv4gpu::GpuModel::Impl& m = model_->impl();
+  const int64_t L = lengths_[size_t(from)];
+  auto copy = [&](void* base, int64_t per_slot, int64_t used) {  // bytes per slot, bytes to copy
+    if (used <= 0) return;
+    char* b = static_cast<char*>(base);
+    TREX_CUDA(cudaMemcpyAsync(b + to * per_slot, b + from * per_slot, size_t(used), cudaMemcpyDeviceToDevice,
+                              nullptr));
+  };
+  constexpr int64_t e = int64_t(sizeof(bf16));
+  for (size_t l = 0; l < caches_.size(); ++l) {
+    const dsv4::AttentionDims& D = m.blocks[l]->dims;
+    LayerCache& C = caches_[l];
+    const int64_t c = D.head_dim;
+    copy(C.win, D.window * c * e, D.window * c * e);
+    if (D.type == dsv4::AttnType::Sliding) continue;
+    const bool csa = D.type == dsv4::AttnType::CSA;
+    const int64_t w = csa ? 2 : 1, entries = std::min(L / D.ratio, C.cap);
+    copy(C.cmp, C.cap * c * e, entries * c * e);
+    copy(C.ckv.as<bf16>(), C.rows * w * c * e, C.rows * w * c * e);
+    copy(C.cgate.as<bf16>(), C.rows * w * c * e, C.rows * w * c * e);
+    if (!csa) continue;
+    const int64_t cI = D.index_head_dim;
+    copy(C.ikeys.as<bf16>(), std::max<int64_t>(C.cap, 1) * cI * e, entries * cI * e);
+    copy(C.ikv.as<bf16>(), 2 * D.ratio * 2 * cI * e, 2 * D.ratio * 2 * cI * e);
+    copy(C.igate.as<bf16>(), 2 * D.ratio * 2 * cI * e, 2 * D.ratio * 2 * cI * e);
+  }
+  if (speculate_) {  // the MTP's window ring, the kept final streams and the draft follow the slot
+    const int64_t W = mtp_->layer().dims.window, c = mtp_->layer().dims.head_dim, X = 2 * cfg_.hc_mult * cfg_.hidden;
+    copy(mtp_cache_.win, W * c * e, W * c * e);
+    copy(xprev_.as<bf16>(), X * e, X * e);
+    spec_[size_t(to)] = spec_[size_t(from)];
+  }
+  lengths_[size_t(to)] = L;
+}
 
 int64_t CudaEngine::cache_bytes() const {
   // Bytes of cache state the slots' current lengths use (the arrays are allocated for max_context up front).

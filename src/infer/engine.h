@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "model/dsv4/config.h"
 #include "model/dsv4/model.h"
 
@@ -46,6 +47,13 @@ class Engine {
         if (row[i] > row[best]) best = i;
       tokens[k] = int32_t(best);
     }
+  }
+  // Makes slot `to` continue exactly where slot `from` is (its caches and length copied; `from` unchanged), so
+  // that n sequences sharing a prompt prefill it once (OpenAI `n` > 1). Throws trex::Error for a slot out of
+  // range or from == to; engines that cannot copy caches say so.
+  virtual void copy_slot(int64_t from, int64_t to) {
+    (void)from, (void)to;
+    fail("the {} engine cannot copy a slot's caches", name());
   }
   virtual int64_t cache_bytes() const = 0;  // all slots' caches
 };

@@ -17,8 +17,8 @@ int32_t argmax(const float* logits, int64_t n) {
 }
 
 void validate(const SamplingParams& p) {
-  TREX_CHECK(std::isfinite(p.temperature) && p.temperature >= 0.0, "temperature must be >= 0, got {}",
-             p.temperature);
+  TREX_CHECK(p.temperature == 0.0 || (p.temperature >= kMinTemperature && p.temperature <= 100.0),
+             "temperature must be 0 (greedy) or in [{}, 100], got {}", kMinTemperature, p.temperature);
   TREX_CHECK(std::isfinite(p.top_p) && p.top_p > 0.0 && p.top_p <= 1.0, "top_p must be in (0, 1], got {}",
              p.top_p);
 }

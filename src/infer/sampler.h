@@ -6,6 +6,10 @@
 
 namespace trex::infer {
 
+// The smallest non-zero temperature: below it 1/T overflows the logit scale (1e-310 is a denormal whose
+// inverse is inf) and "sampling" silently degenerates; 0 asks for greedy decoding explicitly.
+constexpr double kMinTemperature = 1e-3;
+
 struct SamplingParams {
   double temperature = 0.0;  // 0: greedy
   double top_p = 1.0;        // (0, 1]
@@ -27,7 +31,8 @@ class Sampler {
   uint64_t state_;
 };
 
-// Throws trex::Error naming the field when temperature < 0 or top_p is outside (0, 1].
+// Throws trex::Error naming the field when temperature is neither 0 nor in [kMinTemperature, 100], or top_p
+// is outside (0, 1].
 void validate(const SamplingParams& p);
 
 }  // namespace trex::infer

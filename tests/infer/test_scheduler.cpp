@@ -93,6 +93,64 @@ TEST_F(SchedulerTest, MoreRequestsThanSlotsQueueAndAllFinish) {
   EXPECT_EQ(m.prompt_tokens, 3 * 7);
 }
 
+// copy_slot: a slot forked after the prompt continues exactly as a fresh prefill of the same prompt would.
+TEST_F(SchedulerTest, CopiedSlotDecodesLikeAFreshPrefill) {
+  auto e = make_cpu_engine(model_, 3, 256);
+  const std::vector<int32_t> prompt = {0, 17, 99, 23, 180, 7, 7, 31, 250, 4, 12, 90, 91, 92, 5, 6, 8};
+  std::vector<float> a, b;
+  e->forward({{0, prompt.data(), int64_t(prompt.size())}}, a);
+  e->forward({{2, prompt.data(), int64_t(prompt.size())}}, b);  // the reference: its own prefill
+  e->copy_slot(0, 1);
+  EXPECT_EQ(e->slot_length(1), int64_t(prompt.size()));
+  const int64_t V = e->config().vocab_size;
+  std::vector<int32_t> toks = {44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55};
+  for (int32_t t : toks) {
+    std::vector<float> lg;
+    e->forward({{0, &t, 1}, {1, &t, 1}, {2, &t, 1}}, lg);
+    // The same computation in different rows of one batch: equal up to the GEMM's row blocking.
+    EXPECT_LT(test::rel_max_err(lg.data() + V, lg.data() + 2 * V, V), 1e-5) << "copied slot != fresh prefill";
+    EXPECT_LT(test::rel_max_err(lg.data(), lg.data() + 2 * V, V), 1e-5);
+  }
+  // Slot 1 diverges independently of slot 0 (no shared state).
+  int32_t x = 100, y = 200;
+  std::vector<float> lg;
+  e->forward({{0, &x, 1}, {1, &y, 1}}, lg);
+  bool differ = false;
+  for (int64_t i = 0; i < V; ++i) differ = differ || lg[size_t(i)] != lg[size_t(V + i)];
+  EXPECT_TRUE(differ);
+  EXPECT_THROW(e->copy_slot(1, 1), trex::Error);
+  EXPECT_THROW(e->copy_slot(0, 3), trex::Error);
+}
+
+TEST_F(SchedulerTest, GroupOfNSharesThePromptAndMatchesSeededSoloRuns) {
+  Scheduler s(make_cpu_engine(model_, 4, 256));
+  RequestSpec r;
+  r.prompt = {0, 9, 8, 7, 6, 5};
+  r.max_tokens = 6;
+  r.sampling = {1.0, 1.0, 40};
+  r.stop_ids = {-1};
+  r.top_logprobs = 2;
+  auto g = s.submit_group(r, 3);
+  ASSERT_EQ(g.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    std::vector<int32_t> got;
+    std::vector<TokenLogprob> lps;
+    while (!g[size_t(i)]->wait(got, std::chrono::milliseconds(200), &lps)) {
+    }
+    RequestSpec solo = r;
+    solo.sampling.seed = 40 + uint64_t(i);
+    EXPECT_EQ(got, drain(*s.submit(solo))) << "member " << i;
+    ASSERT_EQ(lps.size(), got.size());
+    for (const auto& lp : lps) {
+      ASSERT_EQ(lp.top.size(), 2u);
+      EXPECT_GE(lp.top[0].second, lp.top[1].second);
+      EXPECT_LE(lp.logprob, lp.top[0].second + 1e-6f);
+    }
+  }
+  EXPECT_EQ(s.metrics().prompt_tokens, 6 + 3 * 6) << "the group prefills its prompt once";
+  EXPECT_THROW(s.submit_group(r, 5), trex::Error);  // more than the slots
+}
+
 TEST_F(SchedulerTest, RejectsWhatCannotRun) {
   SchedulerOptions so;
   so.max_queue = 0;
@@ -104,6 +162,16 @@ TEST_F(SchedulerTest, RejectsWhatCannotRun) {
   EXPECT_THROW(s.submit(r), trex::Error);  // beyond the context
   r.prompt = {1, 2, 400};
   EXPECT_THROW(s.submit(r), trex::Error);  // outside the vocabulary
+  r.prompt = {1, 2};
+  r.max_tokens = std::numeric_limits<int64_t>::max();
+  EXPECT_THROW(s.submit(r), trex::Error);  // prompt + max_tokens would overflow
+  r.max_tokens = 5;
+  r.sampling.temperature = 1e-310;
+  EXPECT_THROW(s.submit(r), trex::Error);  // a denormal temperature
+  r.sampling.temperature = 0;
+  r.frequency_penalty = 2.5;
+  EXPECT_THROW(s.submit(r), trex::Error);
+  r.frequency_penalty = 0;
   r.prompt = {1, 2};
   r.sampling.top_p = 0;
   EXPECT_THROW(s.submit(r), trex::Error);

@@ -245,10 +245,10 @@ TEST_F(ServerTest, BadRequestsGetOpenAiStyle400s) {
   std::string long_text;
   for (int i = 0; i < 400; ++i) long_text += "warehouse " + std::to_string(i) + " ";
   expect_400(chat(long_text, 4, 1).dump(), "messages", "context_length_exceeded");
-  expect_400(json({{"prompt_token_ids", std::vector<int>(kContext + 5, 7)}}).dump(), "messages",
+  expect_400(json({{"prompt_token_ids", std::vector<int>(kContext + 5, 7)}}).dump(), "prompt_token_ids",
              "context_length_exceeded");
   expect_400(chat("short", kContext, 1).dump(), "max_tokens", "context_length_exceeded");
-  expect_400(json({{"prompt_token_ids", {0, 5000}}, {"max_tokens", 2}}).dump(), "");  // id outside the vocab
+  expect_400(json({{"prompt_token_ids", {0, 5000}}, {"max_tokens", 2}}).dump(), "prompt_token_ids");  // outside the vocab
   EXPECT_TRUE(wait_idle(5));
 }
 
