@@ -26,6 +26,13 @@ json opt(const std::optional<double>& v) {
   return v ? json(*v) : json(nullptr);
 }
 
+// Every worker slot runs its programs under its own jail identity; refuses to start unisolated unless the
+// caller chose Isolation::None (--unsafe-no-sandbox).
+void require_isolation(const ExecConfig& exec, int jobs) {
+  check_isolation(exec);
+  TREX_CHECK(jobs <= kJailUidCount, "--jobs {} is more than the {} jail identities", jobs, kJailUidCount);
+}
+
 }  // namespace
 
 json ItemResult::to_json() const {
@@ -37,6 +44,7 @@ json ItemResult::to_json() const {
               {"expected", opt(expected)},
               {"expected_type", expected_type},
               {"format", format},
+              {"solver", solver},
               {"seconds", seconds},
               {"message", message}};
 }
@@ -72,6 +80,7 @@ ItemResult score_item(const BenchItem& item, const std::string* response, Rule r
   }
   r.message = trim_message(out.message);
   r.detail = exec_status_name(out.status);
+  r.solver = out.solver;
   switch (out.status) {
     case ExecStatus::Timeout:
       r.status = "timeout";
@@ -158,6 +167,7 @@ BenchmarkScore score_benchmark(const Benchmark& bench, const std::map<std::strin
   s.results.resize(todo.size());
   int jobs = opts.jobs > 0 ? opts.jobs : int(std::max(1u, std::thread::hardware_concurrency()));
   jobs = std::max(1, std::min<int>(jobs, int(todo.size())));
+  require_isolation(opts.exec, jobs);
   std::atomic<size_t> next{0};
   std::atomic<int> correct{0};
   std::mutex mu;

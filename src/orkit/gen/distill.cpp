@@ -68,19 +68,6 @@ std::string unfence(const std::string& code) {
   return trim(s);
 }
 
-std::vector<std::string> base_env(const DistillOptions& o, const fs::path& dir, const fs::path& pkg) {
-  return {"PATH=/usr/local/bin:/usr/bin:/bin",
-          "HOME=" + dir.string(),
-          "TMPDIR=" + dir.string(),
-          "LANG=C.UTF-8",
-          "PYTHONPATH=" + pkg.string(),
-          "PYTHONDONTWRITEBYTECODE=1",
-          "PYTHONHASHSEED=0",
-          "TREX_BIN=" + fs::absolute(o.trex_bin).string(),
-          "OMP_NUM_THREADS=1",
-          "OPENBLAS_NUM_THREADS=1"};
-}
-
 bool status_agrees(const std::string& got, const std::string& want) {
   return got == want || (got == "infeasible_or_unbounded" && (want == "infeasible" || want == "unbounded"));
 }
@@ -121,58 +108,39 @@ std::optional<CleanAnswer> clean_answer(const std::string& response) {
 }
 
 json run_python_answer(const std::string& code, const json& files, const DistillOptions& opts, int slot) {
-  const fs::path pkg = fs::absolute(opts.python_pkg.empty() ? eval::default_python_pkg() : opts.python_pkg);
-  const char* tmp = std::getenv("TMPDIR");
-  std::string tmpl = (fs::path(tmp ? tmp : "/tmp") / "trex-distill-XXXXXX").string();
-  TREX_CHECK(mkdtemp(tmpl.data()) != nullptr, "cannot create a temporary directory for an answer");
-  const fs::path dir = tmpl;
-  fs::permissions(dir, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
-                           fs::perms::others_read | fs::perms::others_exec);
+  // The evaluator's path: the program runs in the jail, the harness solves the model it leaves.
   json out = {{"status", "error"}, {"objective", nullptr}, {"message", ""}};
   try {
-    write_text_atomic(dir / "answer.py", code);
+    std::map<std::string, std::string> attached;
     if (files.is_object())
-      for (auto it = files.begin(); it != files.end(); ++it) {
-        TREX_CHECK(it.key().find('/') == std::string::npos && it.key() != ".." && !it.key().empty(),
-                   "attached file name '{}' is not a plain file name", it.key());
-        write_text_atomic(dir / it.key(), it->get<std::string>());
-      }
-    const fs::path result = dir / ".trex_result.json";
-    std::vector<std::string> argv{eval::find_python(opts.python),
-                                  "-B",
-                                  "-s",
-                                  (pkg / "_trex_run.py").string(),
-                                  "answer.py",
-                                  result.string(),
-                                  "objective"};
-    eval::SandboxLimits lim;
-    lim.wall_seconds = opts.exec_timeout_s;
-    lim.slot = slot;
-    const eval::SandboxResult r = eval::run_sandboxed(argv, base_env(opts, dir, pkg), dir, lim);
-    if (r.end == eval::SandboxEnd::WallTimeout || r.end == eval::SandboxEnd::CpuTimeout) {
-      out["status"] = "timeout";
-      out["message"] = r.describe();
-    } else if (r.end != eval::SandboxEnd::Exited || !fs::exists(result)) {
-      out["message"] =
-          r.describe() + ": " + r.output.substr(r.output.size() > 1500 ? r.output.size() - 1500 : 0);
-    } else {
-      const json j = json::parse(read_text_file(result));
-      const std::string st = j.value("status", "error");
-      if (st == "exception") {
-        out["message"] = j.value("error_type", "Error") + ": " + j.value("message", "");
-      } else if (st == "no_model") {
-        out["message"] = "no model: " + j.value("message", "");
-      } else {
-        out["status"] = st;
-        if (j.contains("objective") && j["objective"].is_number()) out["objective"] = j["objective"];
-        out["message"] = j.value("message", "");
-      }
+      for (auto it = files.begin(); it != files.end(); ++it) attached[it.key()] = it->get<std::string>();
+    eval::ExecConfig cfg;
+    cfg.python = opts.python;
+    cfg.python_pkg = opts.python_pkg;
+    cfg.trex_bin = opts.trex_bin;
+    cfg.limits.wall_seconds = opts.exec_timeout_s;
+    const eval::ExecOutcome r = eval::execute_python(code, attached, eval::GradeKind::Objective, cfg, slot);
+    out["message"] = r.message;
+    switch (r.status) {
+      case eval::ExecStatus::Optimal:
+        out["status"] = "optimal";
+        out["objective"] = *r.objective;
+        break;
+      case eval::ExecStatus::Infeasible:
+      case eval::ExecStatus::Unbounded:
+      case eval::ExecStatus::InfeasibleOrUnbounded:
+      case eval::ExecStatus::Timeout:
+        out["status"] = eval::exec_status_name(r.status);
+        break;
+      case eval::ExecStatus::NoModel:
+        out["message"] = "no model: " + r.message;
+        break;
+      default:
+        break;
     }
   } catch (const std::exception& e) {
     out["message"] = e.what();
   }
-  std::error_code ec;
-  fs::remove_all(dir, ec);
   return out;
 }
 
