@@ -429,8 +429,10 @@ struct ChatServer::Impl {
         c.offset.push_back(-1);
         if (t == end_think) c.in_reasoning = false;
       } else {
-        c.offset.push_back(c.content_bytes);
-        c.content_bytes += int64_t(token_text(t).size());
+        // The ids-only server's text puts a space between ids: offsets count it.
+        const int64_t sep = !tok && c.content_bytes > 0 ? 1 : 0;
+        c.offset.push_back(c.content_bytes + sep);
+        c.content_bytes += sep + int64_t(token_text(t).size());
       }
     }
     c.lps.insert(c.lps.end(), lps.begin(), lps.end());
