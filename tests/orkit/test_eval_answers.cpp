@@ -3,12 +3,14 @@
 // each benchmark's own rule; and the CLI `trex eval score` writes the documented files.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <set>
 
 #include "core/files.h"
 #include "orkit/eval/runner.h"
+#include "orkit/eval/sandbox.h"
 
 using namespace trex::orkit::eval;
 namespace fs = std::filesystem;
@@ -40,6 +42,11 @@ TEST(EvalAnswers, HandWrittenCorrectAnswersScoreCorrect) {
   ScoreOptions opts;
   opts.exec.trex_bin = TREX_BINARY;
   opts.exec.limits.wall_seconds = 60;
+  if (!jail_support().ok) {  // the verdicts do not depend on the jail; the hostile suite tests the jail
+    std::fprintf(stderr, "note: no jail here, scoring the oracle answers unisolated: %s\n",
+                 jail_support().problem.c_str());
+    opts.exec.isolation = Isolation::None;
+  }
   opts.jobs = 2;
   opts.progress = false;
   int total = 0;
