@@ -29,6 +29,7 @@ struct CommonOpts {
   int jobs = 0;
   bool keep = false;
   bool no_progress = false;
+  bool unsafe_no_sandbox = false;
 };
 
 void add_common(CLI::App& sub, CommonOpts& o) {
@@ -48,6 +49,9 @@ void add_common(CLI::App& sub, CommonOpts& o) {
                  "trex (T-Rex's corrected protocol) or report (the founding report's prompts, extraction and "
                  "ORGEval rewrites, quirks included; docs/eval.md)")
       ->capture_default_str();
+  sub.add_flag("--unsafe-no-sandbox", o.unsafe_no_sandbox,
+               "run the programs without the bubblewrap jail: they can read and write what this user can, reach "
+               "the network and read the answer key (only for trusted answers; docs/eval.md, Isolation)");
 }
 
 ScoreOptions score_options(const CommonOpts& o) {
@@ -61,6 +65,12 @@ ScoreOptions score_options(const CommonOpts& o) {
   so.exec.limits.memory_bytes = size_t(o.memory_gb * double(size_t(1) << 30));
   so.jobs = o.jobs;
   so.progress = !o.no_progress;
+  if (o.unsafe_no_sandbox) {
+    so.exec.isolation = Isolation::None;
+    std::fputs("warning: --unsafe-no-sandbox: the programs run unisolated, with this user's access to files, "
+               "the network and the answer key; their scores are not trustworthy\n",
+               stderr);
+  }
   TREX_CHECK(o.timeout > 0, "--timeout must be positive");
   TREX_CHECK(fs::exists(so.exec.python_pkg.empty() ? default_python_pkg() : so.exec.python_pkg),
              "solver look-alikes not found at {} (set --python-pkg or TREX_PYTHON_PKG)",
@@ -89,6 +99,7 @@ void setup_score(CLI::App& sub) {
   sub.callback([o, responses] {
     auto t0 = std::chrono::steady_clock::now();
     const ScoreOptions so = score_options(*o);
+    check_isolation(so.exec);  // before any work: no jail and no --unsafe-no-sandbox is an error
     const auto answers = load_responses(*responses);
     std::vector<BenchmarkScore> scores;
     const Protocol protocol = parse_protocol(o->protocol);
@@ -98,7 +109,8 @@ void setup_score(CLI::App& sub) {
     }
     nlohmann::json meta{
         {"mode", "score"}, {"responses", *responses}, {"jobs", so.jobs}, {"timeout_seconds", o->timeout},
-        {"protocol", o->protocol}};
+        {"protocol", o->protocol},
+        {"isolation", o->unsafe_no_sandbox ? "none (--unsafe-no-sandbox)" : "bubblewrap jail"}};
     finish(o->out, scores, meta,
            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   });
@@ -139,6 +151,7 @@ void setup_run(CLI::App& sub) {
     auto t0 = std::chrono::steady_clock::now();
     const ScoreOptions so = score_options(*o);
     g->protocol = parse_protocol(o->protocol);
+    if (!*generate_only) check_isolation(so.exec);  // before generating: a run that cannot be scored stops here
     fs::create_directories(o->out);
     ResponseCache cache(fs::path(o->out) / "cache.jsonl");
     OpenAIClient client(g->client);
@@ -179,7 +192,8 @@ void setup_run(CLI::App& sub) {
                         {"prompt", g->prompt_format},
                         {"protocol", o->protocol},
                         {"sampling", g->sampling.to_json()},
-                        {"usage", usage}};
+                        {"usage", usage},
+                        {"isolation", o->unsafe_no_sandbox ? "none (--unsafe-no-sandbox)" : "bubblewrap jail"}};
     finish(o->out, scores, meta,
            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   });
@@ -218,6 +232,7 @@ void setup_suite(CLI::App& sub) {
     TREX_CHECK(o->rule.empty(), "--rule does not apply to the suite: each set is scored under the report's rule");
     so->score = score_options(*o);
     so->score.progress = !o->no_progress;
+    check_isolation(so->score.exec);
     so->generate.protocol = parse_protocol(o->protocol);
     so->benchmarks_dir = *dir;
     so->out = o->out;
@@ -226,7 +241,8 @@ void setup_suite(CLI::App& sub) {
     ResponseCache cache(so->out / "cache.jsonl");
     OpenAIClient client(so->generate.client);
     const nlohmann::json meta{
-        {"mode", "suite"}, {"model", so->generate.client.model}, {"base_url", so->generate.client.base_url}};
+        {"mode", "suite"}, {"model", so->generate.client.model}, {"base_url", so->generate.client.base_url},
+        {"isolation", o->unsafe_no_sandbox ? "none (--unsafe-no-sandbox)" : "bubblewrap jail"}};
     const nlohmann::json suite = run_suite(client, cache, *so, meta);
     std::printf("%-16s %6s", "set", "items");
     for (int k : so->ks) std::printf("  Pass@%-3d", k);
