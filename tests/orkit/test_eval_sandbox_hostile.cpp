@@ -22,6 +22,7 @@
 #include <random>
 
 #include "core/files.h"
+#include "orkit/eval/execute.h"
 #include "orkit/eval/sandbox.h"
 
 namespace fs = std::filesystem;
@@ -317,11 +318,12 @@ class HostileAnswers : public ::testing::Test {
   }
 
   // Runs `trex eval score` (under `prefix`, e.g. setpriv) into dir_/out_name and checks everything.
-  void run_and_check(const std::string& prefix, const std::string& out_name) {
+  void run_and_check(const std::string& prefix, const std::string& out_name,
+                     const std::string& binary = TREX_BINARY, const std::string& extra_args = "") {
     const fs::path out = dir_ / out_name;
     fs::create_directory(out);
     fs::permissions(out, fs::perms::all);  // the unprivileged harness writes here
-    const std::string cmd = prefix + std::string(TREX_BINARY) + " eval score --benchmark " +
+    const std::string cmd = prefix + binary + extra_args + " eval score --benchmark " +
                             (dir_ / "hostile.jsonl").string() + " --benchmark " +
                             (dir_ / "hostile_orgeval.jsonl").string() + " --responses " +
                             (dir_ / "responses.jsonl").string() + " --out " + out.string() +
@@ -384,16 +386,31 @@ TEST_F(HostileAnswers, NoneScoresCorrectNothingLeaksNothingOutlivesTheRun) {
     if (std::system("command -v setpriv >/dev/null 2>&1") != 0)
       GTEST_SKIP() << "setpriv (util-linux) missing: cannot re-run the harness as an unprivileged user";
     if (access(TREX_BINARY, X_OK) != 0) GTEST_SKIP() << "no trex binary";
-    const std::string probe = "setpriv --reuid=" + std::to_string(kNobody) + " --regid=" + std::to_string(kNobody) +
-                              " --clear-groups test -x " + std::string(TREX_BINARY);
-    if (std::system(probe.c_str()) != 0)
-      GTEST_SKIP() << "uid " << kNobody << " cannot execute " << TREX_BINARY
-                   << " (a parent directory is closed to other users): the unprivileged run needs the build "
-                      "under a path others can traverse";
+    const std::string as_nobody =
+        "setpriv --reuid=" + std::to_string(kNobody) + " --regid=" + std::to_string(kNobody) + " --clear-groups ";
+    std::string binary = TREX_BINARY, extra_args;
+    if (std::system((as_nobody + "test -x " + binary).c_str()) != 0) {
+      // The checkout sits under a directory closed to other users (e.g. /root): stage the binary and the solver
+      // look-alikes where the unprivileged user can reach them, as a deployment outside a home directory would.
+      const fs::path stage = dir_ / "stage";
+      fs::create_directories(stage);
+      fs::copy_file(TREX_BINARY, stage / "trex");
+      fs::copy(trex::orkit::eval::default_python_pkg(), stage / "trex_solvers", fs::copy_options::recursive);
+      const auto open = fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                        fs::perms::others_read | fs::perms::others_exec;
+      fs::permissions(stage, open);
+      fs::permissions(stage / "trex", open);
+      for (const auto& e : fs::recursive_directory_iterator(stage / "trex_solvers"))
+        fs::permissions(e.path(), e.is_directory() ? open : (open & ~(fs::perms::owner_exec | fs::perms::group_exec |
+                                                                        fs::perms::others_exec)) | fs::perms::owner_write);
+      fs::permissions(stage / "trex_solvers", open);
+      binary = (stage / "trex").string();
+      extra_args = " --python-pkg " + (stage / "trex_solvers").string();
+    }
+    ASSERT_EQ(std::system((as_nobody + "test -x " + binary).c_str()), 0)
+        << "uid " << kNobody << " cannot execute " << binary;
     SCOPED_TRACE("harness as uid 65534");
-    run_and_check("setpriv --reuid=" + std::to_string(kNobody) + " --regid=" + std::to_string(kNobody) +
-                      " --clear-groups env HOME=/tmp ",
-                  "out-nobody");
+    run_and_check(as_nobody + "env HOME=/tmp ", "out-nobody", binary, extra_args);
   } else {
     SCOPED_TRACE("harness as uid " + std::to_string(geteuid()));
     run_and_check("", "out-user");
