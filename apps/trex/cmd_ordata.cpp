@@ -41,6 +41,11 @@ void setup_generate(CLI::App& app) {
   app.add_option("--ingest", *ingest, "domain text for the CPT corpus (.txt, .md, .jsonl with \"text\")");
   app.add_option("--time-limit", opts->solve_time_limit_s, "seconds per solve")->capture_default_str();
   app.add_flag("!--no-progress", opts->progress, "no progress bar");
+  app.add_flag_function(
+      "--unsafe-no-sandbox",
+      [opts](int64_t) { opts->exec.isolation = trex::orkit::eval::Isolation::None; },
+      "run the LP-structure answers for their check without the bubblewrap jail (they are the generator's own "
+      "programs; docs/ordata.md)");
   app.callback([=] {
     trex::orkit::gen::GenerateOptions o = *opts;
     o.out = *out;

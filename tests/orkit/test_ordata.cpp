@@ -157,11 +157,11 @@ TEST(OrdataRender, ThreeRepresentations) {
   ASSERT_TRUE(v.ok);
   Rng rng(1);
   const std::string prof = in.data["profit"].begin().value().dump();
-  const auto inl = render(in, Category::SolverCode, Representation::Inline, v.lp, rng);
-  const auto tab = render(in, Category::SolverCode, Representation::Table, v.lp, rng);
-  const auto att = render(in, Category::Formulation, Representation::Attached, v.lp, rng);
-  const auto ext = render(in, Category::ExternalData, Representation::Attached, v.lp, rng);
-  const auto lp = render(in, Category::LpStructure, Representation::Table, v.lp, rng);
+  const auto inl = render(in, Category::SolverCode, Representation::Inline, rng);
+  const auto tab = render(in, Category::SolverCode, Representation::Table, rng);
+  const auto att = render(in, Category::Formulation, Representation::Attached, rng);
+  const auto ext = render(in, Category::ExternalData, Representation::Attached, rng);
+  const auto lp = render(in, Category::LpStructure, Representation::Table, rng);
   auto user = [](const Rendered& r) {
     for (const auto& m : r.messages)
       if (m["role"] == "user") return m["content"].get<std::string>();
@@ -184,7 +184,11 @@ TEST(OrdataRender, ThreeRepresentations) {
   }
   EXPECT_NE(assistant(att).find("json.load"), std::string::npos);
   EXPECT_NE(assistant(inl).find("data = {"), std::string::npos);
-  EXPECT_NE(assistant(lp).find("```lp\n" + v.lp), std::string::npos);
+  // The LP-structure answer is the gurobipy program that writes the model as an LP file, not the file itself.
+  EXPECT_EQ(assistant(lp).find("```lp"), std::string::npos);
+  EXPECT_NE(assistant(lp).find("<python>\n" + lp_writer_program(in, Representation::Table)), std::string::npos);
+  EXPECT_NE(assistant(lp).find("model.write(\"production_planning.lp\")"), std::string::npos);
+  EXPECT_EQ(assistant(lp).find("model.optimize()"), std::string::npos);
   // Every profit value appears in the prose of the inline representation.
   for (auto& [p, val] : in.data["profit"].items()) EXPECT_NE(user(inl).find(money(val.get<double>())), std::string::npos);
 }
@@ -194,8 +198,8 @@ TEST(OrdataRender, CsvAttachment) {
   const Verdict v = verify_instance(in);
   ASSERT_TRUE(v.ok) << v.detail;
   Rng rng(1);
-  const auto ext = render(in, Category::ExternalData, Representation::Attached, v.lp, rng, AttachFormat::Csv);
-  const auto att = render(in, Category::SolverCode, Representation::Attached, v.lp, rng, AttachFormat::Csv);
+  const auto ext = render(in, Category::ExternalData, Representation::Attached, rng, AttachFormat::Csv);
+  const auto att = render(in, Category::SolverCode, Representation::Attached, rng, AttachFormat::Csv);
   EXPECT_FALSE(ext.files.contains("data.json"));
   const auto files = csv_files(in);
   ASSERT_EQ(ext.files.size(), files.size());

@@ -19,6 +19,7 @@
 #include "orkit/eval/extract.h"
 #include "orkit/eval/openai_client.h"
 #include "orkit/eval/sandbox.h"
+#include "orkit/gen/lp_answer.h"
 #include "orkit/gen/verify.h"
 #include "orkit/lp/lp_format.h"
 #include "orkit/lp/model_util.h"
@@ -146,23 +147,6 @@ json run_python_answer(const std::string& code, const json& files, const Distill
 
 namespace {
 
-json run_lp_answer(const std::string& lp) {
-  json out = {{"status", "error"}, {"objective", nullptr}, {"message", ""}};
-  try {
-    const Model m = read_lp(lp, "<teacher lp>");
-    SolveOptions so;
-    so.mip_gap = 0.0;
-    so.time_limit_s = 60;
-    const SolveResult r = solve(m, so);
-    out["status"] = status_name(r.status);
-    if (r.status == SolveStatus::Optimal) out["objective"] = r.objective;
-    out["message"] = r.message;
-  } catch (const std::exception& e) {
-    out["message"] = e.what();
-  }
-  return out;
-}
-
 ItemResult distill_item(const json& sample, const DistillOptions& o, const eval::OpenAIClient& client,
                         int slot) {
   ItemResult res;
@@ -198,13 +182,46 @@ ItemResult distill_item(const json& sample, const DistillOptions& o, const eval:
       reject("no_reasoning", "the answer has no <think> section");
       continue;
     }
-    if (clean->lp != lp_task) {
-      reject("wrong_format", lp_task ? "an LP file was asked for" : "a Python program was asked for");
+    if (clean->lp) {
+      reject("wrong_format", lp_task ? "a Python program that writes the LP file was asked for"
+                                     : "a Python program was asked for");
       continue;
     }
-    const json run = clean->lp
-                         ? run_lp_answer(clean->code)
-                         : run_python_answer(clean->code, sample.value("files", json::object()), o, slot);
+    if (lp_task) {
+      // The LP-structure contract: the program writes the model as an LP file, graded by ORGEval against
+      // the sample's verified LP (lp_answer.h), as `trex ordata generate` checks its own answers.
+      std::map<std::string, std::string> files;
+      const json jf = sample.value("files", json::object());
+      for (auto it = jf.begin(); it != jf.end(); ++it) files[it.key()] = it->get<std::string>();
+      eval::ExecConfig cfg;
+      cfg.python = o.python;
+      cfg.python_pkg = o.python_pkg;
+      cfg.trex_bin = o.trex_bin;
+      cfg.limits.wall_seconds = o.exec_timeout_s;
+      LpAnswerCheck c;
+      try {
+        c = check_lp_answer(clean->code, files, sample.at("lp").get<std::string>(), cfg, slot);
+      } catch (const std::exception& e) {
+        c.reason = "lp_answer_program";
+        c.detail = e.what();
+      }
+      if (!c.ok) {
+        reject(c.reason, c.detail);
+        continue;
+      }
+      json kept = sample;
+      json msgs = json::array();
+      for (const auto& m : sample.at("messages"))
+        if (m.at("role") != "assistant") msgs.push_back(m);
+      msgs.push_back({{"role", "assistant"}, {"content", clean->text()}});
+      kept["messages"] = msgs;
+      kept["id"] = sample.value("id", "?") + "-distill";
+      kept["distill"] = {{"teacher", o.model}, {"answer", k}, {"finish_reason", cr.finish_reason},
+                         {"lp_answer", "orgeval_equivalent"}};
+      res.kept = std::move(kept);
+      break;
+    }
+    const json run = run_python_answer(clean->code, sample.value("files", json::object()), o, slot);
     const std::string got = run["status"];
     if (got == "error" || got == "timeout") {
       reject(got == "timeout" ? "timeout" : "program_error", run.value("message", ""));

@@ -21,6 +21,7 @@
 #include "orkit/gen/corpus.h"
 #include "orkit/gen/cpt.h"
 #include "orkit/gen/decontam.h"
+#include "orkit/gen/lp_answer.h"
 #include "orkit/gen/registry.h"
 #include "orkit/gen/render.h"
 #include "orkit/gen/report.h"
@@ -42,7 +43,7 @@ std::vector<const Family*> selected_families(const GenerateOptions& o) {
 
 }  // namespace
 
-json run_attempt(const GenerateOptions& opts, int64_t gi, const void* decontam_index) {
+json run_attempt(const GenerateOptions& opts, int64_t gi, const void* decontam_index, int slot) {
   const auto* index = static_cast<const BenchmarkIndex*>(decontam_index);
   const uint64_t seed = sample_seed(opts.seed, static_cast<uint64_t>(gi));
   Rng rng(seed);
@@ -108,7 +109,31 @@ json run_attempt(const GenerateOptions& opts, int64_t gi, const void* decontam_i
                                 ov.item_id);
     return res;
   }
-  Rendered rd = render(inst, cat, rep, v.lp, rng, attach);
+  Rendered rd = render(inst, cat, rep, rng, attach);
+  if (cat == Category::LpStructure) {
+    // The answer as rendered runs where `trex eval` would run it; the LP file it writes must be
+    // ORGEval-equivalent to the verified reference LP, else the sample is dropped.
+    const std::string answer = rd.messages.back()["content"].get<std::string>();
+    const size_t open = answer.find("<python>\n"), close = answer.rfind("</python>");
+    TREX_CHECK(open != std::string::npos && close != std::string::npos && close > open,
+               "LP-structure answer of attempt {} has no <python> block", gi);
+    std::map<std::string, std::string> files;
+    for (auto it = rd.files.begin(); it != rd.files.end(); ++it) files[it.key()] = it->get<std::string>();
+    eval::ExecConfig exec = opts.exec;
+    if (exec.trex_bin.empty()) exec.trex_bin = std::filesystem::read_symlink("/proc/self/exe");
+    LpAnswerCheck c;
+    try {
+      c = check_lp_answer(answer.substr(open + 9, close - open - 9), files, v.lp, exec, slot);
+    } catch (const std::exception& e) {
+      c.reason = "lp_answer_program";
+      c.detail = e.what();
+    }
+    if (!c.ok) {
+      res["reason"] = c.reason;
+      res["detail"] = c.detail;
+      return res;
+    }
+  }
   json s;
   s["id"] = fmt::format("ordata-{}-{}", opts.seed, gi);
   s["messages"] = rd.messages;
@@ -126,6 +151,7 @@ json run_attempt(const GenerateOptions& opts, int64_t gi, const void* decontam_i
   s["structure"] = fam.structure;
   s["verification"] = {{"route1", v.solver1}, {"route2", v.solver2},
                        {"objective_route2", inst.expected == Expected::Optimal ? json(v.objective_route2) : json(nullptr)}};
+  if (cat == Category::LpStructure) s["verification"]["lp_answer"] = "orgeval_equivalent";
   res["sample"] = std::move(s);
   std::optional<Sensitivity> sens;
   try {
@@ -146,7 +172,7 @@ std::vector<json> run_batch(const GenerateOptions& opts, const std::vector<int64
   std::vector<json> out(gis.size());
   if (workers <= 1 || gis.size() < 4) {
     for (size_t k = 0; k < gis.size(); ++k) {
-      out[k] = run_attempt(opts, gis[k], index);
+      out[k] = run_attempt(opts, gis[k], index, 0);
       if (bar) bar->advance();
     }
     return out;
@@ -168,7 +194,7 @@ std::vector<json> run_batch(const GenerateOptions& opts, const std::vector<int64
         for (size_t k = w; k < gis.size(); k += workers) {
           json r;
           try {
-            r = run_attempt(opts, gis[k], index);
+            r = run_attempt(opts, gis[k], index, w);
           } catch (const std::exception& e) {
             r = {{"index", gis[k]}, {"ok", false}, {"reason", "exception"}, {"detail", e.what()}};
           }
@@ -251,6 +277,7 @@ GenerateSummary generate(const GenerateOptions& opts) {
              opts.profile);
   TREX_CHECK(!opts.out.empty(), "--out is required");
   (void)selected_families(opts);  // validates names
+  eval::check_isolation(opts.exec);  // LP-structure answers need the jail (or --unsafe-no-sandbox)
   std::filesystem::create_directories(opts.out);
 
   std::unique_ptr<BenchmarkIndex> index;

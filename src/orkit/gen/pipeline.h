@@ -1,5 +1,6 @@
 // `trex ordata generate`: draws attempts (family, category, representation, difficulty, target status) from
-// per-index seeds, generates, verifies through two routes, decontaminates and renders them in a pool of
+// per-index seeds, generates, verifies through two routes (and runs each LP-structure answer through the
+// evaluator's jail and ORGEval, lp_answer.h), decontaminates and renders them in a pool of
 // forked worker processes, keeps the first N that pass in index order (so the output depends only on the
 // seed and the options, never on the number of workers), then writes sft.jsonl, cpt.jsonl, stats.json,
 // report.html and timing.json (verification seconds per family; the one output that varies between runs).
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "orkit/eval/execute.h"
 #include "orkit/gen/instance.h"
 
 namespace trex::orkit::gen {
@@ -29,6 +31,9 @@ struct GenerateOptions {
   std::vector<std::filesystem::path> ingest;  // user domain text for the CPT corpus
   double solve_time_limit_s = 20.0;
   bool progress = true;
+  // How LP-structure answers run for their check (lp_answer.h): in the evaluator's jail, unless
+  // isolation is None (--unsafe-no-sandbox). An empty trex_bin means this executable.
+  eval::ExecConfig exec;
 };
 
 struct GenerateSummary {
@@ -38,7 +43,8 @@ struct GenerateSummary {
 
 GenerateSummary generate(const GenerateOptions& opts);
 
-// One attempt, fully deterministic in (opts, global index). Exposed for tests.
-json run_attempt(const GenerateOptions& opts, int64_t global_index, const void* decontam_index);
+// One attempt, fully deterministic in (opts, global index); `slot` is the worker's jail identity.
+// Exposed for tests.
+json run_attempt(const GenerateOptions& opts, int64_t global_index, const void* decontam_index, int slot = 0);
 
 }  // namespace trex::orkit::gen

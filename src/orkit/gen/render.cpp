@@ -1,5 +1,6 @@
 #include "orkit/gen/render.h"
 
+#include <cctype>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -98,12 +99,14 @@ const std::vector<std::string> kFormulationAsks = {
     "every constraint), then give gurobipy code.",
     "Model the following decision problem as a mathematical program and provide solver code.",
 };
+// The LP-structure asks: the answer is the report's ORGEval contract, a gurobipy program that builds the
+// model and writes it as an LP file (lp_file_name) instead of solving it.
 const std::vector<std::string> kLpAsks = {
-    "Write the optimisation model of the following problem as a CPLEX LP file (objective, constraints, bounds "
-    "and integrality sections). Do not solve it.",
-    "Give the complete model of this problem in CPLEX LP format. Use explicit numbers from the data; do not "
-    "solve it.",
-    "Produce the LP file (CPLEX LP syntax) that represents the following optimisation problem.",
+    "Write gurobipy code that builds the optimisation model of the following problem and writes it to the LP "
+    "file {} with model.write. Do not solve it.",
+    "Give Gurobi Python code for the model of this problem that saves the model as {} (model.write); do not "
+    "call optimize.",
+    "Build the following optimisation problem in gurobipy and export it with model.write(\"{}\").",
 };
 
 std::string status_note(const Instance& inst) {
@@ -132,7 +135,10 @@ std::string problem_statement(const Instance& inst, Representation rep, bool hid
   return s + inst.question;
 }
 
-std::string python_program(const Instance& inst, Representation rep, AttachFormat attach) {
+namespace {
+
+// Imports and the data (literal, data.json or the CSV files) that precede the family's body.
+std::string program_head(const Instance& inst, Representation rep, AttachFormat attach) {
   std::string code = "import json\nimport gurobipy as gp\nfrom gurobipy import GRB\n\n";
   if (rep == Representation::Attached && attach == AttachFormat::Csv)
     code = "import gurobipy as gp\nfrom gurobipy import GRB\n" + csv_loader_python(inst.data) + "\n";
@@ -140,12 +146,36 @@ std::string python_program(const Instance& inst, Representation rep, AttachForma
     code += "with open(\"data.json\") as f:\n    data = json.load(f)\n\n";
   else
     code += "# Data from the problem statement.\ndata = " + python_literal(inst.data) + "\n\n";
+  return code;
+}
+
+}  // namespace
+
+std::string python_program(const Instance& inst, Representation rep, AttachFormat attach) {
+  std::string code = program_head(inst, rep, attach);
   code += inst.python_body;
   code +=
       "\nif model.Status == GRB.OPTIMAL:\n    print(f\"optimal_value = {model.ObjVal}\")\n"
       "elif model.Status == GRB.INFEASIBLE:\n    print(\"INFEASIBLE\")\n"
       "elif model.Status in (GRB.UNBOUNDED, GRB.INF_OR_UNBD):\n    print(\"UNBOUNDED\")\nelse:\n    print(\"ERROR\")\n";
   return code;
+}
+
+std::string lp_file_name(const Instance& inst) {
+  std::string name;
+  for (char c : inst.family) name += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  return (name.empty() ? std::string("model") : name) + ".lp";
+}
+
+std::string lp_writer_program(const Instance& inst, Representation rep, AttachFormat attach) {
+  // Every family's body ends by solving; the LP-structure answer writes the model instead.
+  static const std::string kSolve = "model.optimize()\n";
+  const std::string& body = inst.python_body;
+  TREX_CHECK(body.size() >= kSolve.size() && body.compare(body.size() - kSolve.size(), kSolve.size(), kSolve) == 0,
+             "family {}: its Python body does not end with model.optimize(), so it cannot become an LP writer",
+             inst.family);
+  return program_head(inst, rep, attach) + body.substr(0, body.size() - kSolve.size()) + "model.write(\"" +
+         lp_file_name(inst) + "\")\n";
 }
 
 std::string explicit_algebra(const Model& m, size_t max_terms) {
@@ -189,7 +219,7 @@ std::string explicit_algebra(const Model& m, size_t max_terms) {
   return out;
 }
 
-Rendered render(const Instance& inst, Category cat, Representation rep, const std::string& lp_text, Rng& rng,
+Rendered render(const Instance& inst, Category cat, Representation rep, Rng& rng,
                 AttachFormat attach) {
   Rendered out;
   out.files = json::object();
@@ -222,9 +252,11 @@ Rendered render(const Instance& inst, Category cat, Representation rep, const st
                            python_program(inst, Representation::Attached, attach) + "</python>");
       break;
     case Category::LpStructure:
-      add("user", rng.pick(kLpAsks) + "\n\n" + problem_statement(inst, rep, false, attach));
-      add("assistant", "<think>\n" + think + "\n</think>\n<model>\n" + inst.formulation + "\n</model>\n```lp\n" +
-                           lp_text + "```");
+      add("system", kSolverSystem);
+      add("user", fmt::format(fmt::runtime(rng.pick(kLpAsks)), lp_file_name(inst)) + "\n\n" +
+                      problem_statement(inst, rep, false, attach));
+      add("assistant", "<think>\n" + think + "\n</think>\n<model>\n" + inst.formulation + "\n</model>\n<python>\n" +
+                           lp_writer_program(inst, rep, attach) + "</python>");
       break;
   }
   if (rep == Representation::Attached && attach == AttachFormat::Csv) {

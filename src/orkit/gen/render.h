@@ -34,10 +34,14 @@ std::string problem_statement(const Instance& inst, Representation rep, bool hid
 // The complete gurobipy program for the representation (data literal, data.json or the CSV files) with
 // status printing.
 std::string python_program(const Instance& inst, Representation rep, AttachFormat attach = AttachFormat::Json);
+// The LP-structure answer: the same program, but it ends with model.write(lp_file_name(inst)) instead of solving.
+std::string lp_writer_program(const Instance& inst, Representation rep, AttachFormat attach = AttachFormat::Json);
+// The LP file an LP-structure answer writes: "<family>.lp".
+std::string lp_file_name(const Instance& inst);
 // The model written out with its numbers (only sensible for small instances).
 std::string explicit_algebra(const Model& model, size_t max_terms = 400);
 
-Rendered render(const Instance& inst, Category cat, Representation rep, const std::string& lp_text, Rng& rng,
+Rendered render(const Instance& inst, Category cat, Representation rep, Rng& rng,
                 AttachFormat attach = AttachFormat::Json);
 
 }  // namespace trex::orkit::gen
