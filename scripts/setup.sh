@@ -10,12 +10,14 @@ packages=(
   coinor-libcbc-dev coinor-libclp-dev coinor-libcgl-dev coinor-libosi-dev coinor-libcoinutils-dev coinor-cbc
   libglpk-dev glpk-utils coinor-libipopt-dev
   python3 python3-numpy bubblewrap
-  nodejs npm
+  nodejs
 )
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Debian's npm is a package of its own; a nodejs from elsewhere (e.g. NodeSource) bundles npm and conflicts with it.
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
