@@ -283,10 +283,10 @@ void Scheduler::step_once(std::vector<std::shared_ptr<Request>>& active) {
   std::vector<Outcome> out(active.size());
   std::vector<bool> prompt_done(active.size(), false);  // this step fed the last prompt chunk
   int64_t new_prompt = 0, new_completion = 0, failed = 0, finished = 0;
-  auto emit = [&](size_t k, int64_t row) {
+  // Token t of request k goes into `into` (the step's token, or a speculative step's second one) under the stop
+  // and length rules; lg is its logits row when the request needs logits (logprobs, penalties), else null.
+  auto append = [&](size_t k, int32_t t, const float* lg, int32_t& into) {
     Request& r = *active[k];
-    const float* lg = greedy ? nullptr : logits.data() + row * V;
-    const int32_t t = greedy ? picked[size_t(row)] : r.pick(lg, V);
     const auto& stop = r.spec_.stop_ids;
     if (std::find(stop.begin(), stop.end(), t) != stop.end()) {
       out[k].finish = "stop";
@@ -294,7 +294,7 @@ void Scheduler::step_once(std::vector<std::shared_ptr<Request>>& active) {
       r.last_ = t;
       ++r.produced_;
       ++new_completion;
-      out[k].token = t;
+      into = t;
       if (r.spec_.top_logprobs >= 0) out[k].lp = token_logprob(lg, V, t, r.spec_.top_logprobs);
       if (r.spec_.presence_penalty != 0 || r.spec_.frequency_penalty != 0) {
         if (r.generated_count_.size() != size_t(V)) r.generated_count_.assign(size_t(V), 0);
@@ -303,6 +303,10 @@ void Scheduler::step_once(std::vector<std::shared_ptr<Request>>& active) {
       if (r.produced_ >= r.spec_.max_tokens) out[k].finish = "length";
     }
     if (!out[k].finish.empty()) ++finished;
+  };
+  auto emit = [&](size_t k, int64_t row) {
+    const float* lg = greedy ? nullptr : logits.data() + row * V;
+    append(k, greedy ? picked[size_t(row)] : active[k]->pick(lg, V), lg, out[k].token);
   };
   for (size_t k = 0; k < active.size(); ++k) {
     Request& r = *active[k];
@@ -322,20 +326,8 @@ void Scheduler::step_once(std::vector<std::shared_ptr<Request>>& active) {
     emit(k, feed_of[k]);
     // The second token of an accepted draft: the same stop / length rules, after the first.
     const int64_t row = feed_of[k];
-    if (greedy && spec && multi[size_t(row)].size() == 2 && out[k].finish.empty() && out[k].token >= 0) {
-      const int32_t t = multi[size_t(row)][1];
-      const auto& stop = r.spec_.stop_ids;
-      if (std::find(stop.begin(), stop.end(), t) != stop.end()) {
-        out[k].finish = "stop";
-      } else {
-        r.last_ = t;
-        ++r.produced_;
-        ++new_completion;
-        out[k].token2 = t;
-        if (r.produced_ >= r.spec_.max_tokens) out[k].finish = "length";
-      }
-      if (!out[k].finish.empty()) ++finished;
-    }
+    if (greedy && spec && multi[size_t(row)].size() == 2 && out[k].finish.empty() && out[k].token >= 0)
+      append(k, multi[size_t(row)][1], nullptr, out[k].token2);
   }
   // Followers of a leader whose prompt just went in: fork its caches, then sample from its prompt logits.
   for (size_t k = 0; k < active.size(); ++k) {
