@@ -1,5 +1,5 @@
 // The backend interface of the DeepSeek-V4 block program (program.h): the ops the program sequences, at the
-// granularity the GPU fuses them (design note: /work/notes/program-design.md, merged into docs/architecture.md):
+// granularity the GPU fuses them (docs/architecture.md maps each op to the kernels):
 //   embedding -> streams | mHC site + RMSNorm | attention (whole batch, or against per-sequence caches) |
 //   mHC expand | MoE (router, dispatch / combine through the expert exchange, experts, shared expert) |
 //   balance loss | head (hc_head collapse + norm + LM head + CE) | MTP input | stage boundary copies.
