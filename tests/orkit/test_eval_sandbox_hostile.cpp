@@ -323,7 +323,7 @@ class HostileAnswers : public ::testing::Test {
     const fs::path out = dir_ / out_name;
     fs::create_directory(out);
     fs::permissions(out, fs::perms::all);  // the unprivileged harness writes here
-    const std::string cmd = prefix + binary + extra_args + " eval score --benchmark " +
+    const std::string cmd = prefix + binary + " eval score" + extra_args + " --benchmark " +
                             (dir_ / "hostile.jsonl").string() + " --benchmark " +
                             (dir_ / "hostile_orgeval.jsonl").string() + " --responses " +
                             (dir_ / "responses.jsonl").string() + " --out " + out.string() +

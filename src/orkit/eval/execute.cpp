@@ -1,11 +1,14 @@
 #include "orkit/eval/execute.h"
 
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -115,6 +118,65 @@ struct JobPaths {
   std::vector<JailView> views;
 };
 
+// True when a user with no relation to the owner can reach `p`: every directory above it searchable by others and
+// `p` itself readable (and, for a directory, searchable) by others.
+bool reachable_by_others(const fs::path& p) {
+  struct stat st {};
+  if (stat(p.c_str(), &st) != 0 || !(st.st_mode & S_IROTH)) return false;
+  if (S_ISDIR(st.st_mode) && !(st.st_mode & S_IXOTH)) return false;
+  for (fs::path d = p.parent_path(); !d.empty(); d = d.parent_path()) {
+    if (stat(d.c_str(), &st) != 0 || !(st.st_mode & S_IXOTH)) return false;
+    if (d == d.root_path()) break;
+  }
+  return true;
+}
+
+// A root harness runs each jail under a slot uid, and bwrap (started as that uid) cannot bind a file below a
+// directory closed to other users (a checkout under /root, say). Such a view is copied once per process into a
+// root-owned, world-readable staging directory, removed when the process ends.
+class ViewStage {
+ public:
+  fs::path reachable(const fs::path& src) {
+    if (geteuid() != 0 || reachable_by_others(src)) return src;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = copies_.find(src); it != copies_.end()) return it->second;
+    if (dir_.empty()) {
+      std::string t = (fs::temp_directory_path() / "trex-jail-views-XXXXXX").string();
+      TREX_CHECK(mkdtemp(t.data()) != nullptr, "sandbox: cannot make a staging directory in {}: {}",
+                 fs::temp_directory_path().string(), strerror(errno));
+      dir_ = t;
+      fs::permissions(dir_, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                                fs::perms::others_read | fs::perms::others_exec);
+    }
+    const fs::path dst = dir_ / std::to_string(copies_.size()) / src.filename();
+    fs::create_directories(dst.parent_path());
+    fs::copy(src, dst, fs::copy_options::recursive);
+    const auto rx = fs::perms::others_read | fs::perms::others_exec | fs::perms::group_read | fs::perms::group_exec;
+    for (fs::path d = dst.parent_path(); d != dir_; d = d.parent_path()) fs::permissions(d, rx, fs::perm_options::add);
+    fs::permissions(dst, rx, fs::perm_options::add);
+    if (fs::is_directory(dst))
+      for (const auto& e : fs::recursive_directory_iterator(dst))
+        fs::permissions(e.path(), e.is_directory() ? rx : fs::perms::others_read | fs::perms::group_read,
+                        fs::perm_options::add);
+    copies_[src] = dst;
+    return dst;
+  }
+  ~ViewStage() {
+    std::error_code ec;
+    if (!dir_.empty()) fs::remove_all(dir_, ec);
+  }
+
+ private:
+  std::mutex mu_;
+  fs::path dir_;
+  std::map<fs::path, fs::path> copies_;
+};
+
+fs::path reachable_view(const fs::path& src) {
+  static ViewStage stage;
+  return stage.reachable(src);
+}
+
 // `with_python`: the look-alikes are visible (a program's jail); the verdict's jail sees only trex.
 JobPaths job_paths(const ExecConfig& cfg, const fs::path& dir, bool with_python) {
   JobPaths p;
@@ -128,8 +190,8 @@ JobPaths job_paths(const ExecConfig& cfg, const fs::path& dir, bool with_python)
   p.trex_bin = kJailTrexBin;
   p.home = kJailWorkdir;
   p.tmp = "/tmp";
-  p.views = {{fs::canonical(fs::absolute(cfg.trex_bin)), kJailTrexBin}};
-  if (with_python) p.views.push_back({cfg.python_pkg, kJailPythonPkg});
+  p.views = {{reachable_view(fs::canonical(fs::absolute(cfg.trex_bin))), kJailTrexBin}};
+  if (with_python) p.views.push_back({reachable_view(cfg.python_pkg), kJailPythonPkg});
   return p;
 }
 
