@@ -3,8 +3,9 @@
 # (every kernel version at the model's shapes: correctness vs a double reference, vs the production dispatch and,
 # at small-s6 size, vs v1; ms and TFLOP/s per variant; fwd / bwd for CSA, sliding, HCA, and the CSA indexer
 # top-k), small-s6 first, then flash-l4, then ncu on the split-dims kernels if time is left. Budget: <= 150 s.
-# The benchmark links build-dev's objects of the kernels (the production build, already compiled by the batch)
-# when they are there and newer than the sources; else it compiles them with nvcc here (~70 s).
+# The benchmark (attention_bench.cu + the numbered variants, dev/attention/sparse_variants.cu, both compiled
+# here) links build-dev's objects of the product kernels (already compiled by the batch) when they are there and
+# newer than the sources; else it compiles those with nvcc here too (~70 s).
 # Usage (repo root, device): bash bench/device/attn.sh
 set -uo pipefail
 export PATH=/usr/local/cuda/bin:$PATH
@@ -20,13 +21,16 @@ el() { echo $(( $(date +%s) - t0 )); }
 OBJ=build-dev/CMakeFiles/trex_kernels.dir/src/kernels/cuda
 built=0
 nvcc $F -c dev/attention/attention_bench.cu -o $B/b.o 2>$B/b.err &
+nvcc $F -c dev/attention/sparse_variants.cu -o $B/v.o 2>$B/v.err &
 fresh=1
 for f in attention_sparse attention_sparse_mma indexer; do
-  { [ -f $OBJ/$f.cu.o ] && [ $OBJ/$f.cu.o -nt src/kernels/cuda/$f.cu ] && [ $OBJ/$f.cu.o -nt src/kernels/cuda/attention_sparse_mma.h ]; } || fresh=0
+  for dep in src/kernels/cuda/$f.cu src/kernels/cuda/attention_sparse_mma.h src/kernels/cuda/attention_sparse_mma.cuh; do
+    { [ -f $OBJ/$f.cu.o ] && [ $OBJ/$f.cu.o -nt $dep ]; } || fresh=0
+  done
 done
 wait
 if [ $fresh = 1 ] && nvcc -arch=sm_90a $OBJ/attention_sparse.cu.o $OBJ/attention_sparse_mma.cu.o $OBJ/indexer.cu.o $B/b.o \
-     -o $B/attention_bench -L.devdeps/lib -lfmt 2>$B/l.err; then
+     $B/v.o -o $B/attention_bench -L.devdeps/lib -lfmt 2>$B/l.err; then
   echo "PASS build attention_bench from build-dev objects ($(el) s)"; built=1
 else
   echo "INFO build-dev objects not usable (fresh=$fresh: $(head -c 300 $B/l.err 2>/dev/null)); compiling"
@@ -34,7 +38,7 @@ else
   nvcc $F -c src/kernels/cuda/attention_sparse_mma.cu -o $B/m.o 2>$B/m.err &
   nvcc $F -c src/kernels/cuda/indexer.cu -o $B/i.o 2>$B/i.err &
   wait
-  if nvcc -arch=sm_90a $B/a.o $B/m.o $B/i.o $B/b.o -o $B/attention_bench 2>$B/l.err; then
+  if nvcc -arch=sm_90a $B/a.o $B/m.o $B/i.o $B/b.o $B/v.o -o $B/attention_bench 2>$B/l.err; then
     echo "PASS build attention_bench ($(el) s)"; built=1
   else
     echo "FAIL build attention_bench"; cat $B/*.err | grep -E "error" -A3 | head -30

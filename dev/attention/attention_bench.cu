@@ -1,12 +1,14 @@
 // Sparse MQA kernels at the model's shapes (llm.c's dev/cuda style): every kernel version on the same data,
 // checked and timed. v1 = CUDA-core fp32 kernels (SparseAttnKernel::CudaCore), prod = the production dispatch
-// (SparseAttnKernel::TensorCore: attention_sparse.cu picks a tiling per shape); numbered tensor-core variants
-// (attention_sparse_mma.h): forward v2 Keys32 (32-key tiles), v3 Keys64, v4 Keys64Warps4, v5 MultiQuery (H <= 32),
-// v6 SplitDims (4 warps per 16 heads, each c / 4 dims; P in registers), v7 SplitDims32 (v6 with <= 32 heads per
-// block), v8 = v4, v9 = v5, v10 = v3 with key sources prefetched two tiles ahead, v11 = sm_90a wgmma (64 heads
-// per block, two warpgroups), v12 = v11 with S split over the warpgroups by dims; backward v2 Keys32, v5 MultiQuery,
-// v6 SplitDims (16 heads per block), v7 SplitDims32 (32 heads per block when H > 16), v8 = v2 and v9 = v5
-// prefetched. ATTN_VARIANTS=2,6 runs only those; ATTN_V1=0 skips v1 (and the whole-problem prod vs v1 check).
+// (SparseAttnKernel::TensorCore: attention_sparse_mma.cu picks a kernel per shape); numbered tensor-core variants
+// (sparse_variants.h, built from the product's templates in attention_sparse_mma.cuh): forward v2 Keys32 (32-key
+// tiles), v3 Keys64, v4 Keys64Warps4, v5 MultiQuery (H <= 32), v6 SplitDims (4 warps per 16 heads, each c / 4
+// dims; P in registers), v7 SplitDims32 (v6 with <= 32 heads per block), v8 = v4, v9 = v5, v10 = v3 with key
+// sources prefetched two tiles ahead, v11 = sm_90a wgmma (64 heads per block, two warpgroups), v12 = v11 with S
+// split over the warpgroups by dims; backward v2 Keys32, v5 MultiQuery, v6 SplitDims (16 heads per block), v7
+// SplitDims32 (32 heads per block when H > 16), v8 = v2 and v9 = v5 prefetched. Production: forward v11 (H > 32),
+// v6 (H <= 32); backward v8 (H > 32), v6 (CSA) and v9 (window / HCA) when H <= 32. ATTN_VARIANTS=2,6 runs only
+// those; ATTN_V1=0 skips v1 (and the whole-problem prod vs v1 check).
 // Cases at N tokens, H heads, head dim c:
 //   sliding  window of 128 rows only;
 //   csa      window + k_sel = 512 selected entries among the causally visible ones of E = N / 4 (ratio 4;
@@ -21,7 +23,7 @@
 // k_sel = 512): v1 = CUDA-core scores (IndexerKernel::CudaCore), v2 = tensor-core scores; the selections of
 // 16 sampled queries are checked against double scores (top-k invariant with tolerance 1e-4 x max |score|),
 // the agreement of v1 and v2 is printed; TFLOP/s counts 2 * 64 * 128 per visible (query, entry) pair.
-// Build + run: bench/device/attn.sh (nvcc -arch=sm_90a; no CMake). Usage: attention_bench [N] [H] [c] [reps]
+// Build + run: bench/device/attn.sh (nvcc -arch=sm_90a, with sparse_variants.cu; no CMake). Usage: attention_bench [N] [H] [c] [reps]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -34,8 +36,8 @@
 #include <vector>
 
 #include "kernels/cuda/attention_sparse.h"
-#include "kernels/cuda/attention_sparse_mma.h"
 #include "kernels/cuda/indexer.h"
+#include "sparse_variants.h"
 
 using trex::cuda::bf16;
 using trex::cuda::SparseAttnKernel;
@@ -329,11 +331,11 @@ void run_case(const Problem& p, int reps) {
   };
   const char* only_v = std::getenv("ATTN_VARIANTS");  // e.g. "2,6": run only these numbered variants
 
-  // Forward variants of the tensor-core kernel (attention_sparse_mma.h FwdTiling): v2 Keys32, v3 Keys64, v4
+  // Forward variants of the tensor-core kernel (sparse_variants.h FwdTiling): v2 Keys32, v3 Keys64, v4
   // Keys64Warps4, v5 MultiQuery, v6 SplitDims, v7 SplitDims32; each checked against the double reference (sampled
   // queries) and against the production dispatch (first + last N/16 queries).
-  using trex::cuda::mma_attn::BwdTiling;
-  using trex::cuda::mma_attn::FwdTiling;
+  using trex::cuda::mma_attn::variants::BwdTiling;
+  using trex::cuda::mma_attn::variants::FwdTiling;
   const struct {
     int v;
     FwdTiling tiling;
@@ -349,7 +351,8 @@ void run_case(const Problem& p, int reps) {
     if (!wanted(fv.v)) continue;
     bf16* o3 = dalloc<bf16>(N * H * c);
     float* l3 = dalloc<float>(N * H);
-    const float ms = time_ms([&] { trex::cuda::mma_attn::fwd(q, kv, cmp, d_sink, N, H, c, ks, o3, l3, nullptr, fv.tiling); });
+    const float ms = time_ms(
+        [&] { trex::cuda::mma_attn::variants::fwd(q, kv, cmp, d_sink, N, H, c, ks, o3, l3, nullptr, fv.tiling); });
     std::printf("TIME %s v%d fwd %.3f ms = %.1f TFLOP/s\n", p.name.c_str(), fv.v, ms, fwd_flop / (ms * 1e-3) / 1e12);
     const std::string tag = p.name + " v" + std::to_string(fv.v) + " fwd ";
     check(tag + "vs reference (16 queries) o", rel_l2(sampled_bf(o3), ref_o), 1e-2);
@@ -374,8 +377,8 @@ void run_case(const Problem& p, int reps) {
     bf16* dq5 = dalloc<bf16>(N * H * c);
     float *dkv5 = dalloc<float>(N * c), *dcmp5 = dalloc<float>(E * c), *part5 = dalloc<float>(N * H);
     auto bwd5 = [&] {
-      trex::cuda::mma_attn::bwd(q, kv, cmp, d_sink, N, H, c, ks, out[1].o, out[1].lse, dout, dq5, dkv5, dcmp5, part5,
-                                nullptr, bv.tiling);
+      trex::cuda::mma_attn::variants::bwd(q, kv, cmp, d_sink, N, H, c, ks, out[1].o, out[1].lse, dout, dq5, dkv5,
+                                          dcmp5, part5, nullptr, bv.tiling);
     };
     CK(cudaMemset(dkv5, 0, size_t(N * c) * 4));
     if (E) CK(cudaMemset(dcmp5, 0, size_t(E * c) * 4));

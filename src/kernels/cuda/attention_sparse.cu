@@ -377,15 +377,8 @@ void sparse_attention_fwd(const bf16* q, const bf16* kv, const bf16* cmp, const 
                           cudaStream_t s, SparseAttnKernel kernel) {
   if (N == 0) return;
   check_args(N, H, c, keys);
-  if (kernel != SparseAttnKernel::CudaCore && mma_attn::supported(c)) {
-    // Tiling by measured shape (dev/attention, H200, 2026-11-30 00:40 call). H > 32 (flash-l4's 64 heads): the
-    // sm_90a wgmma kernel (64 heads = one M tile, two warpgroups) wins every key kind (CSA 6.2 -> 2.9 ms,
-    // sliding 1.29 -> 0.90, HCA 1.65 -> 1.12). H <= 32 (small-s6's 16 heads): the split-dims kernel (one query
-    // x 16 heads, 4 warps splitting c, P in registers, 3 blocks / SM) wins every key kind (CSA 2.9 -> 0.77 ms,
-    // sliding 0.22 -> 0.19, HCA 0.24 -> 0.23).
-    const mma_attn::FwdTiling tiling = H > 32 ? mma_attn::FwdTiling::Wgmma : mma_attn::FwdTiling::SplitDims;
-    return mma_attn::fwd(q, kv, cmp, sink, N, H, c, keys, o, lse, s, tiling);
-  }
+  if (kernel != SparseAttnKernel::CudaCore && mma_attn::supported(c))
+    return mma_attn::fwd(q, kv, cmp, sink, N, H, c, keys, o, lse, s);  // the kernel for the shape (H, key kind)
   switch (c) {
     case 256:
       return launch_fwd<256>(q, kv, cmp, sink, N, H, keys, o, lse, s);
@@ -406,15 +399,7 @@ void sparse_attention_bwd(const bf16* q, const bf16* kv, const bf16* cmp, const 
   check_args(N, H, c, keys);
   TREX_CHECK(E == 0 || dcmp, "sparse attention bwd (CUDA): {} compressed entries but dcmp is null", E);
   if (kernel != SparseAttnKernel::CudaCore && mma_attn::supported(c)) {
-    // H > 32: v2's blocks (one query x 64 heads, dK + dV summed over all of them before the atomics) with
-    // prefetched key sources (CSA 12.5 -> 10.0 ms, sliding 3.23 -> 3.04, HCA 3.80 -> 3.63). H <= 32: CSA by the
-    // split-dims kernel (16 heads per block, dQ and the dK + dV transposes in registers; 5.9 -> 2.4 ms); window /
-    // HCA keys by the multi-query blocks with prefetched sources (0.50 / 0.52 ms).
-    using mma_attn::BwdTiling;
-    const bool csa = keys.cmp_sel != nullptr;
-    const BwdTiling tiling =
-        H > 32 ? BwdTiling::Keys32Prefetch : csa ? BwdTiling::SplitDims : BwdTiling::MultiQueryPrefetch;
-    mma_attn::bwd(q, kv, cmp, sink, N, H, c, keys, o, lse, do_, dq, dkv, dcmp, scratch, s, tiling);
+    mma_attn::bwd(q, kv, cmp, sink, N, H, c, keys, o, lse, do_, dq, dkv, dcmp, scratch, s);
   } else {
     switch (c) {
       case 256:

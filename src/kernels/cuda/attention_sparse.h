@@ -5,8 +5,8 @@
 // heads of one query, so every key row it loads is reused by all those heads. Head dim c must be 256 or 512
 // (V4: 512). Two implementations: TensorCore (attention_sparse_mma.cu, the default: heads as the M dimension of
 // bf16 tensor-core products -- sm_90a wgmma for the forward when H > 32, split-dims mma.sync kernels for H <= 32,
-// per-shape tilings chosen in attention_sparse.cu) and CudaCore (this file's fp32 kernels, kept as the reference
-// the benchmark in dev/attention/ compares against).
+// the kernel per shape chosen in attention_sparse_mma.cu) and CudaCore (this file's fp32 kernels, kept as the
+// reference the benchmark in dev/attention/ compares against).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
