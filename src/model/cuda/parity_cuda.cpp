@@ -195,25 +195,8 @@ json parity_cuda(const ParityOptions& args) {
   }
 
   // How far the injected (bf16-weight CPU) selections are from the fixture's indexer: information only.
-  int64_t queries = 0, matched = 0;
-  for (int64_t l = 0; l < cfg.n_layers; ++l) {
-    const std::string key = fmt::format("indexer_topk.{}", l);
-    if (!io.contains(key)) continue;
-    const TensorView v = io.view(key);
-    const int64_t k = v.shape.back();
-    const auto& ours = cpu.attention_saved(l).topk;
-    if (int64_t(ours.size()) != N * k) continue;
-    for (int64_t t = 0; t < N; ++t) {
-      std::multiset<int64_t> a, r;
-      for (int64_t j = 0; j < k; ++j) {
-        a.insert(ours[size_t(t * k + j)]);
-        r.insert(v.dtype == DType::I64 ? v.as<int64_t>()[t * k + j] : int64_t(v.as<int32_t>()[t * k + j]));
-      }
-      ++queries;
-      matched += a == r;
-    }
-  }
-  out["injected_topk_match_vs_ref"] = queries ? double(matched) / double(queries) : 1.0;
+  out["injected_topk_match_vs_ref"] =
+      dsv4::parity_detail::indexer_selection_match(io, cpu, N, /*strict=*/false).fraction();
 
   // Each mHC tensor's sensitivity to bf16 rounding alone, e(cpu_bf16w, ref) (see GpuTolerances::mhc_sens_factor),
   // and the bound that gives it.

@@ -58,6 +58,32 @@ double norm_rel(const std::vector<float>& a, const std::vector<float>& ref) {
   return rr > 0 ? std::sqrt(dd / rr) : std::sqrt(dd);
 }
 
+SelectionMatch indexer_selection_match(const ckpt::SafetensorsReader& io, const Model<float>& model, int64_t N,
+                                       bool strict) {
+  SelectionMatch m;
+  for (int64_t l = 0; l < model.config().n_layers; ++l) {
+    const std::string key = fmt::format("indexer_topk.{}", l);
+    if (!io.contains(key)) continue;
+    const TensorView v = io.view(key);
+    const int64_t k = v.shape.back();
+    const auto& ours = model.attention_saved(l).topk;
+    if (int64_t(ours.size()) != N * k) {
+      TREX_CHECK(!strict, "parity: layer {} kept {} selections, the fixture has {} x {}", l, ours.size(), N, k);
+      continue;
+    }
+    for (int64_t t = 0; t < N; ++t) {
+      std::multiset<int64_t> a, r;
+      for (int64_t j = 0; j < k; ++j) {
+        a.insert(ours[size_t(t * k + j)]);
+        r.insert(v.dtype == DType::I64 ? v.as<int64_t>()[t * k + j] : int64_t(v.as<int32_t>()[t * k + j]));
+      }
+      ++m.queries;
+      m.matched += a == r;
+    }
+  }
+  return m;
+}
+
 std::vector<float> our_grad_for(const std::string& tname, const ModelConfig& cfg, const ParamTable<float>& P,
                                 const GradOf& grad_of,
                                 std::set<std::string>* covered, std::string* label) {
@@ -152,30 +178,11 @@ json parity_cpu(const ParityOptions& args) {
   out["hidden_rel_err_per_layer"] = per_layer;
   if (!(hidden_err < args.tol_act)) pass = false;
 
-  // CSA selections, compared as sets per query (the order within a row is not meaningful).
-  int64_t queries = 0, matched = 0;
-  for (int64_t l = 0; l < cfg.n_layers; ++l) {
-    const std::string key = fmt::format("indexer_topk.{}", l);
-    if (!io.contains(key)) continue;
-    const TensorView v = io.view(key);
-    const int64_t k = v.shape.back();
-    const auto& ours = model.attention_saved(l).topk;
-    TREX_CHECK(int64_t(ours.size()) == N * k, "parity: layer {} kept {} selections, the fixture has {} x {}", l,
-               ours.size(), N, k);
-    for (int64_t t = 0; t < N; ++t) {
-      std::multiset<int64_t> a, r;
-      for (int64_t j = 0; j < k; ++j) {
-        a.insert(ours[size_t(t * k + j)]);
-        r.insert(v.dtype == DType::I64 ? v.as<int64_t>()[t * k + j] : int64_t(v.as<int32_t>()[t * k + j]));
-      }
-      ++queries;
-      matched += a == r;
-    }
-  }
-  const double topk_match = queries ? double(matched) / double(queries) : 1.0;
-  out["topk_match"] = topk_match;
-  out["topk_queries"] = queries;
-  if (matched != queries) pass = false;
+  // CSA selections, compared as sets per query.
+  const parity_detail::SelectionMatch sel = parity_detail::indexer_selection_match(io, model, N, /*strict=*/true);
+  out["topk_match"] = sel.fraction();
+  out["topk_queries"] = sel.queries;
+  if (sel.matched != sel.queries) pass = false;
 
   if (!args.grads_file.empty()) {
     ckpt::SafetensorsReader gr(args.grads_file);

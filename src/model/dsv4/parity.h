@@ -14,8 +14,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/safetensors.h"
 #include "core/tensor.h"
 #include "model/dsv4/config.h"
+#include "model/dsv4/model.h"
 #include "model/dsv4/weights.h"
 
 namespace trex::dsv4 {
@@ -43,6 +45,15 @@ double norm_rel(const std::vector<float>& a, const std::vector<float>& ref);  //
 using GradOf = std::function<std::vector<float>(const std::string&)>;
 std::vector<float> our_grad_for(const std::string& tname, const ModelConfig& cfg, const ParamTable<float>& P,
                                 const GradOf& grad_of, std::set<std::string>* covered, std::string* label);
+// The CSA indexer selections of `model`'s last forward against the fixture's `indexer_topk.<l>` of every layer it
+// records, compared as sets per query (the order within a row is not meaningful). A layer whose kept selection
+// has another size is an error when `strict`, else skipped.
+struct SelectionMatch {
+  int64_t queries = 0, matched = 0;
+  double fraction() const { return queries ? double(matched) / double(queries) : 1.0; }
+};
+SelectionMatch indexer_selection_match(const ckpt::SafetensorsReader& io, const Model<float>& model, int64_t N,
+                                       bool strict);
 }  // namespace parity_detail
 
 }  // namespace trex::dsv4
