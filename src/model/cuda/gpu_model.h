@@ -22,6 +22,10 @@
 #include "model/dsv4/seq_layout.h"
 #include "model/dsv4/weights.h"
 
+namespace trex::dsv4 {
+class CheckpointReader;
+}
+
 namespace trex::dsv4gpu {
 
 struct GpuModelOptions {
@@ -82,6 +86,18 @@ class GpuModel {
   // from the CPU model's table (same names and shapes; router biases and tid2eid too).
   void init_random(uint64_t seed);
   void load_from(const dsv4::ParamTable<float>& cpu);
+  // Streams this model's own parameters (its stage's layers, its experts, its data-parallel master shard) from a
+  // checkpoint (sharded, memory-mapped safetensors; FP8 / FP4 de-quantised by the reader), one tensor at a time:
+  // the host holds one de-quantised tensor and the device one fp32 staging copy of it, never the whole model;
+  // tensors of other ranks' partitions are never read. Router biases and hash tables too. A tensor that is
+  // missing or has another shape is an error naming it.
+  struct LoadStats {
+    int64_t tensors = 0;
+    int64_t bytes = 0;                  // fp32 bytes placed on this device
+    int64_t largest_tensor_bytes = 0;   // the host staging peak (fp32)
+    double seconds = 0;
+  };
+  LoadStats load_checkpoint(const dsv4::CheckpointReader& ckpt);
 
   // ids, labels [B, S] on the host. Returns the loss (mean CE over labelled targets; with a DP group, over the
   // targets of every rank's batch: the same number a single GPU gives on the concatenated batch).
