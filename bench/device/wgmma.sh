@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Helper "wgmma" device checks (issue 9): the Hopper grouped expert GEMMs (src/kernels/cuda/grouped_gemm_sm90.cuh,
-# wgmma + TMA + mbarrier pipeline, persistent warp-specialised). Builds dev/grouped_gemm/wgmma_bench with nvcc
-# (no CMake); runs its small CPU-reference cases, every variant at flash-l4 / small-s6 shapes against one cuBLAS
-# GEMM per expert, the small cases under compute-sanitizer, then the library tests (GroupedGemmGpu.*).
-# Variants without clusters (1 2 3 6) run apart from the cluster ones (4 5 7 8), so a hang in one group (each step
-# has a timeout) does not hide the other's numbers. Every result line starts PASS / FAIL / BENCH. About 100 s.
+# Grouped expert GEMM device checks (issue 9, issue 16 item 6): builds dev/grouped_gemm/wgmma_bench with nvcc (no
+# CMake; variants.cuh instantiates every measured version from the product's headers grouped_gemm_mma.cuh and
+# grouped_gemm_sm90.cuh: mma.sync m1-m6, sm90 wgmma + TMA v1-v11, the product's m1 / m3 / v10 among them); runs its
+# small CPU-reference cases for every version, versions at flash-l4 / small-s6 shapes against one cuBLAS GEMM per
+# expert, the small cases under compute-sanitizer, then the library tests (GroupedGemmGpu.*: the product's
+# dispatch and each of its paths). Versions without clusters run apart from the cluster ones (v4 v5 v7 v8), so a
+# hang in one group (each step has a timeout) does not hide the other's numbers. Every result line starts PASS /
+# FAIL / BENCH. About 110 s.
 # Usage (repo root, device): bash bench/device/wgmma.sh
 set -uo pipefail
 export PATH=/usr/local/cuda/bin:$PATH
@@ -28,21 +30,22 @@ step() {  # label, timeout, env..., -- args
   [ "$rc" = 124 ] && echo "FAIL $label: timeout (hang?)"
   [ "$rc" != 0 ] && [ "$rc" != 124 ] && echo "FAIL $label: rc $rc"
 }
-step "small cases, variants 1 2 3 6 9 10 11" 15 GG_CASE=small GG_V=1,2,3,6,9,10,11
-step "small cases, cluster variants 4 5 7 8" 15 GG_CASE=small GG_V=4,5,7,8
-step "small cases, fwd/dx walk in n-tile groups of 2, variants 6 10" 15 GG_CASE=small GG_V=6,10 GG_NGROUP=2
-step "flash-l4 shapes, variants 6 10 (walk in groups of 4 n-tiles, the default)" 30 GG_CASE=flash GG_V=6,10
-step "flash-l4 shapes, variant 10 with the ungrouped walk" 25 GG_CASE=flash GG_V=10 GG_NGROUP=0
-step "small-s6 shapes, variant 10" 20 GG_CASE=small-s6 GG_V=10
-step "decode-sized steps (24 rows per expert), variant 10" 15 GG_CASE=decode GG_V=10
+step "small cases, mma.sync m1-m6" 15 GG_CASE=small GG_V=m1,m2,m3,m4,m5,m6
+step "small cases, sm90 v1 v2 v3 v6 v9 v10 v11" 15 GG_CASE=small GG_V=1,2,3,6,9,10,11
+step "small cases, cluster versions v4 v5 v7 v8" 15 GG_CASE=small GG_V=4,5,7,8
+step "small cases, sm90 fwd/dx walk in n-tile groups of 2, v6 v10" 15 GG_CASE=small GG_V=6,10 GG_NGROUP=2
+step "flash-l4 shapes, v6 v10 (walk in groups of 4 n-tiles, the product's), m3" 40 GG_CASE=flash GG_V=6,10,m3
+step "flash-l4 shapes, v10 with the ungrouped walk" 25 GG_CASE=flash GG_V=10 GG_NGROUP=0
+step "small-s6 shapes, v10, m1, m3" 25 GG_CASE=small-s6 GG_V=10,m1,m3
+step "decode-sized steps (24 rows per expert), v10" 15 GG_CASE=decode GG_V=10
 echo "== small cases under compute-sanitizer (memcheck) (after $(( $(date +%s) - T0 )) s)"
-GG_CASE=small GG_V=1,4,5,6,10 timeout 30 compute-sanitizer --tool memcheck --print-limit 5 $B/wgmma_bench 1 2>&1 | tail -8
+GG_CASE=small GG_V=m1,m3,1,4,5,6,10 timeout 40 compute-sanitizer --tool memcheck --print-limit 5 $B/wgmma_bench 1 2>&1 | tail -8
 if [ -x build-dev/tests/test_kernels_gpu ]; then
-  echo "== test_kernels_gpu --gtest_filter='GroupedGemmGpu.*' (CPU reference; mma.sync 1-6 + sm90 7-14) (after $(( $(date +%s) - T0 )) s)"
-  timeout 30 build-dev/tests/test_kernels_gpu --gtest_filter='GroupedGemmGpu.*' 2>&1 |
-    grep -E "^\[  |Failure|Expected|Which is|variant|error|sm90" | head -40
+  echo "== test_kernels_gpu --gtest_filter='GroupedGemmGpu.*' (CPU reference; public entry points + each dispatch path) (after $(( $(date +%s) - T0 )) s)"
+  timeout 60 build-dev/tests/test_kernels_gpu --gtest_filter='GroupedGemmGpu.*' 2>&1 |
+    grep -E "^\[  |Failure|Expected|Which is|path|error|sm90" | head -40
   echo "test_kernels_gpu GroupedGemmGpu rc=${PIPESTATUS[0]} (0 = PASS)"
-  echo "== library benchmark vs the model's cuBLASLt Gemm per expert: mma.sync 3, sm90 12, sm90 14 (= auto)"
+  echo "== library benchmark (the product's dispatch) vs the model's cuBLASLt Gemm per expert"
   timeout 50 build-dev/tests/test_kernels_gpu --gtest_filter='GroupedGemmGpu.DISABLED_Bench' \
     --gtest_also_run_disabled_tests 2>&1 | grep -E "BENCH|Failure|Expected|Which is|OK|FAILED" | head -40
 else

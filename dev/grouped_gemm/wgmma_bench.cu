@@ -1,10 +1,10 @@
-// Dev benchmark of the Hopper grouped expert GEMMs (src/kernels/cuda/grouped_gemm_sm90.cuh) against one
-// cuBLAS GEMM per expert, with a double-precision CPU check on small skewed cases. See README.md for the
-// variants. Build (device): nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -I src
-// dev/grouped_gemm/wgmma_bench.cu
-//                 -lcublas -o wgmma_bench
-// Run: wgmma_bench [reps=10]; GG_CASE=small|flash|small-s6|decode runs one group, GG_V=1,4 only those
-// variants.
+// Dev benchmark of the grouped expert GEMMs, version by version (variants.cuh: the mma.sync tilings m1-m6 and
+// the Hopper wgmma versions v1-v11, the product's m1 / m3 / v10 among them), against one cuBLAS GEMM per expert,
+// with a double-precision CPU check on small skewed cases. See README.md for the versions. Build (device): nvcc
+// -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -I src dev/grouped_gemm/wgmma_bench.cu -lcublas -o
+// wgmma_bench (bench/device/wgmma.sh does). Run: wgmma_bench [reps=10]; GG_CASE=small|flash|small-s6|decode runs
+// one group, GG_V=m3,1,10 only those versions (a bare number is an sm90 version), GG_NGROUP=n the sm90 fwd / dx
+// walk's n-tile groups (0 = ungrouped; default the product's).
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -16,11 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/grouped_gemm_sm90.cuh"
+#include "variants.cuh"
 
-using bf16 = __nv_bfloat16;
-namespace sm90 = trex::cuda::sm90;
-using sm90::Form;
+using gg_dev::bf16;
+using gg_dev::Form;
+namespace sm90 = gg_dev::sm90;
 
 #define CK(x)                                                                                     \
   do {                                                                                            \
@@ -93,73 +93,37 @@ struct Problem {
   }
 };
 
-// variant: 1 = BN 256 / 4 stages, 2 = BN 256 / 3 stages, 3 = BN 128 / 6 stages, 4 = BN 256 / 4 stages in
-// clusters of 2 along N (A multicast; needs an even number of n-tiles), 5 = BN 256 / 4 stages in clusters of
-// 2 along M (B multicast; dw needs an even number of 128-row tiles of `out`); 6, 7, 8 = 1, 4, 5 with the
-// epilogue staged through shared memory (16-byte row vectors).
-constexpr int kVariants = 11;  // 9 = 3 with the staged epilogue; 10, 11 = 6, 1 with dw by L2 reductions
-bool along_n(int v) {
-  return v == 4 || v == 7;
+int g_n_group = sm90::kNGroup;  // GG_NGROUP
+
+// Every version id (variants.cuh): mma.sync m1..m6, then sm90 v1..v11.
+std::vector<int> all_versions() {
+  std::vector<int> v;
+  for (int m = 1; m <= gg_dev::kMmaVersions; ++m) v.push_back(-m);
+  for (int s = 1; s <= gg_dev::kSm90Versions; ++s) v.push_back(s);
+  return v;
 }
-bool along_m(int v) {
-  return v == 5 || v == 8;
-}
-// GG_V=1,2,6 runs only those variants (all by default).
-bool enabled(int v) {
+// GG_V=m1,3,v10 runs only those versions (all by default; "3" = "v3").
+bool enabled(int id) {
   const char* e = std::getenv("GG_V");
   if (!e || !*e) return true;
   for (const char* q = e; *q;) {
+    const bool m = *q == 'm' || *q == 'M';
+    if (m || *q == 'v' || *q == 'V') ++q;
     char* end;
     const long x = std::strtol(q, &end, 10);
     if (end == q) break;
-    if (x == v) return true;
+    if ((m ? -x : x) == id) return true;
     q = *end ? end + 1 : end;
   }
   return false;
 }
+std::string label(int id) { return gg_dev::name(id) + (gg_dev::is_product(id) ? " (product)" : ""); }
 template <Form F>
-cudaError_t run_variant(int v, Problem& P) {
+cudaError_t run_variant(int id, Problem& P) {
   void* out = F == Form::Fwd ? (void*)P.y : F == Form::Dx ? (void*)P.dx : (void*)P.dW;
   const bf16* a = F == Form::Fwd ? P.x : P.dy;
   const bf16* b = F == Form::Dw ? P.x : P.W;
-  const int bm = along_m(v) ? sm90::prefix_rows<2, true>() : sm90::kBM;
-  if (F != Form::Dw) {
-    sm90::tile_prefix_kernel<<<1, sm90::kPrefixThreads>>>(P.d_off, int(P.E), bm, P.d_ts);
-  }
-  switch (v) {
-    case 1:
-      return sm90::launch<F, 256, 4>(out, a, b, P.d_off, P.d_ts, P.E, P.rows, P.in, P.out, nullptr);
-    case 2:
-      return sm90::launch<F, 256, 3>(out, a, b, P.d_off, P.d_ts, P.E, P.rows, P.in, P.out, nullptr);
-    case 3:
-      return sm90::launch<F, 128, 6>(out, a, b, P.d_off, P.d_ts, P.E, P.rows, P.in, P.out, nullptr);
-    case 4:
-      if (!sm90::cluster_ok(F == Form::Fwd ? P.out : P.in, 256)) return cudaErrorNotSupported;
-      return sm90::launch<F, 256, 4, 2>(out, a, b, P.d_off, P.d_ts, P.E, P.rows, P.in, P.out, nullptr);
-    case 5:
-      if (F == Form::Dw && !sm90::cluster_ok(P.out, sm90::kBM)) return cudaErrorNotSupported;
-      return sm90::launch<F, 256, 4, 2, true>(out, a, b, P.d_off, P.d_ts, P.E, P.rows, P.in, P.out, nullptr);
-    case 6:
-      return sm90::launch<F, 256, 4, 1, false, true>(out, a, b, P.d_off, P.d_ts, P.E, P.rows, P.in, P.out,
-                                                     nullptr);
-    case 7:
-      if (!sm90::cluster_ok(F == Form::Fwd ? P.out : P.in, 256)) return cudaErrorNotSupported;
-      return sm90::launch<F, 256, 4, 2, false, true>(out, a, b, P.d_off, P.d_ts, P.E, P.rows, P.in, P.out,
-                                                     nullptr);
-    case 10:
-      return sm90::launch<F, 256, 4, 1, false, true, true>(out, a, b, P.d_off, P.d_ts, P.E, P.rows, P.in,
-                                                           P.out, nullptr);
-    case 11:
-      return sm90::launch<F, 256, 4, 1, false, false, true>(out, a, b, P.d_off, P.d_ts, P.E, P.rows, P.in,
-                                                            P.out, nullptr);
-    case 9:
-      return sm90::launch<F, 128, 6, 1, false, true>(out, a, b, P.d_off, P.d_ts, P.E, P.rows, P.in, P.out,
-                                                     nullptr);
-    default:  // 8
-      if (F == Form::Dw && !sm90::cluster_ok(P.out, sm90::kBM)) return cudaErrorNotSupported;
-      return sm90::launch<F, 256, 4, 2, true, true>(out, a, b, P.d_off, P.d_ts, P.E, P.rows, P.in, P.out,
-                                                    nullptr);
-  }
+  return gg_dev::run_version<F>(id, out, a, b, P.d_off, P.d_ts, P.E, P.rows, P.in, P.out, g_n_group);
 }
 
 // One cuBLAS GEMM per expert (column-major views of the row-major operands).
@@ -233,12 +197,10 @@ void small_case(std::vector<int32_t> counts, int64_t in, int64_t out) {
   char desc[128];
   std::snprintf(desc, sizeof desc, "E=%lld rows=%lld in=%lld out=%lld", (long long)P.E, (long long)R,
                 (long long)in, (long long)out);
-  for (int v = 1; v <= kVariants; ++v) {
+  for (int v : all_versions()) {
     if (!enabled(v)) continue;
-    const int64_t n_fwd = out, n_dx = in;
-    if (along_n(v) && !(sm90::cluster_ok(n_fwd, 256) && sm90::cluster_ok(n_dx, 256))) continue;
-    const bool dw_ok =
-        !along_m(v) || sm90::cluster_ok(out, sm90::kBM);  // along M, dw pairs the tiles of `out`
+    if (!gg_dev::runs(v, Form::Fwd, in, out) || !gg_dev::runs(v, Form::Dx, in, out)) continue;
+    const bool dw_ok = gg_dev::runs(v, Form::Dw, in, out);  // along M, dw pairs the tiles of `out`
     CK(cudaMemset(P.y, 0xFF, R * out * 2));
     CK(cudaMemset(P.dx, 0xFF, R * in * 2));
     std::vector<float> ones(P.E * in * out, 1.f);
@@ -256,8 +218,8 @@ void small_case(std::vector<int32_t> counts, int64_t in, int64_t out) {
         for (int64_t i = 0; i < in * out; ++i) empty_ok &= g[e * in * out + i] == 1.f;
     const bool ok = ef < 1e-2 && ed < 1e-2 && ew < 1e-5 && empty_ok;
     g_fail += !ok;
-    std::printf("%s small v%d %s: fwd %.2e dx %.2e dw %.2e%s empty-experts-untouched %s\n",
-                ok ? "PASS" : "FAIL", v, desc, ef, ed, ew, dw_ok ? "" : " (dw not run)",
+    std::printf("%s small %s %s: fwd %.2e dx %.2e dw %.2e%s empty-experts-untouched %s\n",
+                ok ? "PASS" : "FAIL", label(v).c_str(), desc, ef, ed, ew, dw_ok ? "" : " (dw not run)",
                 empty_ok ? "yes" : "NO");
   }
 }
@@ -302,7 +264,7 @@ void bench(const char* name, int64_t E, int64_t per_e, int64_t in, int64_t out, 
     // interleaving keeps the comparison fair).
     std::vector<int> vs;
     std::vector<double> errs;
-    for (int v = 1; v <= kVariants; ++v) {
+    for (int v : all_versions()) {
       if (!enabled(v)) continue;
       CK(cudaMemset(dW2, 0, E * in * out * 4));
       CK(cudaMemset(P.dW, 0, E * in * out * 4));
@@ -310,7 +272,7 @@ void bench(const char* name, int64_t E, int64_t per_e, int64_t in, int64_t out, 
       const cudaError_t e0 = run(v);
       CK(cudaDeviceSynchronize());
       if (e0 != cudaSuccess) {
-        std::printf("FAIL %s %s v%d launch: %s\n", name, fn[f], v, cudaGetErrorString(e0));
+        std::printf("FAIL %s %s %s launch: %s\n", name, fn[f], label(v).c_str(), cudaGetErrorString(e0));
         ++g_fail;
         continue;
       }
@@ -334,8 +296,8 @@ void bench(const char* name, int64_t E, int64_t per_e, int64_t in, int64_t out, 
     for (size_t i = 0; i < vs.size(); ++i) {
       const bool ok = errs[i] < (form == Form::Dw ? 1e-4 : 1e-2);
       g_fail += !ok;
-      std::printf("BENCH %s %s v%d: %.3f ms %.1f TFLOP/s (%.0f%% of cuBLAS time) rel_err %.2e %s\n", name,
-                  fn[f], vs[i], tv[i], flop / tv[i] * 1e-9, 100.0 * tc / tv[i], errs[i],
+      std::printf("BENCH %s %s %s: %.3f ms %.1f TFLOP/s (%.0f%% of cuBLAS time) rel_err %.2e %s\n", name,
+                  fn[f], label(vs[i]).c_str(), tv[i], flop / tv[i] * 1e-9, 100.0 * tc / tv[i], errs[i],
                   ok ? "PASS" : "FAIL");
     }
     std::fflush(stdout);
@@ -345,7 +307,7 @@ void bench(const char* name, int64_t E, int64_t per_e, int64_t in, int64_t out, 
 
 int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 10;
-  if (const char* g = std::getenv("GG_NGROUP")) sm90::g_n_group = std::atoi(g);  // fwd/dx walk: n-tile groups
+  if (const char* g = std::getenv("GG_NGROUP")) g_n_group = std::atoi(g);  // sm90 fwd/dx walk: n-tile groups
   const char* c = std::getenv("GG_CASE");
   const std::string only = c ? c : "";
   if (!sm90::available()) {

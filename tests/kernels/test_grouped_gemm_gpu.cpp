@@ -3,9 +3,13 @@
 // multiples of the 128-row tile, and in/out that are not multiples of the 128-column tile. Outputs start as NaN
 // so an unwritten row fails. Tolerances: bf16 outputs 1e-2 relative L2 (bf16 rounding of the result is ~3e-3);
 // the fp32 weight gradient 1e-5 on the increment, and experts without rows must keep their gradient bit for bit.
-// Every kernel runs: the mma.sync tile configurations and, on an sm_90 device, the wgmma + TMA variants.
-// DISABLED_Bench times flash-l4 / small-s6 shapes against one cuBLASLt GEMM per expert (run it with
-// --gtest_also_run_disabled_tests); it checks agreement with cuBLASLt and prints TFLOP/s.
+// Every case runs through the public entry points (whatever the dispatch picks on this device, and the dw
+// overload without a row count) and on each path of grouped_gemm_dispatch.h the device can run (the mma.sync
+// fallback's two tilings everywhere, the sm90 kernel on an sm_90 device), so an H200 checks the fallback too;
+// DispatchChoosesByDeviceAndShape checks which shapes take which path on both kinds of device. The measured
+// alternatives to these kernels are checked by dev/grouped_gemm/wgmma_bench.cu. DISABLED_Bench times the product
+// at flash-l4 / small-s6 shapes against one cuBLASLt GEMM per expert (run it with --gtest_also_run_disabled_tests);
+// it checks agreement with cuBLASLt and prints TFLOP/s.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,15 +18,19 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <optional>
+#include <string>
 
 #include "gpu_test_util.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/grouped_gemm.h"
+#include "kernels/cuda/grouped_gemm_dispatch.h"
 #include "kernels/cuda/random_fill.h"
 
 using trex::cuda::bf16;
 using trex::cuda::DeviceBuffer;
 using namespace trex::gpu_test;
+namespace gg = trex::cuda::grouped_gemm;
 
 namespace {
 
@@ -50,6 +58,24 @@ std::vector<float> download_f32(const DeviceBuffer& b, size_t n) {
   return v;
 }
 
+// How a case is run: the public entry points (the product's own choice of path; dw with or without the row
+// count), or one path of the dispatch.
+struct Runner {
+  std::string name;
+  std::optional<gg::Path> path;  // empty: the public entry points
+  bool dw_without_rows = false;
+};
+
+std::vector<Runner> runners() {
+  std::vector<Runner> r = {{"public", {}, false},
+                           {"public, dw without rows", {}, true},
+                           {"path mma.sync small", gg::Path::MmaSmall},
+                           {"path mma.sync large", gg::Path::MmaLarge}};
+  if (gg::sm90_device()) r.push_back({"path sm90", gg::Path::Sm90});
+  else std::printf("(no sm90 device: the sm90 path is not run)\n");
+  return r;
+}
+
 void check_case(const std::vector<int32_t>& counts, int64_t in, int64_t out, uint32_t seed) {
   SCOPED_TRACE(::testing::Message() << "experts " << counts.size() << " in " << in << " out " << out);
   const int64_t E = int64_t(counts.size());
@@ -58,21 +84,6 @@ void check_case(const std::vector<int32_t>& counts, int64_t in, int64_t out, uin
   const Bf16Data x = random_bf16(size_t(rows * in), seed), dy = random_bf16(size_t(rows * out), seed + 1);
   const Bf16Data W = random_bf16(size_t(E * out * in), seed + 2, 0.1f);
   const std::vector<float> g0 = random_f32(size_t(E * out * in), seed + 3);
-
-  DeviceBuffer d_off = upload(off.data(), off.size() * 4);
-  DeviceBuffer d_x = upload(x.bits.data(), x.bits.size() * 2), d_dy = upload(dy.bits.data(), dy.bits.size() * 2);
-  DeviceBuffer d_W = upload(W.bits.data(), W.bits.size() * 2), d_g = upload(g0.data(), g0.size() * 4);
-  DeviceBuffer d_scratch(size_t(trex::cuda::grouped_linear_scratch(E)) * 4);
-  DeviceBuffer d_y = poisoned<uint16_t>(size_t(std::max<int64_t>(rows * out, 1)));
-  DeviceBuffer d_dx = poisoned<uint16_t>(size_t(std::max<int64_t>(rows * in, 1)));
-  auto* sc = d_scratch.as<int32_t>();
-  trex::cuda::grouped_linear_fwd(d_y.as<bf16>(), d_x.as<bf16>(), d_W.as<bf16>(), d_off.as<int32_t>(), E, rows, in,
-                                 out, sc);
-  trex::cuda::grouped_linear_dx(d_dx.as<bf16>(), d_dy.as<bf16>(), d_W.as<bf16>(), d_off.as<int32_t>(), E, rows,
-                                in, out, sc);
-  trex::cuda::grouped_linear_dw(d_g.as<float>(), d_dy.as<bf16>(), d_x.as<bf16>(), d_off.as<int32_t>(), E, rows, in,
-                                out);
-  TREX_CUDA(cudaDeviceSynchronize());
 
   std::vector<float> ry(size_t(rows * out)), rdx(size_t(rows * in)), rdw(size_t(E * out * in), 0.f);
   for (int64_t e = 0; e < E; ++e) {
@@ -97,63 +108,103 @@ void check_case(const std::vector<int32_t>& counts, int64_t in, int64_t out, uin
         rdw[size_t((e * out + o) * in + i)] = float(s);
       }
   }
-  if (rows > 0) {
-    EXPECT_LT(rel_err(download_bf16(d_y, size_t(rows * out)), ry), 1e-2) << "fwd";
-    EXPECT_LT(rel_err(download_bf16(d_dx, size_t(rows * in)), rdx), 1e-2) << "dx";
-  }
-  const std::vector<float> g = download_f32(d_g, g0.size());
-  std::vector<float> inc(g.size());
-  for (size_t i = 0; i < g.size(); ++i) inc[i] = g[i] - g0[i];
-  double num = 0, den = 0;
-  for (size_t i = 0; i < g.size(); ++i) {
-    num += (double(inc[i]) - rdw[i]) * (double(inc[i]) - rdw[i]);
-    den += double(rdw[i]) * rdw[i];
-  }
-  if (den > 0) {
-    EXPECT_LT(std::sqrt(num / den), 1e-5) << "dw increment";
-  }
-  for (int64_t e = 0; e < E; ++e) {
-    if (counts[size_t(e)] == 0) {
-      EXPECT_EQ(std::memcmp(g.data() + e * out * in, g0.data() + e * out * in, size_t(out * in) * 4), 0)
-          << "dw of empty expert " << e << " changed";
+
+  DeviceBuffer d_off = upload(off.data(), off.size() * 4);
+  DeviceBuffer d_x = upload(x.bits.data(), x.bits.size() * 2), d_dy = upload(dy.bits.data(), dy.bits.size() * 2);
+  DeviceBuffer d_W = upload(W.bits.data(), W.bits.size() * 2);
+  DeviceBuffer d_scratch(size_t(trex::cuda::grouped_linear_scratch(E)) * 4);
+  auto* sc = d_scratch.as<int32_t>();
+  for (const Runner& run : runners()) {
+    SCOPED_TRACE(run.name);
+    DeviceBuffer d_g = upload(g0.data(), g0.size() * 4);
+    DeviceBuffer d_y = poisoned<uint16_t>(size_t(std::max<int64_t>(rows * out, 1)));
+    DeviceBuffer d_dx = poisoned<uint16_t>(size_t(std::max<int64_t>(rows * in, 1)));
+    const auto* o = d_off.as<int32_t>();
+    if (run.path) {
+      gg::run_fwd(*run.path, d_y.as<bf16>(), d_x.as<bf16>(), d_W.as<bf16>(), o, E, rows, in, out, sc, nullptr);
+      gg::run_dx(*run.path, d_dx.as<bf16>(), d_dy.as<bf16>(), d_W.as<bf16>(), o, E, rows, in, out, sc, nullptr);
+      gg::run_dw(*run.path, d_g.as<float>(), d_dy.as<bf16>(), d_x.as<bf16>(), o, E, rows, in, out, nullptr);
+    } else {
+      trex::cuda::grouped_linear_fwd(d_y.as<bf16>(), d_x.as<bf16>(), d_W.as<bf16>(), o, E, rows, in, out, sc);
+      trex::cuda::grouped_linear_dx(d_dx.as<bf16>(), d_dy.as<bf16>(), d_W.as<bf16>(), o, E, rows, in, out, sc);
+      if (run.dw_without_rows)
+        trex::cuda::grouped_linear_dw(d_g.as<float>(), d_dy.as<bf16>(), d_x.as<bf16>(), o, E, in, out);
+      else
+        trex::cuda::grouped_linear_dw(d_g.as<float>(), d_dy.as<bf16>(), d_x.as<bf16>(), o, E, rows, in, out);
+    }
+    TREX_CUDA(cudaDeviceSynchronize());
+
+    if (rows > 0) {
+      EXPECT_LT(rel_err(download_bf16(d_y, size_t(rows * out)), ry), 1e-2) << "fwd";
+      EXPECT_LT(rel_err(download_bf16(d_dx, size_t(rows * in)), rdx), 1e-2) << "dx";
+    }
+    const std::vector<float> g = download_f32(d_g, g0.size());
+    double num = 0, den = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      const double inc = double(g[i] - g0[i]);
+      num += (inc - rdw[i]) * (inc - rdw[i]);
+      den += double(rdw[i]) * rdw[i];
+    }
+    if (den > 0) {
+      EXPECT_LT(std::sqrt(num / den), 1e-5) << "dw increment";
+    }
+    for (int64_t e = 0; e < E; ++e) {
+      if (counts[size_t(e)] == 0) {
+        EXPECT_EQ(std::memcmp(g.data() + e * out * in, g0.data() + e * out * in, size_t(out * in) * 4), 0)
+            << "dw of empty expert " << e << " changed";
+      }
     }
   }
 }
 
-// Every kernel: the mma.sync tile configurations 1-6 and, on Hopper, the sm90 wgmma + TMA variants 7-14.
-std::vector<int> variants() {
-  std::vector<int> v = {1, 2, 3, 4, 5, 6};
-  if (trex::cuda::grouped_gemm_sm90_available()) v.insert(v.end(), {7, 8, 9, 10, 11, 12, 13, 14});
-  else std::printf("(no sm90 device: the wgmma variants 7-14 are not run)\n");
-  return v;
+// Which path each call takes, on an sm90 device and elsewhere: the branches of choose() at their boundaries.
+TEST(GroupedGemmGpu, DispatchChoosesByDeviceAndShape) {
+  using gg::Form;
+  using gg::Path;
+  for (Form f : {Form::Fwd, Form::Dx, Form::Dw}) {
+    EXPECT_EQ(gg::choose(f, true, 1000, 4096, 4096, 16), Path::Sm90);
+    EXPECT_EQ(gg::choose(f, true, 0, 8, 8, 1), Path::Sm90);
+    // Extents past the sm90 kernel's int32 coordinates: the mma.sync kernel, large tiles by then.
+    EXPECT_EQ(gg::choose(f, true, int64_t(1) << 31, 4096, 4096, 16), Path::MmaLarge);
+    EXPECT_EQ(gg::choose(f, true, 1 << 20, 1 << 20, 1 << 20, 1), Path::MmaLarge);  // in * out * E = 2^40
+  }
+  // The dw overload without a row count never takes the sm90 kernel (its tensor maps need the extent).
+  EXPECT_EQ(gg::choose(Form::Dw, true, gg::kRowsUnknown, 256, 128, 263), Path::MmaSmall);
+  EXPECT_EQ(gg::choose(Form::Dw, true, gg::kRowsUnknown, 256, 128, 264), Path::MmaLarge);
+  // Elsewhere: the large tile from 264 of them (rows / 128 x n / 256; dw: experts x out / 128 x in / 256).
+  EXPECT_EQ(gg::choose(Form::Fwd, false, 128 * 33, 8, 256 * 8, 4), Path::MmaLarge);
+  EXPECT_EQ(gg::choose(Form::Fwd, false, 128 * 33 - 1, 8, 256 * 8, 4), Path::MmaSmall);
+  EXPECT_EQ(gg::choose(Form::Dx, false, 128 * 33, 256 * 8, 8, 4), Path::MmaLarge);
+  EXPECT_EQ(gg::choose(Form::Dx, false, 128 * 33, 8, 256 * 8, 4), Path::MmaSmall);
+  EXPECT_EQ(gg::choose(Form::Dw, false, 5, 256, 128, 264), Path::MmaLarge);
+  EXPECT_EQ(gg::choose(Form::Dw, false, 5, 256, 128, 263), Path::MmaSmall);
+  EXPECT_EQ(gg::choose(Form::Fwd, false, 49152, 4096, 4096, 16), Path::MmaLarge);  // flash-l4 w13
 }
 
 TEST(GroupedGemmGpu, SkewedCountsAndTails) {
-  for (int v : variants()) {
-    SCOPED_TRACE(::testing::Message() << "variant " << v);
-    trex::cuda::grouped_gemm_set_variant(v);
-    check_case({50, 0, 200, 1, 0, 82}, 136, 200, 1);  // tails in every dimension, empty experts
-    check_case({0, 0, 333, 0}, 256, 128, 2);           // one expert takes every row; exact column tiles
-    check_case({0, 0, 0, 7}, 8, 264, 3);               // only the last expert; in = 8
-    check_case({129, 127, 128, 256, 1}, 72, 40, 4);    // rows around the tile size
-    check_case({300}, 96, 520, 5);                    // a single expert (plain GEMM)
-  }
-  trex::cuda::grouped_gemm_set_variant(0);
+  check_case({50, 0, 200, 1, 0, 82}, 136, 200, 1);  // tails in every dimension, empty experts
+  check_case({0, 0, 333, 0}, 256, 128, 2);           // one expert takes every row; exact column tiles
+  check_case({0, 0, 0, 7}, 8, 264, 3);               // only the last expert; in = 8
+  check_case({129, 127, 128, 256, 1}, 72, 40, 4);    // rows around the tile size
+  check_case({300}, 96, 520, 5);                    // a single expert (plain GEMM)
 }
 
 // Larger skewed cases at the sm90 tile grain: experts whose rows end mid-tile (so a row tile reads the next
 // expert's rows, which the store must mask), a k range of the weight gradient that ends mid k-tile (zeroed in
 // shared memory), several k-tiles, empty experts between full ones, and output columns past the 256-wide tile.
 TEST(GroupedGemmGpu, TileGrainSkew) {
-  for (int v : variants()) {
-    if (v != 3 && v < 7) continue;
-    SCOPED_TRACE(::testing::Message() << "variant " << v);
-    trex::cuda::grouped_gemm_set_variant(v);
-    check_case({0, 1, 300, 129, 0, 64, 191}, 320, 384, 11);  // 3 m-tiles of out (clusters along M: variant 7)
-    check_case({700, 0, 0, 65}, 192, 200, 12);
-    check_case({0, 257, 3, 0, 383}, 512, 256, 13);  // even tile counts: the cluster variants pair tiles
-  }
-  trex::cuda::grouped_gemm_set_variant(0);
+  check_case({0, 1, 300, 129, 0, 64, 191}, 320, 384, 11);
+  check_case({700, 0, 0, 65}, 192, 200, 12);
+  check_case({0, 257, 3, 0, 383}, 512, 256, 13);
+}
+
+// The public dw without a row count at 264 large tiles (264 experts x one 128 x 256 tile): the dispatch's own
+// switch to the large mma.sync tile, checked end to end (the path runs in every case above too).
+TEST(GroupedGemmGpu, DwWithoutRowCountAtTheLargeTileSwitch) {
+  ASSERT_EQ(gg::choose(gg::Form::Dw, gg::sm90_device(), gg::kRowsUnknown, 256, 128, 264), gg::Path::MmaLarge);
+  std::vector<int32_t> counts(264);
+  for (size_t e = 0; e < counts.size(); ++e) counts[e] = int32_t(e % 5 == 0 ? 0 : e % 13 + 1);
+  check_case(counts, 256, 128, 21);
 }
 
 TEST(GroupedGemmGpu, ManyExpertsSpanSeveralPrefixRounds) {
@@ -167,13 +218,26 @@ TEST(GroupedGemmGpu, AllExpertsEmpty) {
   check_case({0, 0, 0}, 64, 64, 6);  // nothing to do: outputs untouched, gradients unchanged
 }
 
-TEST(GroupedGemmGpu, RejectsBadDims) {
-  DeviceBuffer off(64), sc(64);
+TEST(GroupedGemmGpu, RejectsBadInput) {
+  DeviceBuffer off(64), sc(64), buf(1024);
   EXPECT_THROW(trex::cuda::grouped_linear_fwd(nullptr, nullptr, nullptr, off.as<int32_t>(), 2, 16, 12, 16,
                                               sc.as<int32_t>()),
                trex::Error);
   EXPECT_THROW(trex::cuda::grouped_linear_dw(nullptr, nullptr, nullptr, off.as<int32_t>(), 0, 16, 16), trex::Error);
-  EXPECT_THROW(trex::cuda::grouped_gemm_set_variant(15), trex::Error);
+  // Operands off the 16-byte grain (cp.async / TMA read 16-byte vectors): a clear error, not a fault.
+  bf16* odd = buf.as<bf16>() + 1;
+  EXPECT_THROW(trex::cuda::grouped_linear_fwd(buf.as<bf16>(), odd, buf.as<bf16>(), off.as<int32_t>(), 1, 8, 8, 8,
+                                              sc.as<int32_t>()),
+               trex::Error);
+  // The sm90 path refuses what it cannot run: a dw without a row count, or any call off an sm90 device.
+  EXPECT_THROW(gg::run_dw(gg::Path::Sm90, buf.as<float>(), buf.as<bf16>(), buf.as<bf16>(), off.as<int32_t>(), 1,
+                          gg::kRowsUnknown, 8, 8, nullptr),
+               trex::Error);
+  if (!gg::sm90_device()) {
+    EXPECT_THROW(gg::run_fwd(gg::Path::Sm90, buf.as<bf16>(), buf.as<bf16>(), buf.as<bf16>(), off.as<int32_t>(), 1,
+                             8, 8, 8, sc.as<int32_t>(), nullptr),
+                 trex::Error);
+  }
 }
 
 // --- Benchmark (disabled by default) --------------------------------------------------------------------------
@@ -195,13 +259,7 @@ double time_ms(const std::function<void()>& f, int reps) {
   return ms / reps;
 }
 
-const char* const kVariantNames[] = {"auto",         "128x128x32",   "128x256x32",      "128x256x64",
-                                     "128x256x32s4", "128x256x64s4", "256x128x64",      "sm90-128x256s4",
-                                     "sm90-128x256s3", "sm90-128x128s6", "sm90-cluster-n", "sm90-cluster-m", "sm90-128x256-staged",
-                                     "sm90-128x128-staged", "sm90-staged-dw-red"};
-
-void bench_shape(const char* name, int64_t E, int64_t rows_per_e, int64_t in, int64_t out, int variant) {
-  trex::cuda::grouped_gemm_set_variant(variant);
+void bench_shape(const char* name, int64_t E, int64_t rows_per_e, int64_t in, int64_t out) {
   std::vector<int32_t> counts(static_cast<size_t>(E));
   std::mt19937 g(7);
   int64_t rows = 0;
@@ -279,34 +337,21 @@ void bench_shape(const char* name, int64_t E, int64_t rows_per_e, int64_t in, in
   const char* what[3] = {"fwd", "dx", "dw"};
   const double errs[3] = {e_fwd, e_dx, e_dw};
   for (int i = 0; i < 3; ++i)
-    std::printf("BENCH %s %s tiles=%s E=%lld rows=%lld in=%lld out=%lld: grouped %.3f ms %.1f TFLOP/s | cuBLASLt per-expert "
-                "%.3f ms %.1f TFLOP/s | rel_err vs cuBLASLt %.2e\n",
-                name, what[i], kVariantNames[variant], (long long)E, (long long)rows, (long long)in, (long long)out, t[2 * i],
-                flop / t[2 * i] * 1e-9, t[2 * i + 1], flop / t[2 * i + 1] * 1e-9, errs[i]);
+    std::printf("BENCH %s %s path=%s E=%lld rows=%lld in=%lld out=%lld: grouped %.3f ms %.1f TFLOP/s | "
+                "cuBLASLt per-expert %.3f ms %.1f TFLOP/s | rel_err vs cuBLASLt %.2e\n",
+                name, what[i], gg::path_name(gg::choose(gg::Form(i), gg::sm90_device(), rows, in, out, E)),
+                (long long)E, (long long)rows, (long long)in, (long long)out, t[2 * i], flop / t[2 * i] * 1e-9,
+                t[2 * i + 1], flop / t[2 * i + 1] * 1e-9, errs[i]);
   std::fflush(stdout);
-  trex::cuda::grouped_gemm_set_variant(0);
 }
 
+// The product (the public entry points) at the model's shapes; the measured alternatives are timed by
+// dev/grouped_gemm/wgmma_bench.cu.
 TEST(GroupedGemmGpu, DISABLED_Bench) {
-  std::vector<int> vs = {3};  // 1, 2, 4, 5 and 6 measured slower than 3 (calls of 2026-11-29)
-  // sm90: 8-11 and 13 measured slower than 7 / 12 (2026-11-30: 3 stages, 128-wide tiles, clusters).
-  if (trex::cuda::grouped_gemm_sm90_available()) vs.insert(vs.end(), {12, 14});
-  if (const char* only = std::getenv("TREX_GG_BENCH_VARIANTS")) {  // e.g. "12,3": just those
-    vs.clear();
-    for (const char* q = only; *q;) {
-      char* end;
-      const long x = std::strtol(q, &end, 10);
-      if (end == q) break;
-      vs.push_back(int(x));
-      q = *end ? end + 1 : end;
-    }
-  }
-  for (int v : vs) {
-    bench_shape("flash-l4 w13", 16, 3072, 4096, 4096, v);
-    bench_shape("flash-l4 w2", 16, 3072, 2048, 4096, v);
-    bench_shape("small-s6 w13", 32, 768, 2048, 2048, v);
-    bench_shape("small-s6 w2", 32, 768, 1024, 2048, v);
-  }
+  bench_shape("flash-l4 w13", 16, 3072, 4096, 4096);
+  bench_shape("flash-l4 w2", 16, 3072, 2048, 4096);
+  bench_shape("small-s6 w13", 32, 768, 2048, 2048);
+  bench_shape("small-s6 w2", 32, 768, 1024, 2048);
 }
 
 }  // namespace

@@ -1,276 +1,29 @@
-// Grouped expert GEMMs: mma.sync m16n8k16 (bf16 in, fp32 accumulate) fed by ldmatrix from a cp.async pipeline
-// of kStages shared-memory stages. One main loop serves the three products; they differ only in how each operand
-// sits in memory:
-//   fwd  y  = x  W_e^T : A = x  [r, in]  (K-major), B = W_e [out, in] (K-major), rows grouped (M varies)
-//   dx   dx = dy W_e   : A = dy [r, out] (K-major), B = W_e [out, in] (N-major), rows grouped (M varies)
-//   dw   dW_e += dy_e^T x_e : A = dy (M-major, k = row), B = x (N-major, k = row), reduction grouped (K varies)
-// K-major tiles are stored [rows][kBK + 8] and read with ldmatrix; M/N-major tiles [kBK][cols + 8] and read
-// with ldmatrix.trans. The 16-byte row padding keeps both conflict-free. Out-of-range 16-byte chunks are
-// zero-filled by cp.async (src-size 0), so any row count works; in/out need to be multiples of 8.
-// On Hopper the launchers take the wgmma + TMA kernel of grouped_gemm_sm90.cuh instead (variant 14 by default;
-// see sm90_variant), and these mma.sync kernels remain for other GPUs, unaligned operands and the dw overload
-// without a row count.
-#include <algorithm>
-
+// Grouped expert GEMMs: the dispatch of grouped_gemm_dispatch.h over the kernels it runs. On Hopper the wgmma +
+// TMA kernel (grouped_gemm_sm90.cuh) in its fastest measured configuration; elsewhere, for extents past its
+// int32 coordinates and for the dw overload without a row count, the mma.sync kernel (grouped_gemm_mma.cuh)
+// with one of two tile configurations. The measured alternatives live in dev/grouped_gemm.
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/grouped_gemm.h"
+#include "kernels/cuda/grouped_gemm_dispatch.h"
+#include "kernels/cuda/grouped_gemm_mma.cuh"
 #include "kernels/cuda/grouped_gemm_sm90.cuh"
 
 namespace trex::cuda {
+namespace grouped_gemm {
 namespace {
 
-// Tile configuration: block tile kBM x kBN x kBK, warp tile kWM x kWN, kStages pipeline stages.
-template <int BM, int BN, int BK, int WM, int WN, int STAGES, int MIN_BLOCKS>
-struct Cfg {
-  static constexpr int kBM = BM, kBN = BN, kBK = BK, kWM = WM, kWN = WN, kStages = STAGES;
-  static constexpr int kMinBlocks = MIN_BLOCKS;  // resident blocks per SM the register budget aims for
-  static constexpr int kWarpsM = BM / WM, kWarpsN = BN / WN;
-  static constexpr int kThreads = kWarpsM * kWarpsN * 32;
-  static constexpr int kMI = WM / 16, kNI = WN / 8;  // mma tiles per warp
-  static_assert(kNI % 2 == 0, "B fragments load two n8 tiles at a time");
-};
-// 128 x 128 tiles, 8 warps of 64 x 32, two blocks per SM; and 128 x 256 tiles, 8 warps of 64 x 64, one block
-// per SM (fewer shared-memory reads per mma, for large problems), with k steps of 32 or 64.
-using CfgSmall = Cfg<128, 128, 32, 64, 32, 4, 2>;
-using CfgLarge = Cfg<128, 256, 32, 64, 64, 3, 1>;
-using CfgLargeK64 = Cfg<128, 256, 64, 64, 64, 3, 1>;  // the large tile with half the barriers per k
-using CfgLarge4 = Cfg<128, 256, 32, 64, 64, 4, 1>;    // the large tile with a deeper pipeline
-using CfgLargeK64s4 = Cfg<128, 256, 64, 64, 64, 4, 1>;  // k steps of 64 and 4 stages (221 KB shared memory)
-using CfgTallK64 = Cfg<256, 128, 64, 64, 64, 3, 1>;     // 256 x 128 tiles (8 warps as 4 x 2)
-constexpr int kPad = 8;
+// 128 x 128 tiles, 8 warps of 64 x 32, two blocks per SM; and 128 x 256 tiles with k steps of 64, 8 warps of
+// 64 x 64, one block per SM (fewer shared-memory reads per mma, for large problems).
+using CfgSmall = mma_gg::Cfg<128, 128, 32, 64, 32, 4, 2>;
+using CfgLarge = mma_gg::Cfg<128, 256, 64, 64, 64, 3, 1>;
+// The large tile pays off once there are enough of them to fill the GPU (about two waves of 132 SMs).
+constexpr int64_t kLargeTiles = 264;
 
-// Elements of one operand tile in shared memory (R = the tile's M or N extent).
-template <class C, bool KMajor, int R>
-struct SmemTile {
-  static constexpr int kLd = KMajor ? C::kBK + kPad : R + kPad;
-  static constexpr int kElems = KMajor ? R * kLd : C::kBK * kLd;
-};
-
-template <class C, bool AK, bool BK_>
-constexpr size_t smem_bytes() {
-  return size_t(C::kStages) * (SmemTile<C, AK, C::kBM>::kElems + SmemTile<C, BK_, C::kBN>::kElems) * sizeof(bf16);
-}
-
-__device__ inline void cp_async16(void* smem, const void* g, bool ok) {
-  const unsigned s = unsigned(__cvta_generic_to_shared(smem));
-  const int n = ok ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(n));
-}
-__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ inline void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ inline void ldmatrix_x4(uint32_t* r, const bf16* p) {
-  const unsigned s = unsigned(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s));
-}
-__device__ inline void ldmatrix_x4_trans(uint32_t* r, const bf16* p) {
-  const unsigned s = unsigned(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s));
-}
-
-__device__ inline void mma_bf16(float* c, const uint32_t* a, const uint32_t* b) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// Copies one R x kBK operand tile to shared memory. Element (r, k) of the operand is g[r * ld + k] (K-major)
-// or g[k * ld + r] (M/N-major); r is valid below r_end, k below k_end.
-template <class C, bool KMajor, int R>
-__device__ inline void load_tile(bf16* s, const bf16* g, int64_t ld, int64_t r0, int64_t r_end, int64_t k0,
-                                 int64_t k_end, int tid) {
-  using T = SmemTile<C, KMajor, R>;
-  constexpr int kBK = C::kBK, kThreads = C::kThreads;
-  if constexpr (KMajor) {
-    constexpr int kCpr = kBK / 8, kChunks = R * kCpr;
-    static_assert(kChunks % kThreads == 0, "whole chunks per thread");
-#pragma unroll
-    for (int j = 0; j < kChunks / kThreads; ++j) {
-      const int i = tid + j * kThreads;
-      const int r = i / kCpr, c = i % kCpr;
-      const int64_t gr = r0 + r, gk = k0 + c * 8;
-      const bool ok = gr < r_end && gk < k_end;
-      cp_async16(s + r * T::kLd + c * 8, ok ? g + gr * ld + gk : g, ok);
-    }
-  } else {
-    constexpr int kCpr = R / 8, kChunks = kBK * kCpr;
-    static_assert(kChunks % kThreads == 0, "whole chunks per thread");
-#pragma unroll
-    for (int j = 0; j < kChunks / kThreads; ++j) {
-      const int i = tid + j * kThreads;
-      const int k = i / kCpr, c = i % kCpr;
-      const int64_t gr = r0 + c * 8, gk = k0 + k;
-      const bool ok = gr < r_end && gk < k_end;
-      cp_async16(s + k * T::kLd + c * 8, ok ? g + gk * ld + gr : g, ok);
-    }
-  }
-}
-
-// acc[mi][ni][4] += A[a_r0.., k_begin..k_end) B[b_r0.., same k]^T over the block tile; operand rows beyond
-// a_end / b_end read as zero.
-template <class C, bool AK, bool BK_>
-__device__ inline void mainloop(bf16* smem, const bf16* A, int64_t lda, int64_t a_r0, int64_t a_end,
-                                const bf16* B, int64_t ldb, int64_t b_r0, int64_t b_end, int64_t k_begin,
-                                int64_t k_end, float (&acc)[C::kMI][C::kNI][4]) {
-  constexpr int kBM = C::kBM, kBN = C::kBN, kBK = C::kBK, kWM = C::kWM, kWN = C::kWN, kStages = C::kStages;
-  constexpr int kMI = C::kMI, kNI = C::kNI, kWarpsN = C::kWarpsN;
-  using TA = SmemTile<C, AK, kBM>;
-  using TB = SmemTile<C, BK_, kBN>;
-  bf16* sA = smem;
-  bf16* sB = smem + kStages * TA::kElems;
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int wm = warp / kWarpsN, wn = warp % kWarpsN;
-  const int64_t nk = (k_end - k_begin + kBK - 1) / kBK;
-
-  auto load_stage = [&](int stage, int64_t kt) {
-    const int64_t k0 = k_begin + kt * kBK;
-    load_tile<C, AK, kBM>(sA + stage * TA::kElems, A, lda, a_r0, a_end, k0, k_end, tid);
-    load_tile<C, BK_, kBN>(sB + stage * TB::kElems, B, ldb, b_r0, b_end, k0, k_end, tid);
-  };
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < nk) load_stage(s, s);
-    cp_async_commit();
-  }
-  for (int64_t kt = 0; kt < nk; ++kt) {
-    cp_async_wait<kStages - 2>();
-    __syncthreads();  // stage kt landed for every thread; stage kt-1 is no longer read by anyone
-    const int64_t next = kt + kStages - 1;
-    if (next < nk) load_stage(int(next % kStages), next);
-    cp_async_commit();
-    const bf16* a = sA + int(kt % kStages) * TA::kElems;
-    const bf16* b = sB + int(kt % kStages) * TB::kElems;
-#pragma unroll
-    for (int kk = 0; kk < kBK; kk += 16) {
-      uint32_t af[kMI][4], bfr[kNI][2];
-#pragma unroll
-      for (int mi = 0; mi < kMI; ++mi) {
-        const int m0 = wm * kWM + mi * 16;
-        if constexpr (AK)
-          ldmatrix_x4(af[mi], a + (m0 + lane % 16) * TA::kLd + kk + (lane / 16) * 8);
-        else
-          ldmatrix_x4_trans(af[mi], a + (kk + lane % 8 + (lane / 16) * 8) * TA::kLd + m0 + ((lane / 8) % 2) * 8);
-      }
-#pragma unroll
-      for (int nj = 0; nj < kNI / 2; ++nj) {
-        const int n0 = wn * kWN + nj * 16;
-        uint32_t r[4];
-        if constexpr (BK_)
-          ldmatrix_x4(r, b + (n0 + lane % 8 + (lane / 16) * 8) * TB::kLd + kk + ((lane / 8) % 2) * 8);
-        else
-          ldmatrix_x4_trans(r, b + (kk + lane % 8 + ((lane / 8) % 2) * 8) * TB::kLd + n0 + (lane / 16) * 8);
-        bfr[2 * nj][0] = r[0], bfr[2 * nj][1] = r[1];
-        bfr[2 * nj + 1][0] = r[2], bfr[2 * nj + 1][1] = r[3];
-      }
-#pragma unroll
-      for (int mi = 0; mi < kMI; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < kNI; ++ni) mma_bf16(acc[mi][ni], af[mi], bfr[ni]);
-    }
-  }
-  cp_async_wait<0>();
-}
-
-// Row-grouped product (fwd / dx): block = (m-tile over all experts, n-tile), n-tile fastest so neighbours share
-// the A rows. BKMajor: W_e is [n, k] (fwd) or [k, n] (dx).
-template <class C, bool BKMajor>
-__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) grouped_rows_kernel(bf16* y, const bf16* x, const bf16* W,
-                                                                const int32_t* offsets,
-                                                                const int32_t* tile_start, int E, int64_t n,
-                                                                int64_t k, int n_tiles) {
-  constexpr int kBM = C::kBM, kBN = C::kBN, kWM = C::kWM, kWN = C::kWN, kMI = C::kMI, kNI = C::kNI;
-  constexpr int kWarpsN = C::kWarpsN;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  const int nt = int(blockIdx.x % unsigned(n_tiles));
-  const int mt = int(blockIdx.x / unsigned(n_tiles));
-  if (mt >= tile_start[E]) return;
-  int lo = 0, hi = E;  // the expert owning m-tile mt: the last e with tile_start[e] <= mt
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (tile_start[mid] <= mt) lo = mid;
-    else hi = mid;
-  }
-  const int e = lo;
-  const int64_t row0 = offsets[e] + int64_t(mt - tile_start[e]) * kBM, row_end = offsets[e + 1];
-  const int64_t col0 = int64_t(nt) * kBN;
-  const bf16* We = W + int64_t(e) * n * k;
-
-  float acc[kMI][kNI][4] = {};
-  mainloop<C, true, BKMajor>(reinterpret_cast<bf16*>(smem_raw), x, k, row0, row_end, We, BKMajor ? k : n, col0, n,
-                          0, k, acc);
-
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int wm = warp / kWarpsN, wn = warp % kWarpsN;
-#pragma unroll
-  for (int mi = 0; mi < kMI; ++mi)
-#pragma unroll
-    for (int ni = 0; ni < kNI; ++ni) {
-      const int64_t c = col0 + wn * kWN + ni * 8 + (lane % 4) * 2;
-      if (c >= n) continue;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t r = row0 + wm * kWM + mi * 16 + lane / 4 + h * 8;
-        if (r < row_end)
-          *reinterpret_cast<__nv_bfloat162*>(y + r * n + c) =
-              __floats2bfloat162_rn(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
-      }
-    }
-}
-
-// Reduction-grouped weight gradient: block = (expert, m-tile of out, n-tile of in), n-tile fastest.
-template <class C>
-__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) grouped_dw_kernel(float* dW, const bf16* dy, const bf16* x,
-                                                              const int32_t* offsets, int64_t m, int64_t n,
-                                                              int m_tiles, int n_tiles) {
-  constexpr int kBM = C::kBM, kBN = C::kBN, kWM = C::kWM, kWN = C::kWN, kMI = C::kMI, kNI = C::kNI;
-  constexpr int kWarpsN = C::kWarpsN;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  const int64_t per_e = int64_t(m_tiles) * n_tiles;
-  const int e = int(blockIdx.x / per_e);
-  const int mt = int((blockIdx.x % per_e) / n_tiles), nt = int(blockIdx.x % n_tiles);
-  const int64_t k_begin = offsets[e], k_end = offsets[e + 1];
-  if (k_end <= k_begin) return;
-  const int64_t row0 = int64_t(mt) * kBM, col0 = int64_t(nt) * kBN;
-
-  float acc[kMI][kNI][4] = {};
-  mainloop<C, false, false>(reinterpret_cast<bf16*>(smem_raw), dy, m, row0, m, x, n, col0, n, k_begin, k_end, acc);
-
-  float* out = dW + int64_t(e) * m * n;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int wm = warp / kWarpsN, wn = warp % kWarpsN;
-#pragma unroll
-  for (int mi = 0; mi < kMI; ++mi)
-#pragma unroll
-    for (int ni = 0; ni < kNI; ++ni) {
-      const int64_t c = col0 + wn * kWN + ni * 8 + (lane % 4) * 2;
-      if (c >= n) continue;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t r = row0 + wm * kWM + mi * 16 + lane / 4 + h * 8;
-        if (r < m) {
-          float2* p = reinterpret_cast<float2*>(out + r * n + c);
-          float2 v = *p;
-          v.x += acc[mi][ni][2 * h];
-          v.y += acc[mi][ni][2 * h + 1];
-          *p = v;
-        }
-      }
-    }
-}
-
-template <class Kernel>
-void allow_smem(Kernel k, size_t bytes) {
-  // Per launch: the attribute belongs to the current device's context, and setting it costs next to nothing.
-  TREX_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+// The sm90 configuration: 128 x 256 tiles, 4 stages, no clusters, staged epilogue, dw by L2 reductions.
+template <sm90::Form F>
+cudaError_t launch_sm90(void* y, const bf16* a, const bf16* b, const int32_t* offsets, const int32_t* tile_start,
+                        int64_t E, int64_t rows, int64_t in, int64_t out, cudaStream_t stream) {
+  return sm90::launch<F, 256, 4, 1, false, true, true>(y, a, b, offsets, tile_start, E, rows, in, out, stream);
 }
 
 void check_dims(const char* what, int64_t n_groups, int64_t in, int64_t out) {
@@ -279,164 +32,133 @@ void check_dims(const char* what, int64_t n_groups, int64_t in, int64_t out) {
              "{}: in = {} and out = {} must be positive multiples of 8", what, in, out);
 }
 
-template <class C, bool BKMajor>
-void launch_rows(bf16* y, const bf16* x, const bf16* W, const int32_t* offsets, int64_t E, int64_t rows,
-                 int64_t n, int64_t k, int32_t* scratch, cudaStream_t stream) {
-  constexpr size_t smem = smem_bytes<C, true, BKMajor>();
-  allow_smem(grouped_rows_kernel<C, BKMajor>, smem);
-  sm90::tile_prefix_kernel<<<1, sm90::kPrefixThreads, 0, stream>>>(offsets, int(E), C::kBM, scratch);
-  TREX_CUDA_LAUNCHED();
-  const int64_t n_tiles = (n + C::kBN - 1) / C::kBN;
-  const int64_t m_bound = (rows + C::kBM - 1) / C::kBM + E;  // each expert adds at most one partial tile
-  const int64_t blocks = m_bound * n_tiles;
-  TREX_CHECK(blocks < (int64_t(1) << 31), "grouped GEMM: {} blocks overflow the grid", blocks);
-  grouped_rows_kernel<C, BKMajor><<<unsigned(blocks), C::kThreads, smem, stream>>>(y, x, W, offsets, scratch,
-                                                                                  int(E), n, k, int(n_tiles));
-  TREX_CUDA_LAUNCHED();
+// Both kernels read and write whole 16-byte vectors of every operand (cp.async / TMA, the staged epilogue).
+void check_aligned(const char* what, const void* o, const void* a, const void* b) {
+  const auto al = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; };
+  TREX_CHECK(al(o) && al(a) && al(b), "{}: output {}, operands {} and {} must be 16-byte aligned", what, o, a, b);
 }
 
-template <class C>
-void launch_dw(float* dW, const bf16* dy, const bf16* x, const int32_t* offsets, int64_t E, int64_t in,
-               int64_t out, cudaStream_t stream) {
-  constexpr size_t smem = smem_bytes<C, false, false>();
-  allow_smem(grouped_dw_kernel<C>, smem);
-  const int64_t m_tiles = (out + C::kBM - 1) / C::kBM, n_tiles = (in + C::kBN - 1) / C::kBN;
-  const int64_t blocks = E * m_tiles * n_tiles;
-  TREX_CHECK(blocks < (int64_t(1) << 31), "grouped_linear_dw: {} blocks overflow the grid", blocks);
-  grouped_dw_kernel<C><<<unsigned(blocks), C::kThreads, smem, stream>>>(dW, dy, x, offsets, out, in,
-                                                                        int(m_tiles), int(n_tiles));
-  TREX_CUDA_LAUNCHED();
+bool sm90_extents(int64_t rows, int64_t in, int64_t out, int64_t E) {
+  return rows >= 0 && rows < (int64_t(1) << 31) && in < (1 << 30) && out < (1 << 30) &&
+         in * out * E < (int64_t(1) << 40);
 }
 
-// Which kernel the launchers use: 0 = choose (kAutoSm90 below), 1 = CfgSmall, 2 = CfgLarge, 3 = CfgLargeK64,
-// 4 = CfgLarge4, 5 = CfgLargeK64s4, 6 = CfgTallK64 (mma.sync); 7, 8, 9 = the sm90 wgmma kernel with 128 x 256
-// tiles and 4 stages, 128 x 256 and 3 stages, 128 x 128 and 6 stages; 10, 11 = 128 x 256 / 4 stages in clusters
-// of two CTAs along N (A multicast) / along M (B multicast). A cluster variant that cannot pair the tiles of a
-// shape (odd tile count) runs 7 instead. 12, 13 = 7, 9 with the epilogue staged through shared memory (16-byte
-// row vectors to global instead of 4 / 8-byte fragment stores); 14 = 12 with dw added by L2 vector reductions
-// (red.global.add) instead of starting the accumulators from the loaded dW tile.
-int g_variant = 0;
-constexpr int kFirstSm90 = 7, kLastVariant = 14;
-
-// Whether auto (variant 0) takes the sm90 kernel where it runs (Hopper, supported operands), as variant 14.
-// H200, 2026-11-30 00:40 (test_kernels_gpu GroupedGemmGpu.DISABLED_Bench, against one cuBLASLt GEMM per expert
-// through trex::cuda::Gemm): flash-l4 w13 fwd / dx / dw 732 / 681 / 630 TFLOP/s (cuBLASLt 623-777 / 594-773 /
-// 557-668 over the run), w2 722 / 746 / 649; small-s6 1.3-2.1x cuBLASLt (its per-expert GEMMs are small).
-constexpr bool kAutoSm90 = true;
-constexpr int kAutoVariant = 14;
-
-// The large tile (k steps of 64: the fastest measured, 290-320 TFLOP/s at flash-l4 shapes on an H200) pays off
-// once there are enough of them to fill the GPU (about two waves of 132 SMs).
-int pick(int64_t tiles_large) {
-  if (g_variant != 0) return g_variant;
-  return tiles_large >= 264 ? 3 : 1;
+void check_sm90(const char* what, int64_t rows, int64_t in, int64_t out, int64_t E) {
+  TREX_CHECK(sm90_device(), "{}: the sm90 path needs an sm_90 device and the driver's tensor-map encoder", what);
+  TREX_CHECK(sm90_extents(rows, in, out, E), "{}: the sm90 path needs a row count and int32 extents (rows {}, "
+             "in {}, out {}, experts {})", what, rows, in, out, E);
 }
 
-// Calls f(cfg) with a value of the chosen configuration type.
-template <class F>
-void with_cfg(int v, F&& f) {
-  if (v == 6) f(CfgTallK64{});
-  else if (v == 5) f(CfgLargeK64s4{});
-  else if (v == 4) f(CfgLarge4{});
-  else if (v == 3) f(CfgLargeK64{});
-  else if (v == 2) f(CfgLarge{});
-  else f(CfgSmall{});
+void report(cudaError_t err, const char* what, Path p, int64_t E, int64_t rows, int64_t in, int64_t out) {
+  TREX_CHECK(err == cudaSuccess, "{} ({}): {} (experts {}, rows {}, in {}, out {})", what, path_name(p),
+             cudaGetErrorString(err), E, rows, in, out);
 }
 
-// The sm90 variant to run (7..9), or 0 for the mma.sync kernels: forced by the knob, else by kAutoSm90 on a
-// device and operands the sm90 kernel takes.
-int sm90_variant(const void* a, const void* b, int64_t rows, int64_t in, int64_t out, int64_t E) {
-  if (g_variant != 0) {
-    if (g_variant < kFirstSm90) return 0;
-    TREX_CHECK(sm90::available(), "grouped GEMM variant {} needs an sm_90 device and the driver's tensor-map "
-               "encoder", g_variant);
-    TREX_CHECK(sm90::supported(a, b, rows, in, out, E), "grouped GEMM variant {}: operands not 16-byte aligned "
-               "or extents past int32 (rows {}, in {}, out {})", g_variant, rows, in, out);
-    return g_variant;
-  }
-  if (!kAutoSm90) return 0;
-  static const bool avail = sm90::available();
-  return avail && sm90::supported(a, b, rows, in, out, E) ? kAutoVariant : 0;
-}
-
+// fwd (F = Fwd: y = x W_e^T, n = out, k = in) and dx (y = dy W_e, n = in, k = out).
 template <sm90::Form F>
-void launch_sm90(int v, void* y, const bf16* a, const bf16* b, const int32_t* offsets, int64_t E, int64_t rows,
-                 int64_t in, int64_t out, int32_t* scratch, cudaStream_t stream) {
-  const int64_t n = F == sm90::Form::Fwd ? out : in;
-  if (v == 10 && !sm90::cluster_ok(n, 256)) v = 7;
-  if (v == 11 && F == sm90::Form::Dw && !sm90::cluster_ok(out, sm90::kBM)) v = 7;
-  if (F != sm90::Form::Dw) {
-    const int bm = v == 11 ? sm90::prefix_rows<2, true>() : sm90::kBM;
-    sm90::tile_prefix_kernel<<<1, sm90::kPrefixThreads, 0, stream>>>(offsets, int(E), bm, scratch);
-    TREX_CUDA_LAUNCHED();
-  }
+void run_rows(const char* what, Path path, bf16* y, const bf16* x, const bf16* W, const int32_t* offsets,
+              int64_t E, int64_t rows, int64_t in, int64_t out, int32_t* scratch, cudaStream_t stream) {
+  check_dims(what, E, in, out);
+  check_aligned(what, y, x, W);
+  if (rows == 0) return;
+  constexpr bool kFwd = F == sm90::Form::Fwd;
+  const int64_t n = kFwd ? out : in, k = kFwd ? in : out;
   cudaError_t err;
-  if (v == 7) err = sm90::launch<F, 256, 4>(y, a, b, offsets, scratch, E, rows, in, out, stream);
-  else if (v == 8) err = sm90::launch<F, 256, 3>(y, a, b, offsets, scratch, E, rows, in, out, stream);
-  else if (v == 9) err = sm90::launch<F, 128, 6>(y, a, b, offsets, scratch, E, rows, in, out, stream);
-  else if (v == 10) err = sm90::launch<F, 256, 4, 2>(y, a, b, offsets, scratch, E, rows, in, out, stream);
-  else if (v == 11) err = sm90::launch<F, 256, 4, 2, true>(y, a, b, offsets, scratch, E, rows, in, out, stream);
-  else if (v == 12)
-    err = sm90::launch<F, 256, 4, 1, false, true>(y, a, b, offsets, scratch, E, rows, in, out, stream);
-  else if (v == 14)
-    err = sm90::launch<F, 256, 4, 1, false, true, true>(y, a, b, offsets, scratch, E, rows, in, out, stream);
-  else err = sm90::launch<F, 128, 6, 1, false, true>(y, a, b, offsets, scratch, E, rows, in, out, stream);
-  TREX_CHECK(err == cudaSuccess, "grouped GEMM (sm90 variant {}, form {}): {} (E {}, rows {}, in {}, out {})", v,
-             int(F), cudaGetErrorString(err), E, rows, in, out);
+  if (path == Path::Sm90) {
+    check_sm90(what, rows, in, out, E);
+    sm90::tile_prefix_kernel<<<1, sm90::kPrefixThreads, 0, stream>>>(offsets, int(E), sm90::kBM, scratch);
+    TREX_CUDA_LAUNCHED();
+    err = launch_sm90<F>(y, x, W, offsets, scratch, E, rows, in, out, stream);
+  } else if (path == Path::MmaLarge) {
+    err = mma_gg::launch_rows<CfgLarge, kFwd>(y, x, W, offsets, E, rows, n, k, scratch, stream);
+  } else {
+    err = mma_gg::launch_rows<CfgSmall, kFwd>(y, x, W, offsets, E, rows, n, k, scratch, stream);
+  }
+  report(err, what, path, E, rows, in, out);
 }
 
 }  // namespace
 
-int64_t grouped_linear_scratch(int64_t n_groups) { return n_groups + 1; }
-
-void grouped_gemm_set_variant(int v) {
-  TREX_CHECK(v >= 0 && v <= kLastVariant, "grouped_gemm_set_variant: {} is not 0 (auto), 1 (128x128x32), 2 "
-             "(128x256x32), 3 (128x256x64), 4 (128x256x32, 4 stages), 5 (128x256x64, 4 stages), 6 (256x128x64), 7 "
-             "(sm90 128x256, 4 stages), 8 (sm90 128x256, 3 stages), 9 (sm90 128x128, 6 stages), 10 (sm90 "
-             "128x256, clusters along N), 11 (sm90 128x256, clusters along M), 12 (sm90 128x256, staged epilogue), 13 "
-             "(sm90 128x128, staged epilogue) or 14 (12 with dw by L2 reductions)", v);
-  g_variant = v;
+const char* path_name(Path p) {
+  switch (p) {
+    case Path::Sm90: return "sm90 wgmma 128x256, 4 stages, staged epilogue, dw by L2 reductions";
+    case Path::MmaLarge: return "mma.sync 128x256x64";
+    case Path::MmaSmall: return "mma.sync 128x128x32";
+  }
+  return "?";
 }
 
-bool grouped_gemm_sm90_available() { return sm90::available(); }
+bool sm90_device() {
+  static const bool avail = sm90::available();
+  return avail;
+}
+
+Path choose(Form form, bool sm90_dev, int64_t rows, int64_t in, int64_t out, int64_t n_groups) {
+  if (sm90_dev && sm90_extents(rows, in, out, n_groups)) return Path::Sm90;
+  const int64_t tiles = form == Form::Fwd  ? (rows / CfgLarge::kBM) * (out / CfgLarge::kBN)
+                        : form == Form::Dx ? (rows / CfgLarge::kBM) * (in / CfgLarge::kBN)
+                                           : n_groups * (out / CfgLarge::kBM) * (in / CfgLarge::kBN);
+  return tiles >= kLargeTiles ? Path::MmaLarge : Path::MmaSmall;
+}
+
+void run_fwd(Path path, bf16* y, const bf16* x, const bf16* W, const int32_t* offsets, int64_t n_groups,
+             int64_t rows, int64_t in, int64_t out, int32_t* scratch, cudaStream_t stream) {
+  run_rows<sm90::Form::Fwd>("grouped_linear_fwd", path, y, x, W, offsets, n_groups, rows, in, out, scratch,
+                            stream);
+}
+
+void run_dx(Path path, bf16* dx, const bf16* dy, const bf16* W, const int32_t* offsets, int64_t n_groups,
+            int64_t rows, int64_t in, int64_t out, int32_t* scratch, cudaStream_t stream) {
+  run_rows<sm90::Form::Dx>("grouped_linear_dx", path, dx, dy, W, offsets, n_groups, rows, in, out, scratch,
+                           stream);
+}
+
+void run_dw(Path path, float* dW, const bf16* dy, const bf16* x, const int32_t* offsets, int64_t n_groups,
+            int64_t rows, int64_t in, int64_t out, cudaStream_t stream) {
+  const char* what = "grouped_linear_dw";
+  check_dims(what, n_groups, in, out);
+  check_aligned(what, dW, dy, x);
+  if (rows == 0) return;  // no expert has rows: every gradient stays as it is
+  cudaError_t err;
+  if (path == Path::Sm90) {
+    check_sm90(what, rows, in, out, n_groups);
+    err = launch_sm90<sm90::Form::Dw>(dW, dy, x, offsets, nullptr, n_groups, rows, in, out, stream);
+  } else if (path == Path::MmaLarge) {
+    err = mma_gg::launch_dw<CfgLarge>(dW, dy, x, offsets, n_groups, in, out, stream);
+  } else {
+    err = mma_gg::launch_dw<CfgSmall>(dW, dy, x, offsets, n_groups, in, out, stream);
+  }
+  report(err, what, path, n_groups, rows, in, out);
+}
+
+}  // namespace grouped_gemm
+
+namespace gg = grouped_gemm;
+
+int64_t grouped_linear_scratch(int64_t n_groups) { return n_groups + 1; }
 
 void grouped_linear_fwd(bf16* y, const bf16* x, const bf16* W, const int32_t* offsets, int64_t n_groups,
                         int64_t rows, int64_t in, int64_t out, int32_t* scratch, cudaStream_t stream) {
-  check_dims("grouped_linear_fwd", n_groups, in, out);
-  if (rows == 0) return;
-  if (const int v = sm90_variant(x, W, rows, in, out, n_groups))
-    return launch_sm90<sm90::Form::Fwd>(v, y, x, W, offsets, n_groups, rows, in, out, scratch, stream);
-  with_cfg(pick((rows / CfgLarge::kBM) * (out / CfgLarge::kBN)), [&](auto c) {
-    launch_rows<decltype(c), true>(y, x, W, offsets, n_groups, rows, out, in, scratch, stream);
-  });
+  gg::run_fwd(gg::choose(gg::Form::Fwd, gg::sm90_device(), rows, in, out, n_groups), y, x, W, offsets, n_groups,
+              rows, in, out, scratch, stream);
 }
 
 void grouped_linear_dx(bf16* dx, const bf16* dy, const bf16* W, const int32_t* offsets, int64_t n_groups,
                        int64_t rows, int64_t in, int64_t out, int32_t* scratch, cudaStream_t stream) {
-  check_dims("grouped_linear_dx", n_groups, in, out);
-  if (rows == 0) return;
-  if (const int v = sm90_variant(dy, W, rows, in, out, n_groups))
-    return launch_sm90<sm90::Form::Dx>(v, dx, dy, W, offsets, n_groups, rows, in, out, scratch, stream);
-  with_cfg(pick((rows / CfgLarge::kBM) * (in / CfgLarge::kBN)), [&](auto c) {
-    launch_rows<decltype(c), false>(dx, dy, W, offsets, n_groups, rows, in, out, scratch, stream);
-  });
-}
-
-void grouped_linear_dw(float* dW, const bf16* dy, const bf16* x, const int32_t* offsets, int64_t n_groups,
-                       int64_t in, int64_t out, cudaStream_t stream) {
-  check_dims("grouped_linear_dw", n_groups, in, out);
-  const int v = g_variant >= kFirstSm90 ? 3 : g_variant;  // without the row count: the mma.sync kernels only
-  with_cfg(v != 0 ? v : pick(n_groups * (out / CfgLarge::kBM) * (in / CfgLarge::kBN)),
-           [&](auto c) { launch_dw<decltype(c)>(dW, dy, x, offsets, n_groups, in, out, stream); });
+  gg::run_dx(gg::choose(gg::Form::Dx, gg::sm90_device(), rows, in, out, n_groups), dx, dy, W, offsets, n_groups,
+             rows, in, out, scratch, stream);
 }
 
 void grouped_linear_dw(float* dW, const bf16* dy, const bf16* x, const int32_t* offsets, int64_t n_groups,
                        int64_t rows, int64_t in, int64_t out, cudaStream_t stream) {
-  check_dims("grouped_linear_dw", n_groups, in, out);
-  if (rows == 0) return;  // no expert has rows: every gradient stays as it is
-  if (const int v = sm90_variant(dy, x, rows, in, out, n_groups))
-    return launch_sm90<sm90::Form::Dw>(v, dW, dy, x, offsets, n_groups, rows, in, out, nullptr, stream);
-  grouped_linear_dw(dW, dy, x, offsets, n_groups, in, out, stream);
+  gg::run_dw(gg::choose(gg::Form::Dw, gg::sm90_device(), rows, in, out, n_groups), dW, dy, x, offsets, n_groups,
+             rows, in, out, stream);
+}
+
+void grouped_linear_dw(float* dW, const bf16* dy, const bf16* x, const int32_t* offsets, int64_t n_groups,
+                       int64_t in, int64_t out, cudaStream_t stream) {
+  gg::run_dw(gg::choose(gg::Form::Dw, gg::sm90_device(), gg::kRowsUnknown, in, out, n_groups), dW, dy, x, offsets,
+             n_groups, gg::kRowsUnknown, in, out, stream);
 }
 
 }  // namespace trex::cuda

@@ -2,9 +2,10 @@
 // being offsets[e] .. offsets[e+1] of the expert-grouped activations. The offsets stay in DEVICE memory (they come
 // from moe_route_plan): tiles are laid over (expert, m-tile, n-tile) from a device-side prefix of the per-expert
 // tile counts, the grid is an upper bound and surplus blocks exit, so the host never learns the counts. bf16
-// operands, fp32 accumulation on tensor cores (mma.sync m16n8k16, cp.async multi-stage pipeline). Row-major, and
-// named like the dense Linear of the GPU model: W_e is [out, in] at W + e * out * in. On Hopper (sm_90a) a
-// wgmma + TMA kernel (grouped_gemm_sm90.cuh) serves the same calls; the mma.sync kernels stay as the fallback.
+// operands (16-byte aligned), fp32 accumulation on tensor cores. Row-major, and named like the dense Linear of
+// the GPU model: W_e is [out, in] at W + e * out * in. On Hopper (sm_90a) a wgmma + TMA kernel
+// (grouped_gemm_sm90.cuh) runs; elsewhere, and for extents past its int32 coordinates, mma.sync kernels
+// (grouped_gemm_mma.cuh). grouped_gemm_dispatch.h says which call takes which.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -32,17 +33,5 @@ void grouped_linear_dw(float* dW, const bf16* dy, const bf16* x, const int32_t* 
                        int64_t rows, int64_t in, int64_t out, cudaStream_t stream = nullptr);
 void grouped_linear_dw(float* dW, const bf16* dy, const bf16* x, const int32_t* offsets, int64_t n_groups,
                        int64_t in, int64_t out, cudaStream_t stream = nullptr);
-
-// Benchmark knob: 0 chooses the kernel and tile configuration (the default), 1 forces 128 x 128 x 32 tiles,
-// 2 forces 128 x 256 x 32, 3 forces 128 x 256 x 64, 4 and 5 force 128 x 256 x 32 / x 64 with 4 pipeline stages,
-// 6 forces 256 x 128 x 64 (mma.sync kernels); 7, 8, 9 force the Hopper kernel (grouped_gemm_sm90.cuh: wgmma + TMA,
-// persistent, warp-specialised) with 128 x 256 tiles / 4 stages, 128 x 256 / 3 stages, 128 x 128 / 6 stages
-// (the old dw overload without `rows` runs 128 x 256 x 64 for these); 10 / 11 the 128 x 256 Hopper kernel in
-// clusters of two CTAs along N / M (TMA multicast of the shared operand), 12 / 13 = 7 / 9 with the epilogue
-// staged through shared memory, 14 = 12 with dw added by L2 reductions. Auto takes 14 on Hopper.
-// Process-wide; tests and benchmarks only.
-void grouped_gemm_set_variant(int v);
-// Whether variants 7-14 (the sm90 kernel) can run on the current device.
-bool grouped_gemm_sm90_available();
 
 }  // namespace trex::cuda

@@ -14,7 +14,10 @@
 // masks. The dw K range is ragged: its last k-tile has the rows past the expert zeroed in shared memory
 // before the wgmma reads them. Weights are a 3-D [E, out, in] tensor map, so a column tile past `out` / `in`
 // is zero fill. Header-only (templates and static functions) so the dev benchmark and grouped_gemm.cu share
-// one copy; no T-Rex headers: the host launchers return cudaError_t and the caller reports.
+// one copy; no T-Rex headers: the host launchers return cudaError_t and the caller reports. grouped_gemm.cu
+// instantiates one configuration (BN 256, 4 stages, no clusters, staged epilogue, dw by L2 reductions); the
+// other template arguments (128-wide tiles, 3 or 6 stages, clusters of two, the direct epilogue, dw from the
+// loaded dW tile) are the measured alternatives that dev/grouped_gemm/variants.cuh instantiates.
 #pragma once
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -230,12 +233,12 @@ struct Params {
   int n_group;                // fwd/dx: n-tiles per column group of the walk (n_tiles = plain m-major order)
 };
 
-// fwd / dx walk order: the n-tiles go in groups of this many (when it divides their count), each group over
-// all m-tiles before the next, so that a wave of CTAs shares fewer weight tiles in L2; 0 = no grouping (n
-// fastest over the whole row of tiles). H200, flash-l4 w13 (16 n-tiles), best of 3 interleaved rounds: fwd 646
-// TFLOP/s ungrouped, 716 in groups of 8, 723 in groups of 4 (dx 696 / 695 / 716; cuBLAS per expert 765 / 732);
-// w2 and small-s6 unchanged. Process-wide; the dev benchmark sets it from GG_NGROUP.
-inline int g_n_group = 4;
+// fwd / dx walk order: the n-tiles go in groups of `n_group` (launch's argument, used when it divides their
+// count), each group over all m-tiles before the next, so that a wave of CTAs shares fewer weight tiles in L2;
+// 0 = no grouping (n fastest over the whole row of tiles). kNGroup is the grouping grouped_gemm.cu runs: with 4,
+// a wave of 132 CTAs holds ~33 m-tiles x 4 n-tiles instead of ~8 x 16, a quarter of an expert's weight in L2
+// (dev/grouped_gemm/README.md has the measurements against 0 and 8).
+constexpr int kNGroup = 4;
 
 // Work units of the walk. Without clusters a unit is one tile (m-tile, n-tile; n fastest). Clusters of 2
 // along N (ALONG_M false): a unit is an (m-tile, pair of n-tiles), CTA rank r taking n-tile 2 j + r. Along M:
@@ -699,7 +702,7 @@ template <Form F, int BN, int STAGES, int CL = 1, bool ALONG_M = false, bool STA
           bool DW_RED = false>
 cudaError_t launch(void* out, const __nv_bfloat16* a, const __nv_bfloat16* b, const int32_t* offsets,
                    const int32_t* tile_start, int64_t E, int64_t rows, int64_t in, int64_t out_dim,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, int n_group = kNGroup) {
   using L = Layout<BN, STAGES>;
   CUtensorMap ma, mb;
   Params p{};
@@ -732,7 +735,7 @@ cudaError_t launch(void* out, const __nv_bfloat16* a, const __nv_bfloat16* b, co
   }
   if (!ok) return cudaErrorInvalidValue;
   p.n_tiles = int((p.n + BN - 1) / BN);
-  p.n_group = g_n_group > 0 && g_n_group % CL == 0 && p.n_tiles % g_n_group == 0 ? g_n_group : p.n_tiles;
+  p.n_group = n_group > 0 && n_group % CL == 0 && p.n_tiles % n_group == 0 ? n_group : p.n_tiles;
   // The caller checks cluster_ok() first: along N the n-tiles pair up; along M, dw's m-tiles of `out` do.
   if (!ALONG_M && p.n_tiles % CL != 0) return cudaErrorInvalidValue;
   if (F == Form::Dw && ALONG_M && p.m_tiles % CL != 0) return cudaErrorInvalidValue;
