@@ -20,13 +20,13 @@ struct RunOptions {
   std::string device;  // cpu | cuda; empty: the config's `device` (default cpu)
 };
 
-// One process without a `parallel:` section: the Trainer; otherwise run_distributed_training.
+// One process without a `parallel:` section: the Trainer over a LocalEngine; otherwise run_distributed_training.
 TrainResult run_training(const std::filesystem::path& config, const std::filesystem::path& out_dir,
                          const RunOptions& opts = {});
 
-// The distributed trainer (distributed_run.cpp): the world communicator from the launcher (mpirun, srun,
-// torchrun), the mesh of the config's parallel section (pure data parallelism over every process when
-// there is none), this rank's part of the model, DistributedTrainer. Rank 0 prepares the run directory.
+// A mesh run (distributed_run.cpp): the world communicator from the launcher (mpirun, srun, torchrun), the
+// mesh of the config's parallel section (pure data parallelism over every process when there is none), this
+// rank's part of the model and its MeshEngine under the same Trainer loop. Rank 0 prepares the run directory.
 TrainResult run_distributed_training(const TrainConfig& cfg, const std::filesystem::path& config,
                                      const std::filesystem::path& out_dir, const RunOptions& opts);
 

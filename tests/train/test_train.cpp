@@ -10,10 +10,12 @@
 #include "core/error.h"
 #include "data/bpe_trainer.h"
 #include "data/chat.h"
+#include "data/sampler.h"
 #include "data/shards.h"
 #include "train/config.h"
 #include "train/metrics.h"
 #include "train/state_checkpoint.h"
+#include "train/local_engine.h"
 #include "train/toy_model.h"
 #include "train/trainer.h"
 #include "train/yaml.h"
@@ -335,6 +337,104 @@ TEST(Trainer, SpikeIsSkippedOrRolledBack) {
       EXPECT_EQ(r.rollbacks, 1);
       EXPECT_EQ(ev.back()["to_step"], 8);  // the newest checkpoint before the spike
       for (const auto& l : lines) EXPECT_LT(l["loss"].get<double>(), 20.0);  // the spiked step was replaced
+    }
+    fs::remove_all(out);
+  }
+}
+
+// The loop is the same whatever engine runs the step (train/step_engine.h): a rank of a two-rank layout that runs
+// the second of each step's two micro-batches gets exactly those rows, its spike rollback goes through the
+// engine's load() and a barrier (as the mesh engine's ranks do), the step time and the engine's slowest-rank
+// timings are maximised over the ranks, and only the lead rank writes metrics and events while every rank
+// saves its checkpoint.
+namespace {
+struct RankEngine final : StepEngine {
+  RankEngine(Trainable& m, const TrainConfig& cfg, bool is_lead)
+      : inner(m, cfg.optimizer, cfg.freeze), lead_(is_lead) {}
+  LocalEngine inner;
+  bool lead_;
+  int64_t loads = 0, barriers = 0, saves = 0, maxed = 0;
+  std::vector<std::vector<int32_t>> seen;  // the input ids of every micro-batch this rank ran
+  std::string describe() const override { return "rank 1 of 2"; }
+  int64_t n_params() const override { return inner.n_params(); }
+  int64_t n_trained() const override { return inner.n_trained(); }
+  double flops_per_token(int64_t s) const override { return inner.flops_per_token(s); }
+  int ranks() const override { return 2; }
+  bool lead() const override { return lead_; }
+  bool runs_micro_batch(int64_t micro, int64_t n_micro) const override { return micro == n_micro - 1; }
+  void begin_step(const StepControls& c) override { inner.begin_step(c); }
+  EngineStep forward_backward(const std::vector<data::Batch>& mine, int64_t n_micro) override {
+    for (const auto& b : mine) seen.push_back(b.input_ids);
+    EngineStep r = inner.forward_backward(mine, n_micro);
+    r.slowest = {{"pipeline_bubble_s", 0.25}};
+    r.extra = {{"bubble_fraction", 0.5}};
+    return r;
+  }
+  double clip_gradients() override { return inner.clip_gradients(); }
+  void optimizer_step(double lr) override { inner.optimizer_step(lr); }
+  void save(const fs::path& root, const TrainState& st, int64_t keep, const FaultHook& f) override {
+    ++saves;
+    inner.save(root, st, keep, f);
+  }
+  TrainState load(const fs::path& dir) override {
+    ++loads;
+    return inner.load(dir);
+  }
+  void barrier() override { ++barriers; }
+  void max_over_ranks(double* v, int n) override {
+    ++maxed;
+    ASSERT_EQ(n, 2);          // the step time, then the engine's one slowest-rank timing
+    EXPECT_EQ(v[1], 0.25);
+    v[1] = 0.75;              // another rank was slower
+  }
+};
+}  // namespace
+
+TEST(Trainer, OneLoopOverAnyEngineDealsMicroBatchesRollsBackAndReports) {
+  for (bool lead : {true, false}) {
+    fs::path out = temp_dir(std::string("engine_") + (lead ? "lead" : "other"));
+    TrainConfig cfg = toy_config("spike: {action: rollback, min_history: 4, z_threshold: 4}\n");
+    cfg.grad_accum = 2;
+    cfg.max_steps = 12;
+    cfg.schedule.total_steps = 12;
+    SpikyToy m(fx().tok.vocab_size(), 16, cfg.seed);
+    m.spike_call = 9;  // this rank's 10th micro-batch: step 10
+    RankEngine eng(m, cfg, lead);
+    TrainResult r = Trainer(cfg, out, eng, *fx().ds, 1, quiet()).run();
+    EXPECT_EQ(r.spikes, 1);
+    EXPECT_EQ(r.rollbacks, 1);
+    EXPECT_EQ(eng.loads, 1);       // no checkpoint at the start: the only load is the rollback's
+    EXPECT_EQ(eng.barriers, 2);    // after the reload, and at the end
+    EXPECT_EQ(eng.saves, 3);       // steps 4, 8 and 12, on every rank
+    EXPECT_EQ(eng.maxed, 13);      // every completed step: 9, the spike's rollback to 8, then 4
+    // The rows: micro-batch 1 of each step, from the one sampler sequence (the rolled-back step's data is not
+    // re-used: step 9 after the rollback continues past it).
+    data::Sampler s(fx().ds->rows(), cfg.seed);
+    std::vector<std::vector<int32_t>> want;
+    data::Batch b;
+    for (int i = 0; i < 14; ++i) {  // steps 1-10 (10 spiked), then 9-12 again on new data
+      s.next_rows(cfg.batch_size);
+      data::make_batch(*fx().ds, s.next_rows(cfg.batch_size), 1, b);
+      want.push_back(b.input_ids);
+    }
+    EXPECT_EQ(eng.seen, want);
+    if (lead) {
+      auto lines = read_jsonl(out / "metrics.jsonl");
+      ASSERT_EQ(lines.size(), 12u);
+      for (const auto& l : lines) {
+        EXPECT_EQ(l["pipeline_bubble_s"].get<double>(), 0.75);  // the slowest rank's
+        EXPECT_EQ(l["bubble_fraction"].get<double>(), 0.5);
+        EXPECT_NEAR(l["tokens_per_s_per_rank"].get<double>(), l["tokens_per_s"].get<double>() / 2, 1e-9);
+        EXPECT_LT(l["loss"].get<double>(), 20.0);  // the spiked step was replaced
+      }
+      auto ev = read_jsonl(out / "events.jsonl");
+      ASSERT_FALSE(ev.empty());
+      EXPECT_EQ(ev.back()["event"], "spike");
+      EXPECT_EQ(ev.back()["to_step"], 8);
+    } else {
+      EXPECT_FALSE(fs::exists(out / "metrics.jsonl"));
+      EXPECT_FALSE(fs::exists(out / "events.jsonl"));
+      EXPECT_TRUE(fs::exists(out / "checkpoints"));
     }
     fs::remove_all(out);
   }
