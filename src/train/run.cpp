@@ -138,10 +138,14 @@ TrainResult run_training(const fs::path& config, const fs::path& out_dir, const 
   }
   const bool distributed = comm::detect_launch_env().world_size > 1 || cfg.parallel.present;
   TREX_CHECK(cfg.device == "cpu" || !distributed,
-             "{}: device cuda trains on one GPU; several processes or a parallel section run the distributed trainer "
-             "on the CPU (the multi-GPU step is `trex bench train --mesh`)",
-             config.string());
-  // Several processes, or a parallel section: the distributed trainer (distributed_run.cpp).
+             "{}: device cuda with {} (world size {}) is not supported yet: `trex train --device cuda` trains in one "
+             "process on one GPU. Not yet on the GPU under the trainer: data / expert / pipeline parallel steps "
+             "(they run, on random tokens, in `trex bench train --mesh`), sharded GPU checkpoints, the global "
+             "gradient norm and router loads over ranks. Train with device cpu under the launcher, or drop the "
+             "parallel section and run one process",
+             config.string(), cfg.parallel.present ? "a parallel section" : "several processes",
+             comm::detect_launch_env().world_size);
+  // Several processes, or a parallel section: this rank's MeshEngine under the Trainer (distributed_run.cpp).
   if (distributed) return run_distributed_training(cfg, config, out_dir, opts);
   TREX_CHECK(cfg.device == "cpu" || cfg.model_type == "dsv4", "{}: device cuda trains model type dsv4 only (not {})",
              config.string(), cfg.model_type);
