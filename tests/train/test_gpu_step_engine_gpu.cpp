@@ -28,7 +28,7 @@ TEST(GpuStepEngine, ParsesTheBenchLayouts) {
 }
 
 TEST(GpuStepEngine, OneGpuStepIsTheModelsStep) {
-  const dsv4::ModelConfig cfg = testing::tiny_gpu_config("tiny");
+  const dsv4::ModelConfig cfg = trex::testing::tiny_gpu_config("tiny");
   dsv4gpu::GpuModelOptions mo;
   train::GpuStepEngine engine(cfg, train::GpuLayout{}, mo);
   engine.model().init_random(3);
