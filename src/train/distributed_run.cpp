@@ -43,24 +43,6 @@ struct Dsv4Parts {
   std::vector<std::unique_ptr<Dsv4Stage>> stages;
 };
 
-// init_from_run: this rank's tensors (weights and router biases, by official name) from another run's newest
-// checkpoint of either format, like run.cpp's one-process path; the optimiser starts fresh.
-void load_run_weights(const std::vector<optim::ParamRef>& params, const fs::path& run_dir, const std::string& where,
-                      int rank) {
-  auto last = latest_checkpoint(run_dir / "checkpoints");
-  TREX_CHECK(last.has_value(), "{}: init_from_run (rank {}): no checkpoint in {}", where, rank,
-             (run_dir / "checkpoints").string());
-  CheckpointReader r(*last);
-  for (const auto& p : params) {
-    try {
-      r.read_param(p.name, p.shape, p.value);
-    } catch (const Error& e) {
-      fail("{}: init_from_run (rank {}): {}", where, rank, e.what());
-    }
-  }
-  if (rank == 0) log::info("initialised from {}", last->string());
-}
-
 StagedParts dsv4_staged_parts(const TrainConfig& cfg, const dsv4::ModelConfig& mc, const Dsv4TrainOptions& o,
                               parallel::Mesh& mesh, const parallel::Schedule& sched, int rank) {
   auto own = std::make_shared<Dsv4Parts>();

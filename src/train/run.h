@@ -33,6 +33,11 @@ TrainResult run_distributed_training(const TrainConfig& cfg, const std::filesyst
 // Shared by both: the model of the config (dsv4 or toy, initialised from the seed); the run directory's
 // recorded config and prepared data (returns the shards directory); the dataset's agreement with the config.
 std::unique_ptr<Trainable> make_model(const TrainConfig& cfg, const data::Tokenizer& tok);
+// model.init_from_run: the tensors of `params` (weights and router biases, by official name) from another run's
+// newest checkpoint of either format (e.g. SFT after CPT); the optimiser starts fresh. rank >= 0: a mesh rank
+// loading its part (named in errors; rank 0 logs).
+void load_run_weights(const std::vector<optim::ParamRef>& params, const std::filesystem::path& run_dir,
+                      const std::string& where, int rank = -1);
 // The DeepSeek-V4 model config and training options of a dsv4 run config (checks its keys).
 void dsv4_model_setup(const TrainConfig& cfg, const data::Tokenizer& tok, dsv4::ModelConfig* mc, Dsv4TrainOptions* opts);
 std::filesystem::path prepare_run(const TrainConfig& cfg, const std::filesystem::path& config,
