@@ -15,16 +15,8 @@
 
 #include "core/error.h"
 #ifdef TREX_HAVE_CUDA
-#include <cuda_runtime.h>
-
 #include "comm/launch_env.h"
-#include "comm/nccl_communicator.h"
-#include "kernels/cuda/cuda_check.h"
-#include "model/dsv4/config.h"
-#include "parallel/mesh.h"
-#include "model/cuda/gpu_model.h"
-#include "train/cuda/gpu_optimizer.h"
-#include "train/cuda/gpu_pipeline.h"
+#include "train/cuda/gpu_step_engine.h"
 #endif
 
 namespace trex::bench {
@@ -38,9 +30,10 @@ double r2(double x) { return std::round(x * 100) / 100; }
 
 // The benchmark's optimiser step: the baseline's AdamW (opt) on everything, or Muon on the Muon group with that
 // AdamW on the rest (--optimizer muon).
-void bench_optimizer_step(dsv4gpu::GpuOptimizer& optimizer, const TrainBenchArgs& a, const cuda::AdamWStep& opt) {
+void bench_optimizer_step(train::GpuStepEngine& engine, const TrainBenchArgs& a, const cuda::AdamWStep& opt,
+                          bool timed) {
   if (a.optimizer == "adamw") {
-    optimizer.adamw_step(opt);
+    engine.torch_adamw_step(opt, timed);
     return;
   }
   TREX_CHECK(a.optimizer == "muon", "bench train: --optimizer {} (expected adamw or muon)", a.optimizer);
@@ -48,127 +41,62 @@ void bench_optimizer_step(dsv4gpu::GpuOptimizer& optimizer, const TrainBenchArgs
   oc.kind = "muon";
   oc.adamw.beta1 = opt.beta1, oc.adamw.beta2 = opt.beta2, oc.adamw.eps = opt.eps;
   oc.adamw.weight_decay = opt.weight_decay;
-  optimizer.step(oc, opt.lr, opt.step);
+  engine.optimizer_step(oc, opt.lr, opt.step, 1.f, timed);
 }
 
 // Pipeline parallel (--mesh pp=P,micro_batches=M[,stage_layers=a+b+...]): one process per stage, the global
 // batch of --batch sequences cut into M micro-batches of batch / M sequences, 1F1B (src/train/cuda/gpu_pipeline.h).
 // Rank 0 prints one JSON line with the step's throughput and, per stage, compute / idle / receive-wait times.
-void bench_train_pp(const TrainBenchArgs& a, const dsv4::ModelConfig& cfg, double flops_tok, int P, int64_t M,
-                    const std::vector<int64_t>& stage_layers) {
+void bench_train_pp(const TrainBenchArgs& a, const dsv4::ModelConfig& cfg, double flops_tok,
+                    const train::GpuLayout& layout, const dsv4gpu::GpuModelOptions& mo) {
+  const int P = layout.mesh.pp;
+  const int64_t M = layout.micro_batches;
   TREX_CHECK(M >= 1 && a.batch % M == 0, "bench train: --batch {} must be a multiple of micro_batches {}", a.batch,
              M);
   // A 45 s communicator timeout: a stuck transfer aborts the job with the rank and operation, not a hang.
-  auto world = comm::make_nccl_world_communicator(45.0);
-  const int r = world->rank();
-  TREX_CHECK(world->size() == P, "bench train rank {}: --mesh {} needs {} processes (pp only), got {}", r, a.mesh, P,
-             world->size());
-  // Layer split: stage_layers, else as even as possible (earlier stages get the remainder: the last one has the head).
-  std::vector<int64_t> counts = stage_layers;
-  if (counts.empty())
-    for (int i = 0; i < P; ++i) counts.push_back(cfg.n_layers / P + (i < cfg.n_layers % P ? 1 : 0));
-  int64_t sum = 0;
-  for (int64_t c : counts) sum += c;
-  TREX_CHECK(int(counts.size()) == P && sum == cfg.n_layers,
-             "bench train rank {}: stage_layers must give {} stages summing to {} layers", r, P, cfg.n_layers);
-  int64_t l0 = 0;
-  for (int i = 0; i < r; ++i) l0 += counts[size_t(i)];
-  dsv4gpu::GpuModelOptions mo;
-  mo.timing = a.sections;
-  if (a.moe_gemm != "default") mo.moe_grouped_gemm = a.moe_gemm == "grouped";
-  mo.layer_begin = l0, mo.layer_end = l0 + counts[size_t(r)];
-  // 1F1B needs P - r slots; a second one on the last stages decouples a backward from the previous input-gradient
-  // send (its buffer lives in the slot) at no activation cost (slots are freed by their backward).
-  mo.stage_slots = std::max(P - r, 2);
-  TREX_CHECK(counts[size_t(r)] >= 1, "bench train rank {}: stage {} has no layers", r, r);
-  auto act = world->split(0, r), grad = world->split(0, r);
-  dsv4gpu::GpuModel model(cfg, mo);
-  dsv4gpu::GpuOptimizer optimizer(model);
+  train::GpuStepEngine engine(cfg, layout, mo, 45.0);
+  const int r = engine.world_rank();
+  const std::vector<int64_t>& counts = engine.stage_layer_counts();
+  dsv4gpu::GpuModel& model = engine.model();
   model.init_random(a.seed);
-  dsv4gpu::GpuPipeline pipe(model, *act, *grad, M);
   const int64_t N = a.seq * a.batch, B_mb = a.batch / M;
   std::mt19937_64 g(a.seed + 1);  // the same tokens one GPU gets with --batch B
   std::vector<int32_t> ids(static_cast<size_t>(N));
   for (auto& t : ids) t = int32_t(g() % uint64_t(cfg.vocab_size));
   const std::vector<int32_t> labels = ids;
-  const dsv4::SeqLayout layout = dsv4::SeqLayout::unpacked(B_mb, a.seq);
+  const dsv4::SeqLayout mb_layout = dsv4::SeqLayout::unpacked(B_mb, a.seq);
   cuda::AdamWStep opt;
   opt.lr = 1e-5, opt.eps = 1e-8, opt.weight_decay = 0.01;
   int64_t step = 0;
   std::vector<double> losses;
-  double opt_ms = 0;
   auto train_step = [&](bool timed) {
-    model.zero_grads();
-    losses.push_back(pipe.step(ids.data(), labels.data(), layout));
-    cudaEvent_t e0 = nullptr, e1 = nullptr;
-    if (timed) {
-      TREX_CUDA(cudaEventCreate(&e0));
-      TREX_CUDA(cudaEventCreate(&e1));
-      TREX_CUDA(cudaEventRecord(e0, nullptr));
-    }
+    engine.zero_grads();
+    losses.push_back(engine.forward_backward(ids.data(), labels.data(), mb_layout));
     opt.step = ++step;
-    bench_optimizer_step(optimizer, a, opt);
-    if (timed) {
-      TREX_CUDA(cudaEventRecord(e1, nullptr));
-      TREX_CUDA(cudaEventSynchronize(e1));  // after the step's last compute: costs nothing on the device
-      float ms = 0.f;
-      TREX_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-      opt_ms += ms;
-      cudaEventDestroy(e0), cudaEventDestroy(e1);
-    }
+    bench_optimizer_step(engine, a, opt, timed);
   };
   for (int i = 0; i < a.warmup; ++i) train_step(false);
-  TREX_CUDA(cudaDeviceSynchronize());
-  cudaMemPool_t pool;
-  int dev = 0;
-  TREX_CUDA(cudaGetDevice(&dev));
-  TREX_CUDA(cudaDeviceGetDefaultMemPool(&pool, dev));
-  uint64_t zero = 0;
-  TREX_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
-  pipe.reset_stats();
-  model.reset_sections();
-  world->barrier();
+  engine.synchronize();
+  engine.reset_peak_memory();
+  engine.reset_stats();
+  engine.barrier();
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < a.steps; ++i) train_step(true);
-  TREX_CUDA(cudaDeviceSynchronize());
-  world->barrier();
+  engine.synchronize();
+  engine.barrier();
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / a.steps;
-  const dsv4gpu::PipelineStats ps = pipe.stats();
-  uint64_t used_high = 0;
-  TREX_CUDA(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &used_high));
+  const dsv4gpu::PipelineStats ps = engine.pipeline_stats();
+  const uint64_t used_high = engine.peak_memory_bytes();
   // One boundary tensor's transfer alone (both ranks ready): the cost the schedule has to hide.
-  double xfer_ms = 0;
-  {
-    const size_t bytes = size_t(model.stream_elems(layout)) * 2;
-    void* buf = nullptr;
-    TREX_CUDA(cudaMalloc(&buf, bytes));
-    xfer_ms = 1e30;
-    for (int rep = 0; rep < 3; ++rep) {
-      world->barrier();
-      const auto x0 = std::chrono::steady_clock::now();
-      if (r == 0) act->send(buf, bytes, 1, 0)->wait();
-      if (r == 1) act->recv(buf, bytes, 0, 0)->wait();
-      TREX_CUDA(cudaDeviceSynchronize());
-      xfer_ms = std::min(xfer_ms, std::chrono::duration<double>(std::chrono::steady_clock::now() - x0).count() * 1e3);
-    }
-    TREX_CUDA(cudaFree(buf));
-  }
-  const std::vector<double> all_losses = pipe.global_losses(losses);
+  const double xfer_ms = engine.boundary_transfer_ms(mb_layout);
+  const std::vector<double> all_losses = engine.global_losses(losses);
   // Per-stage numbers to rank 0: fwd, bwd, opt, recv wait (ms per step), peak GiB, params.
   const double st = double(a.steps);
-  std::vector<double> mine = {ps.fwd_ms / st, ps.bwd_ms / st, opt_ms / st, ps.recv_wait_ms / st,
-                              double(used_high) / double(1ull << 30), double(model.n_params())};
+  const std::vector<double> mine = {ps.fwd_ms / st, ps.bwd_ms / st, engine.optimizer_ms() / st,
+                                    ps.recv_wait_ms / st, double(used_high) / double(1ull << 30),
+                                    double(model.n_params())};
   const size_t K = mine.size();
-  double *dm = nullptr, *da = nullptr;
-  TREX_CUDA(cudaMalloc(&dm, K * 8));
-  TREX_CUDA(cudaMalloc(&da, K * 8 * size_t(P)));
-  TREX_CUDA(cudaMemcpy(dm, mine.data(), K * 8, cudaMemcpyHostToDevice));
-  world->all_gather(dm, da, K, comm::ElemType::F64)->wait();
-  std::vector<double> all(K * size_t(P));
-  TREX_CUDA(cudaDeviceSynchronize());
-  TREX_CUDA(cudaMemcpy(all.data(), da, all.size() * 8, cudaMemcpyDeviceToHost));
-  TREX_CUDA(cudaFree(dm));
-  TREX_CUDA(cudaFree(da));
+  const std::vector<double> all = engine.all_gather(mine);
   if (r != 0) return;
   const double tok_s = double(N) / dt, tok_s_gpu = tok_s / P, tflops = tok_s_gpu * flops_tok / 1e12;
   const double step_ms = dt * 1e3;
@@ -254,51 +182,16 @@ void bench_train(const TrainBenchArgs& a) {
   dsv4gpu::GpuModelOptions mo;
   mo.timing = a.sections;
   if (a.moe_gemm != "default") mo.moe_grouped_gemm = a.moe_gemm == "grouped";
-  // Multi-GPU: the world NCCL communicator from the launcher, split into the mesh's groups.
-  std::unique_ptr<comm::Communicator> world;
-  parallel::Mesh mesh;
-  int micro_batches = 1;
-  std::vector<int64_t> stage_layers;
-  if (!a.mesh.empty()) {
-    std::string spec_text;
-    for (size_t i = 0; i <= a.mesh.size();) {  // micro_batches=M is the schedule's, the rest the mesh's
-      const size_t j = std::min(a.mesh.find(',', i), a.mesh.size());
-      const std::string item = a.mesh.substr(i, j - i);
-      if (item.rfind("micro_batches=", 0) == 0) {
-        micro_batches = std::stoi(item.substr(14));
-      } else if (item.rfind("stage_layers=", 0) == 0) {  // e.g. 3+1
-        const std::string v = item.substr(13);
-        for (size_t k = 0; k < v.size();) {
-          const size_t e = std::min(v.find('+', k), v.size());
-          stage_layers.push_back(std::stoll(v.substr(k, e - k)));
-          k = e + 1;
-        }
-      } else if (!item.empty()) {
-        spec_text += (spec_text.empty() ? "" : ",") + item;
-      }
-      i = j + 1;
-    }
-    parallel::MeshSpec spec = parallel::parse_mesh_spec(spec_text);
-    if (spec.pp > 1) {
-      TREX_CHECK(spec.dp == 1 && spec.ep == 1, "bench train: --mesh {}: pipeline parallelism combines with no "
-                 "dp / ep yet", a.mesh);
-      bench_train_pp(a, cfg, flops_tok, spec.pp, micro_batches, stage_layers);
-      return;
-    }
-    if (spec.ep > 1 && spec.dp < spec.ep) spec.dp = spec.ep;  // "ep=2" alone: EP folded into DP=2
-    world = comm::make_nccl_world_communicator();
-    mesh = parallel::build_mesh(*world, spec, {int(cfg.n_layers), int(cfg.n_routed_experts)});
-    // EP is folded into DP: dense gradients reduce over the DP group; the MoE (gpu_moe_cuda.cpp) sends each
-    // expert's tokens to its owner over the EP group, and the owner's expert gradients are summed over the DP
-    // group like every other gradient (every rank keeps all expert weights).
-    mo.dp = mesh.dp_group.get();
-    if (spec.ep > 1) mo.ep = mesh.ep_group.get();
+  // Multi-GPU: the world NCCL communicator from the launcher, split into the layout's groups (the step engine).
+  const train::GpuLayout layout = train::parse_gpu_layout(a.mesh);
+  if (layout.mesh.pp > 1) {
+    bench_train_pp(a, cfg, flops_tok, layout, mo);
+    return;
   }
-  (void)micro_batches;
-  const int dp = mo.dp ? mo.dp->size() : 1, dp_rank = mo.dp ? mo.dp->rank() : 0;
-  const int world_size = world ? world->size() : 1, world_rank = world ? world->rank() : 0;
-  dsv4gpu::GpuModel model(cfg, mo);
-  dsv4gpu::GpuOptimizer optimizer(model);
+  train::GpuStepEngine engine(cfg, layout, mo);
+  const int dp = engine.dp(), dp_rank = engine.dp_rank();
+  const int world_size = engine.world_size(), world_rank = engine.world_rank();
+  dsv4gpu::GpuModel& model = engine.model();
   model.init_random(a.seed);
   const int64_t N = a.seq * a.batch;
   // The global batch (dp x batch sequences) from one seed; this rank trains on its dp_rank-th part.
@@ -310,42 +203,33 @@ void bench_train(const TrainBenchArgs& a) {
       if (r == dp_rank) ids[size_t(i)] = t;
     }
   const std::vector<int32_t> labels = ids;  // as the baseline: labels = input ids, shifted inside the loss
-  const dsv4::SeqLayout layout = dsv4::SeqLayout::unpacked(a.batch, a.seq);
+  const dsv4::SeqLayout seq_layout = dsv4::SeqLayout::unpacked(a.batch, a.seq);
   cuda::AdamWStep opt;
   opt.lr = 1e-5, opt.eps = 1e-8, opt.weight_decay = 0.01;  // the baseline: torch AdamW defaults, lr 1e-5
   int64_t step = 0;
   double first_loss = 0, last_loss = 0;
   auto train_step = [&] {
-    model.zero_grads();  // before the forward: a training forward accumulates the LM head's gradient
-    const double loss = model.forward(ids.data(), labels.data(), layout, nullptr, dsv4gpu::HeadMode::LossAndGrad);
-    model.backward();
+    engine.zero_grads();  // before the forward: a training forward accumulates the LM head's gradient
+    const double loss = engine.forward_backward(ids.data(), labels.data(), seq_layout);
     opt.step = ++step;
-    bench_optimizer_step(optimizer, a, opt);
+    bench_optimizer_step(engine, a, opt, false);
     return loss;
   };
   for (int i = 0; i < a.warmup; ++i) first_loss = train_step();
-  TREX_CUDA(cudaDeviceSynchronize());
-  cudaMemPool_t pool;
-  int dev = 0;
-  TREX_CUDA(cudaGetDevice(&dev));
-  TREX_CUDA(cudaDeviceGetDefaultMemPool(&pool, dev));
-  uint64_t zero = 0;
-  TREX_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
+  engine.synchronize();
+  engine.reset_peak_memory();
   model.reset_sections();
-  if (world) world->barrier();
+  engine.barrier();
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < a.steps; ++i) {
     last_loss = train_step();
     if (step == 1) first_loss = last_loss;
   }
-  TREX_CUDA(cudaDeviceSynchronize());
-  if (world) world->barrier();
+  engine.synchronize();
+  engine.barrier();
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / a.steps;
   const double exposed_ms = model.exposed_comm_ms() / a.steps;
-  uint64_t used_high = 0;
-  TREX_CUDA(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &used_high));
-  size_t free_b = 0, total_b = 0;
-  TREX_CUDA(cudaMemGetInfo(&free_b, &total_b));
+  const uint64_t used_high = engine.peak_memory_bytes(), device_used = engine.device_used_bytes();
   // Tokens of the whole job; TFLOP/s and MFU per GPU.
   const double tok_s = double(N) * dp / dt;
   const double tok_s_gpu = tok_s / world_size;
@@ -363,14 +247,14 @@ void bench_train(const TrainBenchArgs& a) {
   j["optimizer"] = a.optimizer;
   j["moe_gemm"] = mo.moe_grouped_gemm ? "grouped" : "per-expert";
   j["gpus"] = world_size;
-  j["launcher"] = world ? comm::detect_launch_env().launcher : "none";
+  j["launcher"] = a.mesh.empty() ? "none" : comm::detect_launch_env().launcher;
   j["tokens_per_s"] = std::llround(tok_s);
   j["tokens_per_s_per_gpu"] = std::llround(tok_s_gpu);
   j["exposed_comm_ms"] = std::round(exposed_ms * 100) / 100;  // compute-stream stalls on DP communication
   j["model_tflops"] = std::round(tflops * 10) / 10;
   j["mfu"] = std::round(tflops * 1e12 / kH200Bf16Peak * 1e4) / 1e4;
   j["peak_gib"] = std::round(double(used_high) / double(1ull << 30) * 10) / 10;  // stream-ordered pool high-water
-  j["device_used_gib"] = std::round(double(total_b - free_b) / double(1ull << 30) * 10) / 10;
+  j["device_used_gib"] = std::round(double(device_used) / double(1ull << 30) * 10) / 10;
   j["gflop_per_token"] = std::round(flops_tok / 1e6) / 1e3;
   j["loss_first"] = first_loss;
   j["loss_last"] = last_loss;

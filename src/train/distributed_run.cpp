@@ -1,5 +1,5 @@
 // `trex train` with several processes or a `parallel:` section (run.h): communicator, mesh, this rank's part
-// of the model, DistributedTrainer.
+// of the model, its MeshEngine, and the Trainer's loop.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -15,7 +15,8 @@
 #include "parallel/mesh.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/zero1_optimizer.h"
-#include "train/distributed_trainer.h"
+#include "train/mesh_engine.h"
+#include "train/trainer.h"
 #include "train/dsv4_stage.h"
 #include "train/run.h"
 #include "train/sharded_checkpoint.h"
@@ -41,24 +42,6 @@ struct Dsv4Parts {
   std::vector<std::unique_ptr<parallel::EpExchange>> exchanges;
   std::vector<std::unique_ptr<Dsv4Stage>> stages;
 };
-
-// init_from_run: this rank's tensors (weights and router biases, by official name) from another run's newest
-// checkpoint of either format, like run.cpp's one-process path; the optimiser starts fresh.
-void load_run_weights(const std::vector<optim::ParamRef>& params, const fs::path& run_dir, const std::string& where,
-                      int rank) {
-  auto last = latest_checkpoint(run_dir / "checkpoints");
-  TREX_CHECK(last.has_value(), "{}: init_from_run (rank {}): no checkpoint in {}", where, rank,
-             (run_dir / "checkpoints").string());
-  CheckpointReader r(*last);
-  for (const auto& p : params) {
-    try {
-      r.read_param(p.name, p.shape, p.value);
-    } catch (const Error& e) {
-      fail("{}: init_from_run (rank {}): {}", where, rank, e.what());
-    }
-  }
-  if (rank == 0) log::info("initialised from {}", last->string());
-}
 
 StagedParts dsv4_staged_parts(const TrainConfig& cfg, const dsv4::ModelConfig& mc, const Dsv4TrainOptions& o,
                               parallel::Mesh& mesh, const parallel::Schedule& sched, int rank) {
@@ -190,11 +173,14 @@ TrainResult run_distributed_training(const TrainConfig& cfg_in, const fs::path& 
     model = make_pipelined_rank_model(dsv4_staged_parts(cfg, mc, o, mesh, sched, world->rank()), *mesh.pp_group,
                                       spec);
   }
-  DistributedOptions dopt;
-  dopt.stop_at = opts.max_steps;
-  dopt.show_progress = opts.show_progress && lead;
-  DistributedTrainer trainer(cfg, out_dir, *world, mesh, *model, ds, data::ChatTokens::from(tok).eos, dopt);
-  TrainResult r = trainer.run();
+  TrainerOptions topt;
+  topt.stop_at = opts.max_steps;
+  topt.show_progress = opts.show_progress;
+  TrainResult r;
+  {
+    MeshEngine engine(cfg, *world, mesh, *model);
+    r = Trainer(cfg, out_dir, engine, ds, data::ChatTokens::from(tok).eos, topt).run();
+  }
   model.reset();  // the stages' exchanges use the mesh's groups
   return r;
 }

@@ -89,13 +89,7 @@ void Dsv4Stage::backward(int64_t m, const float* dx_out, float* dx_in) {
 }
 
 std::vector<optim::ParamRef> Dsv4Stage::params() {
-  auto& table = model_.params();
-  std::vector<optim::ParamRef> out;
-  for (const auto& e : table.entries())
-    out.push_back({e.name, e.shape, table.arena_value(e), table.arena_grad(e), optim::dsv4_param_group(e.name, e.shape)});
-  for (auto& [name, b] : table.bias)
-    out.push_back({name, {int64_t(b.size())}, b.data(), nullptr, optim::ParamGroup::Buffer});
-  return out;
+  return dsv4_param_refs(model_.params());
 }
 
 void Dsv4Stage::zero_grads() {

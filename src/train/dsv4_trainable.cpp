@@ -107,14 +107,17 @@ void Dsv4Trainable::load_pretrained(const std::filesystem::path& dir) {
   model_->load(sd);
 }
 
-std::vector<optim::ParamRef> Dsv4Trainable::params() {
-  auto& table = model_->params();
+std::vector<optim::ParamRef> dsv4_param_refs(dsv4::ParamTable<float>& table) {
   std::vector<optim::ParamRef> out;
   for (const auto& e : table.entries())
     out.push_back({e.name, e.shape, table.arena_value(e), table.arena_grad(e), optim::dsv4_param_group(e.name, e.shape)});
   for (auto& [name, b] : table.bias)
     out.push_back({name, {int64_t(b.size())}, b.data(), nullptr, optim::ParamGroup::Buffer});
   return out;
+}
+
+std::vector<optim::ParamRef> Dsv4Trainable::params() {
+  return dsv4_param_refs(model_->params());
 }
 
 void Dsv4Trainable::zero_grads() {

@@ -54,6 +54,9 @@ void init_dsv4_weights(dsv4::ParamTable<float>& table, const dsv4::ModelConfig& 
                        double init_std, uint64_t seed);
 // The packed-document layout of a batch (positions and row-local document starts from its flags).
 dsv4::SeqLayout batch_layout(const data::Batch& b);
+// The trainer's view of a DeepSeek-V4 parameter table (a whole model or a stage's part): every tensor with its
+// optimiser group (optim::dsv4_param_group), then the router biases as buffers.
+std::vector<optim::ParamRef> dsv4_param_refs(dsv4::ParamTable<float>& table);
 
 // The ../shared/bench convention (model_flops.py): 3 x forward matmul FLOPs of the weights one token
 // touches (activated experts only, LM head included) + core attention over the keys each position sees.

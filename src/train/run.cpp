@@ -1,5 +1,7 @@
 #include "train/run.h"
 
+#include <fmt/format.h>
+
 #include <cstring>
 
 #include "comm/launch_env.h"
@@ -22,19 +24,21 @@ namespace trex::train {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
-// Starts from the weights (and router biases) of another run's newest checkpoint, e.g. SFT after CPT.
-static void init_from_run(Trainable& model, const fs::path& run_dir, const std::string& where) {
+void load_run_weights(const std::vector<optim::ParamRef>& params, const fs::path& run_dir, const std::string& where,
+                      int rank) {
+  const std::string who = rank < 0 ? std::string() : fmt::format(" (rank {})", rank);
   auto last = latest_checkpoint(run_dir / "checkpoints");
-  TREX_CHECK(last.has_value(), "{}: init_from_run: no checkpoint in {}", where, (run_dir / "checkpoints").string());
+  TREX_CHECK(last.has_value(), "{}: init_from_run{}: no checkpoint in {}", where, who,
+             (run_dir / "checkpoints").string());
   CheckpointReader r(*last);  // a one-process or a sharded checkpoint (sharded_checkpoint.h)
-  for (const auto& p : model.params()) {
+  for (const auto& p : params) {
     try {
       r.read_param(p.name, p.shape, p.value);
     } catch (const Error& e) {
-      fail("{}: init_from_run: {}", where, e.what());
+      fail("{}: init_from_run{}: {}", where, who, e.what());
     }
   }
-  log::info("initialised from {}", last->string());
+  if (rank <= 0) log::info("initialised from {}", last->string());
 }
 
 std::unique_ptr<Trainable> make_model(const TrainConfig& cfg, const data::Tokenizer& tok) {
@@ -50,7 +54,7 @@ std::unique_ptr<Trainable> make_model(const TrainConfig& cfg, const data::Tokeni
   if (cfg.model_type == "toy") {
     allowed({"type", "hidden", "init_std", "init_from_run"});
     auto model = std::make_unique<ToyLM>(tok.vocab_size(), m.value("hidden", int64_t(32)), cfg.seed, m.value("init_std", 0.02));
-    if (m.contains("init_from_run")) init_from_run(*model, m["init_from_run"].get<std::string>(), where);
+    if (m.contains("init_from_run")) load_run_weights(model->params(), m["init_from_run"].get<std::string>(), where);
     return model;
   }
   dsv4::ModelConfig mc;
@@ -58,7 +62,7 @@ std::unique_ptr<Trainable> make_model(const TrainConfig& cfg, const data::Tokeni
   dsv4_model_setup(cfg, tok, &mc, &o);
   auto model = std::make_unique<Dsv4Trainable>(mc, o, cfg.seed);
   if (m.contains("init_from")) model->load_pretrained(m["init_from"].get<std::string>());
-  if (m.contains("init_from_run")) init_from_run(*model, m["init_from_run"].get<std::string>(), where);
+  if (m.contains("init_from_run")) load_run_weights(model->params(), m["init_from_run"].get<std::string>(), where);
   return model;
 }
 
@@ -138,10 +142,14 @@ TrainResult run_training(const fs::path& config, const fs::path& out_dir, const 
   }
   const bool distributed = comm::detect_launch_env().world_size > 1 || cfg.parallel.present;
   TREX_CHECK(cfg.device == "cpu" || !distributed,
-             "{}: device cuda trains on one GPU; several processes or a parallel section run the distributed trainer "
-             "on the CPU (the multi-GPU step is `trex bench train --mesh`)",
-             config.string());
-  // Several processes, or a parallel section: the distributed trainer (distributed_run.cpp).
+             "{}: device cuda with {} (world size {}) is not supported yet: `trex train --device cuda` trains in one "
+             "process on one GPU. Not yet on the GPU under the trainer: data / expert / pipeline parallel steps "
+             "(they run, on random tokens, in `trex bench train --mesh`), sharded GPU checkpoints, the global "
+             "gradient norm and router loads over ranks. Train with device cpu under the launcher, or drop the "
+             "parallel section and run one process",
+             config.string(), cfg.parallel.present ? "a parallel section" : "several processes",
+             comm::detect_launch_env().world_size);
+  // Several processes, or a parallel section: this rank's MeshEngine under the Trainer (distributed_run.cpp).
   if (distributed) return run_distributed_training(cfg, config, out_dir, opts);
   TREX_CHECK(cfg.device == "cpu" || cfg.model_type == "dsv4", "{}: device cuda trains model type dsv4 only (not {})",
              config.string(), cfg.model_type);

@@ -20,19 +20,24 @@ struct RunOptions {
   std::string device;  // cpu | cuda; empty: the config's `device` (default cpu)
 };
 
-// One process without a `parallel:` section: the Trainer; otherwise run_distributed_training.
+// One process without a `parallel:` section: the Trainer over a LocalEngine; otherwise run_distributed_training.
 TrainResult run_training(const std::filesystem::path& config, const std::filesystem::path& out_dir,
                          const RunOptions& opts = {});
 
-// The distributed trainer (distributed_run.cpp): the world communicator from the launcher (mpirun, srun,
-// torchrun), the mesh of the config's parallel section (pure data parallelism over every process when
-// there is none), this rank's part of the model, DistributedTrainer. Rank 0 prepares the run directory.
+// A mesh run (distributed_run.cpp): the world communicator from the launcher (mpirun, srun, torchrun), the
+// mesh of the config's parallel section (pure data parallelism over every process when there is none), this
+// rank's part of the model and its MeshEngine under the same Trainer loop. Rank 0 prepares the run directory.
 TrainResult run_distributed_training(const TrainConfig& cfg, const std::filesystem::path& config,
                                      const std::filesystem::path& out_dir, const RunOptions& opts);
 
 // Shared by both: the model of the config (dsv4 or toy, initialised from the seed); the run directory's
 // recorded config and prepared data (returns the shards directory); the dataset's agreement with the config.
 std::unique_ptr<Trainable> make_model(const TrainConfig& cfg, const data::Tokenizer& tok);
+// model.init_from_run: the tensors of `params` (weights and router biases, by official name) from another run's
+// newest checkpoint of either format (e.g. SFT after CPT); the optimiser starts fresh. rank >= 0: a mesh rank
+// loading its part (named in errors; rank 0 logs).
+void load_run_weights(const std::vector<optim::ParamRef>& params, const std::filesystem::path& run_dir,
+                      const std::string& where, int rank = -1);
 // The DeepSeek-V4 model config and training options of a dsv4 run config (checks its keys).
 void dsv4_model_setup(const TrainConfig& cfg, const data::Tokenizer& tok, dsv4::ModelConfig* mc, Dsv4TrainOptions* opts);
 std::filesystem::path prepare_run(const TrainConfig& cfg, const std::filesystem::path& config,

@@ -10,10 +10,13 @@
 #include "core/error.h"
 #include "data/bpe_trainer.h"
 #include "data/chat.h"
+#include "data/sampler.h"
 #include "data/shards.h"
 #include "train/config.h"
 #include "train/metrics.h"
+#include "train/run.h"
 #include "train/state_checkpoint.h"
+#include "train/local_engine.h"
 #include "train/toy_model.h"
 #include "train/trainer.h"
 #include "train/yaml.h"
@@ -338,4 +341,127 @@ TEST(Trainer, SpikeIsSkippedOrRolledBack) {
     }
     fs::remove_all(out);
   }
+}
+
+// The loop is the same whatever engine runs the step (train/step_engine.h): a rank of a two-rank layout that runs
+// the second of each step's two micro-batches gets exactly those rows, its spike rollback goes through the
+// engine's load() and a barrier (as the mesh engine's ranks do), the step time and the engine's slowest-rank
+// timings are maximised over the ranks, and only the lead rank writes metrics and events while every rank
+// saves its checkpoint.
+namespace {
+struct RankEngine final : StepEngine {
+  RankEngine(Trainable& m, const TrainConfig& cfg, bool is_lead)
+      : inner(m, cfg.optimizer, cfg.freeze), lead_(is_lead) {}
+  LocalEngine inner;
+  bool lead_;
+  int64_t loads = 0, barriers = 0, saves = 0, maxed = 0;
+  std::vector<std::vector<int32_t>> seen;  // the input ids of every micro-batch this rank ran
+  std::string describe() const override { return "rank 1 of 2"; }
+  int64_t n_params() const override { return inner.n_params(); }
+  int64_t n_trained() const override { return inner.n_trained(); }
+  double flops_per_token(int64_t s) const override { return inner.flops_per_token(s); }
+  int ranks() const override { return 2; }
+  bool lead() const override { return lead_; }
+  bool runs_micro_batch(int64_t micro, int64_t n_micro) const override { return micro == n_micro - 1; }
+  void begin_step(const StepControls& c) override { inner.begin_step(c); }
+  EngineStep forward_backward(const std::vector<data::Batch>& mine, int64_t n_micro) override {
+    for (const auto& b : mine) seen.push_back(b.input_ids);
+    EngineStep r = inner.forward_backward(mine, n_micro);
+    r.slowest = {{"pipeline_bubble_s", 0.25}};
+    r.extra = {{"bubble_fraction", 0.5}};
+    return r;
+  }
+  double clip_gradients() override { return inner.clip_gradients(); }
+  void optimizer_step(double lr) override { inner.optimizer_step(lr); }
+  void save(const fs::path& root, const TrainState& st, int64_t keep, const FaultHook& f) override {
+    ++saves;
+    inner.save(root, st, keep, f);
+  }
+  TrainState load(const fs::path& dir) override {
+    ++loads;
+    return inner.load(dir);
+  }
+  void barrier() override { ++barriers; }
+  void max_over_ranks(double* v, int n) override {
+    ++maxed;
+    ASSERT_EQ(n, 2);          // the step time, then the engine's one slowest-rank timing
+    EXPECT_EQ(v[1], 0.25);
+    v[1] = 0.75;              // another rank was slower
+  }
+};
+}  // namespace
+
+TEST(Trainer, OneLoopOverAnyEngineDealsMicroBatchesRollsBackAndReports) {
+  for (bool lead : {true, false}) {
+    fs::path out = temp_dir(std::string("engine_") + (lead ? "lead" : "other"));
+    TrainConfig cfg = toy_config("spike: {action: rollback, min_history: 4, z_threshold: 4}\n");
+    cfg.grad_accum = 2;
+    cfg.max_steps = 12;
+    cfg.schedule.total_steps = 12;
+    SpikyToy m(fx().tok.vocab_size(), 16, cfg.seed);
+    m.spike_call = 9;  // this rank's 10th micro-batch: step 10
+    RankEngine eng(m, cfg, lead);
+    TrainResult r = Trainer(cfg, out, eng, *fx().ds, 1, quiet()).run();
+    EXPECT_EQ(r.spikes, 1);
+    EXPECT_EQ(r.rollbacks, 1);
+    EXPECT_EQ(eng.loads, 1);       // no checkpoint at the start: the only load is the rollback's
+    EXPECT_EQ(eng.barriers, 2);    // after the reload, and at the end
+    EXPECT_EQ(eng.saves, 3);       // steps 4, 8 and 12, on every rank
+    EXPECT_EQ(eng.maxed, 13);      // every completed step: 9, the spike's rollback to 8, then 4
+    // The rows: micro-batch 1 of each step, from the one sampler sequence (the rolled-back step's data is not
+    // re-used: step 9 after the rollback continues past it).
+    data::Sampler s(fx().ds->rows(), cfg.seed);
+    std::vector<std::vector<int32_t>> want;
+    data::Batch b;
+    for (int i = 0; i < 14; ++i) {  // steps 1-10 (10 spiked), then 9-12 again on new data
+      s.next_rows(cfg.batch_size);
+      data::make_batch(*fx().ds, s.next_rows(cfg.batch_size), 1, b);
+      want.push_back(b.input_ids);
+    }
+    EXPECT_EQ(eng.seen, want);
+    if (lead) {
+      auto lines = read_jsonl(out / "metrics.jsonl");
+      ASSERT_EQ(lines.size(), 12u);
+      for (const auto& l : lines) {
+        EXPECT_EQ(l["pipeline_bubble_s"].get<double>(), 0.75);  // the slowest rank's
+        EXPECT_EQ(l["bubble_fraction"].get<double>(), 0.5);
+        EXPECT_NEAR(l["tokens_per_s_per_rank"].get<double>(), l["tokens_per_s"].get<double>() / 2, 1e-9);
+        EXPECT_LT(l["loss"].get<double>(), 20.0);  // the spiked step was replaced
+      }
+      auto ev = read_jsonl(out / "events.jsonl");
+      ASSERT_FALSE(ev.empty());
+      EXPECT_EQ(ev.back()["event"], "spike");
+      EXPECT_EQ(ev.back()["to_step"], 8);
+    } else {
+      EXPECT_FALSE(fs::exists(out / "metrics.jsonl"));
+      EXPECT_FALSE(fs::exists(out / "events.jsonl"));
+      EXPECT_TRUE(fs::exists(out / "checkpoints"));
+    }
+    fs::remove_all(out);
+  }
+}
+
+// `trex train --device cuda` with a parallel section (or several processes) is refused before anything is built,
+// naming what the GPU trainer does not do yet (the GPU mesh step runs only in `trex bench train --mesh`).
+TEST(Trainer, DeviceCudaWithAParallelSectionIsRefusedWithWhatIsMissing) {
+  fs::path dir = temp_dir("cuda_mesh");
+  const fs::path cfg = dir / "run.yaml";
+  std::ofstream(cfg) << "seed: 1\nmodel: {type: toy}\ndata: {shards: " << (dir / "none").string()
+                     << ", tokenizer: none.json, seq_len: 32, batch_size: 2, grad_accum: 2}\n"
+                        "train: {max_steps: 1}\nparallel: {dp: 2}\n";
+  RunOptions o;
+  o.device = "cuda";
+  o.show_progress = false;
+  try {
+    run_training(cfg, dir / "out", o);
+    ADD_FAILURE() << "device cuda with a parallel section was accepted";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("run.yaml"), std::string::npos) << m;
+    EXPECT_NE(m.find("a parallel section"), std::string::npos) << m;
+    EXPECT_NE(m.find("not supported yet"), std::string::npos) << m;
+    EXPECT_NE(m.find("trex bench train --mesh"), std::string::npos) << m;
+  }
+  EXPECT_FALSE(fs::exists(dir / "out")) << "refused before the run directory is made";
+  fs::remove_all(dir);
 }

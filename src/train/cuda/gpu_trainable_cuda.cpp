@@ -1,4 +1,5 @@
-// `trex train` on one GPU: the Trainable and ParamUpdater over dsv4gpu::GpuModel (train/gpu_trainable.h).
+// `trex train` on one GPU: the Trainable and ParamUpdater over the GPU step engine of one rank
+// (train/cuda/gpu_step_engine.h, the step `trex bench train` times), see train/gpu_trainable.h.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
@@ -12,6 +13,7 @@
 #include "optim/param_groups.h"
 #include "model/cuda/gpu_model.h"
 #include "train/cuda/gpu_optimizer.h"
+#include "train/cuda/gpu_step_engine.h"
 #include "train/gpu_trainable.h"
 #include "train/sharded_checkpoint.h"
 
@@ -35,9 +37,10 @@ class GpuDsv4Trainable;
 // Clipping, the optimiser step and checkpoints of the GPU model, in the host updater's format and names.
 class GpuParamUpdater final : public ParamUpdater {
  public:
-  GpuParamUpdater(dsv4gpu::GpuModel& gpu, std::vector<Entry> params, std::vector<Entry> buffers,
+  GpuParamUpdater(GpuStepEngine& engine, std::vector<Entry> params, std::vector<Entry> buffers,
                   const optim::OptimizerConfig& cfg)
-      : gpu_(gpu), opt_(gpu), params_(std::move(params)), buffers_(std::move(buffers)), cfg_(cfg) {}
+      : eng_(engine), gpu_(engine.model()), opt_(engine.optimizer()), params_(std::move(params)),
+        buffers_(std::move(buffers)), cfg_(cfg) {}
 
   int64_t n_params() const override { return n_trained() + count(buffers_); }
   int64_t n_trained() const override { return count(params_); }
@@ -52,7 +55,7 @@ class GpuParamUpdater final : public ParamUpdater {
     return norm;
   }
   void step(double lr) override {
-    opt_.step(cfg_, lr, ++steps_, pending_scale_);
+    eng_.optimizer_step(cfg_, lr, ++steps_, pending_scale_);
     pending_scale_ = 1.f;
   }
 
@@ -119,8 +122,9 @@ class GpuParamUpdater final : public ParamUpdater {
     return {{".exp_avg", 0}, {".exp_avg_sq", 1}};
   }
 
+  GpuStepEngine& eng_;
   dsv4gpu::GpuModel& gpu_;
-  dsv4gpu::GpuOptimizer opt_;  // its moments, in the model's master layout
+  dsv4gpu::GpuOptimizer& opt_;  // its moments, in the model's master layout
   std::vector<Entry> params_, buffers_;
   optim::OptimizerConfig cfg_;
   int64_t steps_ = 0;
@@ -141,7 +145,8 @@ class GpuDsv4Trainable final : public Trainable {
                where, e == cudaSuccess ? std::string("none found") : std::string(cudaGetErrorString(e)));
     dsv4gpu::GpuModelOptions go;
     go.balance_alpha = opts.model.balance_alpha, go.balance_hash_layers = opts.model.balance_hash_layers;
-    gpu_ = std::make_unique<dsv4gpu::GpuModel>(cfg_, go);
+    eng_ = std::make_unique<GpuStepEngine>(cfg_, GpuLayout{}, go);
+    gpu_ = &eng_->model();
     const auto& table = host.model().params();
     const std::vector<std::string> names = gpu_->param_names();
     const std::set<std::string> on_gpu(names.begin(), names.end());
@@ -161,15 +166,14 @@ class GpuDsv4Trainable final : public Trainable {
     fail("{}: device cuda: the parameters live on the GPU (the trainer reaches them through make_updater)", where_);
   }
   void zero_grads() override {
-    gpu_->zero_grads();
+    eng_->zero_grads();
     for (auto& l : load_sum_) std::fill(l.begin(), l.end(), 0);
   }
   StepStats forward_backward(const data::Batch& b) override {
     const dsv4::SeqLayout layout = batch_layout(b);
     StepStats s;
-    s.loss = gpu_->forward(b.input_ids.data(), b.labels.data(), layout, nullptr, dsv4gpu::HeadMode::LossAndGrad);
-    add_expert_loads(layout.n_tokens());
-    gpu_->backward();
+    s.loss = eng_->forward_backward(b.input_ids.data(), b.labels.data(), layout,
+                                    [&] { add_expert_loads(layout.n_tokens()); });
     s.n_targets = b.n_targets;  // s.loss: the LM loss plus the balance loss (the GPU model returns their sum)
     return s;
   }
@@ -193,7 +197,7 @@ class GpuDsv4Trainable final : public Trainable {
                                              const std::vector<std::string>& freeze) override {
     TREX_CHECK(freeze.empty(), "{}: device cuda: frozen parameters (freeze) are not implemented on the GPU",
                where_);
-    return std::make_unique<GpuParamUpdater>(*gpu_, params_, buffers_, cfg);
+    return std::make_unique<GpuParamUpdater>(*eng_, params_, buffers_, cfg);
   }
 
  private:
@@ -219,7 +223,8 @@ class GpuDsv4Trainable final : public Trainable {
   Dsv4TrainOptions opts_;
   std::string where_;
   dsv4::ModelConfig cfg_;
-  std::unique_ptr<dsv4gpu::GpuModel> gpu_;
+  std::unique_ptr<GpuStepEngine> eng_;  // one GPU: the model and its optimiser
+  dsv4gpu::GpuModel* gpu_ = nullptr;
   std::vector<Entry> params_, buffers_;
   std::vector<std::vector<int64_t>> load_sum_;  // per layer, summed over the step's micro-batches
 };

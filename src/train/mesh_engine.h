@@ -1,17 +1,15 @@
-// The training loop over a device mesh (parallel/mesh.h): the step's global batch is the single-process
-// one (grad_accum micro-batches of batch_size rows, drawn by the same seeded sampler on every rank), its
-// micro-batches are dealt to the data-parallel ranks (DP rank d takes micro-batches d*M .. d*M+M-1 with
-// M = grad_accum / dp), each DP rank runs its M micro-batches through its pipeline (parallel/
-// pipeline_executor.h; expert exchanges happen inside the MoE layers over mesh.ep_group), gradients are
-// reduce-scattered over DP by the ZeRO-1 optimiser (parallel/zero1_optimizer.h), clipped by the global
-// norm, the owners update and all-gather, and router biases are updated from loads summed over DP. So the
-// losses per step equal the single-process run of the same config (without its parallel section).
+// The step engine of one rank of a device mesh (parallel/mesh.h), for the training loop of trainer.h. The step's
+// global batch is the single-process one (grad_accum micro-batches of batch_size rows, drawn by the same seeded
+// sampler on every rank); its micro-batches are dealt to the data-parallel ranks (DP rank d takes micro-batches
+// d*M .. d*M+M-1 with M = grad_accum / dp), each DP rank runs its M micro-batches through its pipeline
+// (parallel/pipeline_executor.h; expert exchanges happen inside the MoE layers over mesh.ep_group), gradients are
+// reduce-scattered over DP by the ZeRO-1 optimiser (parallel/zero1_optimizer.h), clipped by the global norm, the
+// owners update and all-gather, and router biases are updated from loads summed over DP. So the losses per step
+// equal the single-process run of the same config (without its parallel section).
 //
-// Rank 0 writes metrics.jsonl, events.jsonl, the progress bar and the loss plot. Checkpoints: a one-
-// process layout uses the ordinary state checkpoint (state_checkpoint.h); layouts of several processes write
-// sharded checkpoints (sharded_checkpoint.h; DistributedOptions::save_sharded replaces that writer when given).
-// Resuming reads the newest checkpoint of either format, whatever layout saved it; so does spike.action
-// rollback (every rank reloads its parameters and optimiser state; the data continues past the spike).
+// Checkpoints: a one-process layout writes the ordinary state checkpoint (state_checkpoint.h), layouts of several
+// processes the sharded one (sharded_checkpoint.h); load() (resume, spike rollback) reads the newest checkpoint of
+// either format, whatever layout saved it: every rank reloads its parameters and optimiser state.
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -28,7 +26,7 @@
 #include "train/config.h"
 #include "train/state_checkpoint.h"
 #include "train/trainable.h"
-#include "train/trainer.h"
+#include "train/step_engine.h"
 
 namespace trex::train {
 
@@ -87,29 +85,38 @@ struct StagedParts {
 std::unique_ptr<RankModel> make_pipelined_rank_model(StagedParts parts, comm::Communicator& pp_group,
                                                      const parallel::ScheduleSpec& spec);
 
-struct DistributedOptions {
-  int64_t stop_at = -1;  // stop after this many total steps (-1: the config's max_steps)
-  bool show_progress = true;
-  // Sharded checkpoint writer for layouts of several processes (collective; every rank calls it).
-  std::function<void(const std::filesystem::path& root, const TrainState& st)> save_sharded;
-};
-
-class DistributedTrainer {
+class MeshEngine final : public StepEngine {
  public:
-  DistributedTrainer(const TrainConfig& cfg, std::filesystem::path out_dir, comm::Communicator& world,
-                     parallel::Mesh& mesh, RankModel& model, const data::ShardDataset& ds, int32_t pad_id,
-                     DistributedOptions opts = {});
-  TrainResult run();
+  // model: this rank's part (not owned); world and mesh outlive the engine.
+  MeshEngine(const TrainConfig& cfg, comm::Communicator& world, parallel::Mesh& mesh, RankModel& model);
+  ~MeshEngine() override;
+
+  std::string describe() const override;
+  int64_t n_params() const override;
+  int64_t n_trained() const override;
+  double flops_per_token(int64_t seq_len) const override { return model_.flops_per_token(seq_len); }
+  int ranks() const override { return world_.size(); }
+  bool lead() const override { return world_.rank() == 0; }
+  bool runs_micro_batch(int64_t micro, int64_t n_micro) const override;
+  void begin_step(const StepControls& c) override;
+  EngineStep forward_backward(const std::vector<data::Batch>& mine, int64_t n_micro) override;
+  double clip_gradients() override;
+  void optimizer_step(double lr) override;
+  void save(const std::filesystem::path& root, const TrainState& st, int64_t keep_last,
+            const FaultHook& fault) override;
+  TrainState load(const std::filesystem::path& dir) override;
+  void barrier() override { world_.barrier(); }
+  void max_over_ranks(double* v, int n) override;
 
  private:
+  struct Opt;
   TrainConfig cfg_;
-  std::filesystem::path out_;
   comm::Communicator& world_;
   parallel::Mesh& mesh_;
   RankModel& model_;
-  const data::ShardDataset& ds_;
-  int32_t pad_id_;
-  DistributedOptions opts_;
+  std::vector<optim::ParamRef> params_, shared_refs_;
+  std::vector<std::string> shared_;
+  std::unique_ptr<Opt> opt_;
 };
 
 }  // namespace trex::train
