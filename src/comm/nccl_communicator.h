@@ -39,8 +39,8 @@ NcclId tcp_rendezvous_id(const std::string& addr, int port, int rank, int size, 
 // (mod visible devices).
 std::unique_ptr<Communicator> make_nccl_world_communicator(double timeout_s = 600.0);
 
-// Makes `s` wait (on the device, not the host) for a Work of the NCCL backend; any other Work is waited for on
-// the host.
+// Makes `s` wait (on the device, not the host) for a Work of the NCCL or the thread-group backend (thread_group.h:
+// after a host wait for the other ranks to arrive); any other Work is waited for on the host.
 void stream_wait(Work& w, cudaStream_t s);
 
 // The NCCL communicator's extras: its stream, and which stream its operations start after.

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "comm/launch_env.h"
+#include "comm/thread_group.h"
 #include "core/error.h"
 #ifdef TREX_HAVE_MPI
 #include "comm/mpi_communicator.h"
@@ -368,7 +369,7 @@ std::unique_ptr<Communicator> make_nccl_world_communicator(double timeout_s) {
 void stream_wait(Work& w, cudaStream_t s) {
   if (auto* n = dynamic_cast<NcclWork*>(&w)) {
     n->stream_wait(s);
-  } else {
+  } else if (!thread_group_stream_wait(w, s)) {
     w.wait();
   }
 }
@@ -377,6 +378,7 @@ void stream_wait(Work& w, cudaStream_t s) {
 
 #else  // no NCCL in this build: the entry points say so
 
+#include "comm/thread_group.h"
 #include "core/error.h"
 
 namespace trex::comm {
@@ -385,6 +387,8 @@ std::unique_ptr<Communicator> make_nccl_communicator(const NcclId&, int, int, in
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator&, int, double) { return nccl_new_id(), nullptr; }
 NcclId tcp_rendezvous_id(const std::string&, int, int, int, double) { return nccl_new_id(); }
 std::unique_ptr<Communicator> make_nccl_world_communicator(double) { return nccl_new_id(), nullptr; }
-void stream_wait(Work& w, cudaStream_t) { w.wait(); }
+void stream_wait(Work& w, cudaStream_t s) {
+  if (!thread_group_stream_wait(w, s)) w.wait();
+}
 }  // namespace trex::comm
 #endif

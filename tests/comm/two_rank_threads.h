@@ -1,12 +1,12 @@
-// Two-rank GPU tests in one process: each rank is a thread (its own device and NCCL communicator).
+// Two-rank GPU tests in one process: each rank is a thread (its own device and NCCL communicator, or both on one
+// device over the thread group, comm/thread_group.h).
 #pragma once
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
-#include <exception>
 #include <functional>
-#include <thread>
-#include <vector>
+
+#include "comm/rank_threads.h"
 
 namespace trex::testing {
 
@@ -17,26 +17,6 @@ inline int n_devices() {
 }
 
 // Runs fn(rank) on two threads; an exception in either fails the test with its message.
-inline void run2(const std::function<void(int)>& fn) {
-  std::exception_ptr err[2];
-  std::vector<std::thread> ts;
-  for (int r = 0; r < 2; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (...) {
-        err[r] = std::current_exception();
-      }
-    });
-  for (auto& t : ts) t.join();
-  for (int r = 0; r < 2; ++r)
-    if (err[r]) {
-      try {
-        std::rethrow_exception(err[r]);
-      } catch (const std::exception& e) {
-        FAIL() << "rank " << r << ": " << e.what();
-      }
-    }
-}
+inline void run2(const std::function<void(int)>& fn) { run_ranks(2, fn); }
 
 }  // namespace trex::testing

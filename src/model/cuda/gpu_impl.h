@@ -33,12 +33,11 @@ struct GpuModel::Impl {
   float* head_dnormed = nullptr;
   bool forward_done = false;
   // Pipeline stage (GpuModelOptions::layer_begin / layer_end): layers [l0, l1); the embedding on the first stage,
-  // the head on the last. Declaration skips the other parameters (n_declared still counts them: the ordinal).
+  // the head on the last. Declaration skips the other parameters (their ordinals stay reserved).
   int64_t l0 = 0, l1 = 0;
   bool first_stage() const { return l0 == 0; }
   bool last_stage() const { return l1 == cfg.n_layers; }
   bool declaring = true;
-  int64_t n_declared = 0;
   // Stage steps: the whole step's labelled targets come from begin_step, not from the micro-batch.
   bool step_mode = false;
   Pool grad_out;           // owns dx_in after a non-first stage's backward (kept for the boundary send)
@@ -68,8 +67,9 @@ struct GpuModel::Impl {
   explicit Impl(const dsv4::ModelConfig& c, const GpuModelOptions& o) : cfg(c), opts(o) {}
   ~Impl();
 
-  void declare(const std::string& name, const Shape& shape);       // region A (bf16-read), unpadded
-  void declare_fp32(const std::string& name, const Shape& shape);  // region R (fp32-read), padded to 8
+  // ordinal: the tensor's place in the full model's declaration order (its random init stream).
+  void declare(const std::string& name, const Shape& shape, int64_t ordinal);       // bf16-read, unpadded
+  void declare_fp32(const std::string& name, const Shape& shape, int64_t ordinal);  // region R (fp32-read), padded to 8
   void declare_all();
   void bind_all();
   const GpuParam& info(const std::string& name) const;
@@ -88,15 +88,31 @@ struct GpuModel::Impl {
   // (end - begin) / dp_size is this rank's: its fp32 master and AdamW moments live here (at shard_off), the
   // updated bf16 slice is all-gathered back before the next forward uses it. [region_a, total) the parameters
   // read in fp32 (mHC mixing weights, attention sinks, compressor ape): small, all-reduced and updated on
-  // every rank. master (and the optimiser's moments) hold the shard layout (own slices, then region R); with one
+  // every rank. Under expert parallelism region X (the local experts, above) comes first, before the buckets.
+  // master (and the optimiser's moments) hold the shard layout (region X, own slices, then region R); with one
   // rank it is the arena layout itself. The optimiser step itself lives in train/cuda/gpu_optimizer_cuda.cpp.
   struct Bucket {
     int64_t begin = 0, end = 0, shard_off = 0;
     int64_t slice(int n) const { return (end - begin) / n; }
   };
+  // Expert parallel (GpuModelOptions::ep with P > 1 ranks): this rank holds the routed experts [e_begin, e_end)
+  // of every MoE layer, E / P of them, by the CPU model's rule (parallel/ep_exchange.h: rank r holds
+  // [r E/P, (r+1) E/P)); the other experts' weights, gradients and optimiser moments exist on their owners only.
+  // The local experts form region X at the arena's start, [0, region_x) (0 without EP): outside the data-parallel
+  // buckets, since each EP rank's experts differ; held whole by the rank (fp32 master and moments included). Their
+  // gradients are complete on the owner after the MoE's exchange (every rank's tokens), and are summed over the
+  // expert-data-parallel replicas (edp: the DP ranks with the same EP rank, when DP is larger than EP) before the
+  // optimiser step (reduce_expert_grads).
+  int ep_size = 1, ep_rank = 0;
+  int64_t e_begin = 0, e_end = 0;
+  int64_t region_x = 0;
+  std::unique_ptr<comm::Communicator> edp;
+  bool local_expert(int64_t e) const { return e >= e_begin && e < e_end; }
+  void reduce_expert_grads();  // queues region X's edp all-reduce on grad_work (nothing without replicas)
+
   comm::Communicator* dp = nullptr;  // null or size 1: one GPU
   int dp_size = 1, dp_rank = 0;
-  int64_t region_a = 0, shard_a = 0;  // shard_a = region_a / dp_size
+  int64_t region_a = 0, shard_a = 0;  // shard_a = region_x + (region_a - region_x) / dp_size
   std::vector<Bucket> buckets;
   int embed_bucket = 0, head_bucket = 0;
   std::vector<int> layer_bucket;

@@ -26,6 +26,11 @@
 
 namespace trex::dsv4gpu {
 
+// Communicators whose operations take device pointers of this rank's GPU: NCCL, and the thread group
+// (comm/thread_group.h: several ranks as threads sharing one GPU, as the multi-rank tests run).
+inline bool device_memory_comm(const comm::Communicator& c) { return c.backend() == "nccl" || c.backend() == "threads"; }
+
+
 using bf16 = __nv_bfloat16;
 
 // Device memory of the GPU model: the one device-buffer type (stream-ordered, kernels/cuda/device_buffer.h).

@@ -36,10 +36,14 @@ struct GpuModelOptions {
   // (4 lm_rows + 2 lm_grad_rows) * vocab bytes: 1.6 GB at vocabulary 129280.
   int64_t lm_rows = 1024, lm_grad_rows = 4096;
   bool timing = false;      // CUDA-event sections (forward/backward per sub-layer kind, head, optimizer)
-  // Data-parallel group (an NCCL communicator on this rank's device, e.g. the mesh's dp_group): gradients
-  // reduce-scattered over it, the optimiser sharded (ZeRO-1). Null or size 1: one GPU. Not owned.
+  // Data-parallel group (a device-memory communicator: NCCL on this rank's device, e.g. the mesh's dp_group, or
+  // the thread group of comm/thread_group.h): gradients reduce-scattered over it, the optimiser sharded (ZeRO-1).
+  // Null or size 1: one GPU. Not owned.
   comm::Communicator* dp = nullptr;
-  // Expert-parallel group (the mesh's ep_group) for the MoE's token dispatch / combine. Null: all experts local.
+  // Expert-parallel group (the mesh's ep_group; a device-memory communicator) for the MoE's token dispatch /
+  // combine. With P > 1 ranks this rank allocates only its own E / P routed experts (rank r: [r E/P, (r+1) E/P))
+  // with their gradients and optimiser state; by-name access to another rank's expert is an error naming its
+  // owner. EP folds into DP: with a dp group too, P divides its size. Null: all experts local.
   comm::Communicator* ep = nullptr;
   // Routed experts as one grouped GEMM over all (local) experts, sized from device memory (no host read of the
   // per-expert counts; on sm_90 wgmma + TMA at cuBLASLt's rate or better). Off: one cuBLASLt GEMM per expert after

@@ -136,6 +136,28 @@ Ctx GpuModel::Impl::ctx() {
   return c;
 }
 
+// Expert parallelism: which routed experts this rank holds (gpu_impl.h, region X), checked before any
+// allocation; the expert-data-parallel group when DP is larger than EP.
+static void configure_experts(GpuModel::Impl& m, const dsv4::ModelConfig& cfg, const GpuModelOptions& opts) {
+  const int64_t E = cfg.n_routed_experts;
+  if (opts.ep && opts.ep->size() > 1) {
+    m.ep_size = opts.ep->size(), m.ep_rank = opts.ep->rank();
+    TREX_CHECK(device_memory_comm(*opts.ep),
+               "GPU model rank {}: the expert-parallel group must be a device-memory communicator (nccl or threads), "
+               "got '{}'", m.ep_rank, opts.ep->backend());
+    TREX_CHECK(E % m.ep_size == 0, "GPU model: {} expert-parallel ranks do not divide the {} routed experts",
+               m.ep_size, E);
+  }
+  m.e_begin = m.ep_rank * (E / m.ep_size), m.e_end = m.e_begin + E / m.ep_size;
+  if (m.ep_size > 1 && m.dp_size > 1) {
+    TREX_CHECK(m.dp_size % m.ep_size == 0,
+               "GPU model: expert parallelism folds into data parallelism: {} EP ranks must divide the {} DP ranks",
+               m.ep_size, m.dp_size);
+    // The DP ranks holding the same experts (same EP rank): sum their expert gradients.
+    if (m.dp_size > m.ep_size) m.edp = m.dp->split(m.ep_rank, m.dp_rank);
+  }
+}
+
 GpuModel::GpuModel(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts)
     : impl_(std::make_unique<Impl>(cfg, opts)) {
   cfg.validate();
@@ -157,11 +179,12 @@ GpuModel::GpuModel(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts)
   Impl& m = *impl_;
   if (opts.dp && opts.dp->size() > 1) {
     m.dp = opts.dp, m.dp_size = opts.dp->size(), m.dp_rank = opts.dp->rank();
-    TREX_CHECK(m.dp->backend() == "nccl",
-               "GPU model rank {}: the data-parallel group must be an NCCL communicator (got '{}')", m.dp_rank,
-               m.dp->backend());
+    TREX_CHECK(device_memory_comm(*m.dp),
+               "GPU model rank {}: the data-parallel group must be a device-memory communicator (nccl or threads), "
+               "got '{}'", m.dp_rank, m.dp->backend());
     TREX_CHECK(64 % m.dp_size == 0, "GPU model: data-parallel size {} must divide 64 (bucket slicing)", m.dp_size);
   }
+  configure_experts(m, cfg, opts);
   m.l0 = opts.layer_begin, m.l1 = opts.layer_end < 0 ? cfg.n_layers : opts.layer_end;
   TREX_CHECK(m.l0 >= 0 && m.l0 < m.l1 && m.l1 <= cfg.n_layers,
              "GPU model: stage layers [{}, {}) outside the model's {} layers (or empty)", m.l0, m.l1, cfg.n_layers);
@@ -173,8 +196,8 @@ GpuModel::GpuModel(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts)
   m.slots.resize(size_t(opts.stage_slots));
   for (auto& sl : m.slots) sl.blocks.resize(size_t(cfg.n_layers));
   m.declare_all();
-  m.shard_a = m.region_a / m.dp_size;
-  int64_t off = 0;
+  m.shard_a = m.region_x + (m.region_a - m.region_x) / m.dp_size;
+  int64_t off = m.region_x;
   for (auto& b : m.buckets) b.shard_off = off, off += b.slice(m.dp_size);
   const size_t n = size_t(m.total), ns = size_t(m.shard_elems());  // ns == n on one GPU
   m.master = DevMem(ns * 4), m.compute = DevMem(n * 2);

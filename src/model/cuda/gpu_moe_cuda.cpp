@@ -7,14 +7,14 @@
 // after one host read of the offsets per layer (the backward reuses it), kept for comparison. The router's range status is copied to pinned host memory asynchronously and
 // checked once it has certainly arrived (backward, or this block's next forward).
 //
-// Expert parallel (Ctx::ep, P ranks > 1, an NCCL communicator): rank r computes experts [r E/P, (r+1) E/P) for the
+// Expert parallel (Ctx::ep, P ranks > 1, a device-memory communicator: NCCL or the thread group): rank r computes experts [r E/P, (r+1) E/P) for the
 // tokens of every rank. The expert-grouped rows are already contiguous per owner, so they go out as they are
 // (all_to_all_v); the per-expert counts are exchanged first and read on the host to size the transfer (the one
 // host synchronisation of this path). Received rows arrive ordered (source rank, local expert) and are regrouped
 // to (local expert, source rank) for the grouped GEMMs, then sent back the same way. The shared expert runs on
-// the compute stream while the rows are in flight (NCCL works on its own stream). Every rank keeps all expert
-// weights; expert gradients land only on the owner (summed over every rank's tokens), so summing gradients over
-// the group reproduces the all-local result.
+// the compute stream while the rows are in flight (the communicator works on its own stream). A rank holds the
+// weights of its own experts only (MoeW points at its first local expert, gpu_impl.h region X); their gradients
+// are complete on it (summed over every rank's tokens), so no reduction over the group is needed for them.
 #include "comm/nccl_communicator.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/grouped_gemm.h"
@@ -94,13 +94,11 @@ struct ExpertRows {
 };
 
 ExpertRows expert_rows(const Ctx& c, const GpuBlock& b) {
-  const int64_t d = c.cfg->hidden, f = c.cfg->moe_inter;
   const MoeW& w = b.mw;
   ExpertRows x;
   if (const MoeEpState* st = b.mo.ep.get()) {
     x.rows = st->n_recv, x.n_experts = st->n_local, x.offsets = st->local_offsets.as<int32_t>();
-    x.w13 = w.w13 + st->e0 * 2 * f * d, x.w2 = w.w2 + st->e0 * d * f;
-    x.g_w13 = w.g_w13 + st->e0 * 2 * f * d, x.g_w2 = w.g_w2 + st->e0 * d * f;
+    x.w13 = w.w13, x.w2 = w.w2, x.g_w13 = w.g_w13, x.g_w2 = w.g_w2;  // the rank holds only its own experts
     if (!c.grouped_experts) x.h_offsets = st->h_local_offsets.data();
   } else {
     x.rows = c.lay->N * c.cfg->topk, x.n_experts = c.cfg->n_routed_experts, x.offsets = b.mo.offsets;
@@ -158,7 +156,8 @@ std::shared_ptr<MoeEpState> ep_plan(const Ctx& c, const GpuBlock& b, const int32
   comm::Communicator& ep = *c.ep;
   const int P = ep.size(), r = ep.rank();
   const int64_t E = c.cfg->n_routed_experts;
-  TREX_CHECK(ep.backend() == "nccl", "MoE (CUDA) {}: expert parallelism needs an NCCL communicator, got '{}'",
+  TREX_CHECK(device_memory_comm(ep),
+             "MoE (CUDA) {}: expert parallelism needs a device-memory communicator (nccl or threads), got '{}'",
              b.prefix, ep.backend());
   TREX_CHECK(E % P == 0, "MoE (CUDA) {}: {} experts do not divide over {} expert-parallel ranks", b.prefix, E, P);
   auto st = std::make_shared<MoeEpState>();

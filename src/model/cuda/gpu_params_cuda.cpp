@@ -2,12 +2,15 @@
 // laid out so that each expert's w1 and w3 are adjacent ([2f, d], one GEMM gives gate|up) and the shared expert's
 // w1|w3 likewise; random init on the device or a copy of the CPU table. The arena is two regions (bf16-read
 // parameters in per-layer buckets, then the fp32-read ones) so that data parallelism can shard the optimiser by
-// bucket slices (ZeRO-1, see gpu_impl.h); the data-parallel plumbing lives here too (the optimiser step itself is
-// train/cuda/gpu_optimizer_cuda.cpp).
+// bucket slices (ZeRO-1, see gpu_impl.h); under expert parallelism a third region, this rank's routed experts
+// only, comes first (region X: the other ranks' experts are not allocated here at all). The data-parallel plumbing
+// lives here too (the optimiser step itself is train/cuda/gpu_optimizer_cuda.cpp).
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <map>
 #include <random>
 #include <set>
 
@@ -19,8 +22,7 @@
 
 namespace trex::dsv4gpu {
 
-void GpuModel::Impl::declare(const std::string& name, const Shape& shape) {
-  const int64_t ordinal = n_declared++;
+void GpuModel::Impl::declare(const std::string& name, const Shape& shape, int64_t ordinal) {
   if (!declaring) return;  // another pipeline stage's parameter
   TREX_CHECK(!index.count(name), "GPU model: parameter '{}' declared twice", name);
   GpuParam p;
@@ -38,7 +40,17 @@ void GpuModel::Impl::declare(const std::string& name, const Shape& shape) {
 
 const GpuParam& GpuModel::Impl::info(const std::string& name) const {
   auto it = index.find(name);
-  TREX_CHECK(it != index.end(), "GPU model: no parameter '{}'", name);
+  if (it == index.end()) {
+    const size_t pos = name.find(".ffn.experts.");
+    if (ep_size > 1 && pos != std::string::npos) {
+      const int64_t e = std::atoll(name.c_str() + pos + 13);
+      const int64_t per = e_end - e_begin;
+      if (!local_expert(e) && e >= 0 && e < cfg.n_routed_experts)
+        fail("GPU model (expert-parallel rank {} of {}): '{}' belongs to routed expert {}, held by expert-parallel "
+             "rank {}; this rank holds experts [{}, {})", ep_rank, ep_size, name, e, e / per, e_begin, e_end);
+    }
+    fail("GPU model: no parameter '{}'", name);
+  }
   return params[it->second];
 }
 
@@ -79,21 +91,50 @@ std::vector<dsv4::ParamSpec> arena_order(const std::vector<dsv4::ParamSpec>& tab
 
 void GpuModel::Impl::declare_all() {
   const std::vector<dsv4::ParamSpec> table = dsv4::param_table(cfg);
+  // Ordinals (each tensor's random init stream) follow the full model's declaration order whatever this rank
+  // holds, so a pipeline stage or an expert-parallel rank draws the same values as the whole model.
+  std::map<std::string, int64_t> ordinal;
+  {
+    auto count = [&](dsv4::ParamPart part, int64_t layer, DType region) {
+      for (const dsv4::ParamSpec& s : arena_order(table, part, layer, region)) ordinal.emplace(s.name, int64_t(ordinal.size()));
+    };
+    count(dsv4::ParamPart::Embed, -1, DType::BF16);
+    count(dsv4::ParamPart::Head, -1, DType::BF16);
+    for (int64_t l = 0; l < cfg.n_layers; ++l) count(dsv4::ParamPart::Layer, l, DType::BF16);
+    count(dsv4::ParamPart::Head, -1, DType::F32);
+    for (int64_t l = 0; l < cfg.n_layers; ++l) count(dsv4::ParamPart::Layer, l, DType::F32);
+  }
   auto close_bucket = [&](int64_t begin) {
     pad_to(kBucketAlign);
     buckets.push_back(Bucket{begin, total, 0});
     return int(buckets.size()) - 1;
   };
+  // Under expert parallelism the routed experts leave the layer buckets for region X; the non-local ones are
+  // not declared at all.
+  const bool sharded = ep_size > 1;
   auto declare_part = [&](dsv4::ParamPart part, int64_t layer, DType region) {
-    for (const dsv4::ParamSpec& s : arena_order(table, part, layer, region))
+    for (const dsv4::ParamSpec& s : arena_order(table, part, layer, region)) {
+      if (sharded && s.expert >= 0) continue;
       if (region == DType::BF16)
-        declare(s.name, s.shape);
+        declare(s.name, s.shape, ordinal.at(s.name));
       else
-        declare_fp32(s.name, s.shape);
+        declare_fp32(s.name, s.shape, ordinal.at(s.name));
+    }
   };
+  auto in_stage = [&](int64_t l) { return l >= l0 && l < l1; };
+  // Region X: this rank's routed experts, layer by layer (each expert's w1 | w3 adjacent, then the w2s).
+  if (sharded) {
+    for (int64_t l = 0; l < cfg.n_layers; ++l) {
+      declaring = in_stage(l);
+      for (const dsv4::ParamSpec& s : arena_order(table, dsv4::ParamPart::Layer, l, DType::BF16))
+        if (s.expert >= 0 && local_expert(s.expert)) declare(s.name, s.shape, ordinal.at(s.name));
+    }
+    declaring = true;
+    pad_to(kBucketAlign);
+  }
+  region_x = total;
   // Region A, bucketed in the order backward finishes them (reverse): embed, head + final norm, layers.
   // A pipeline stage declares only its own parameters (the skipped ones leave empty buckets).
-  auto in_stage = [&](int64_t l) { return l >= l0 && l < l1; };
   int64_t begin = total;
   declaring = first_stage();
   declare_part(dsv4::ParamPart::Embed, -1, DType::BF16);
@@ -121,8 +162,7 @@ void GpuModel::Impl::declare_all() {
 }
 
 // Small tensors (4, 1, 3 elements) are padded to 8 so every tensor stays 16-byte aligned.
-void GpuModel::Impl::declare_fp32(const std::string& name, const Shape& shape) {
-  const int64_t ordinal = n_declared++;
+void GpuModel::Impl::declare_fp32(const std::string& name, const Shape& shape, int64_t ordinal) {
   if (!declaring) return;
   GpuParam p;
   p.name = name, p.shape = shape, p.numel = numel(shape), p.offset = total, p.ordinal = ordinal;
@@ -133,7 +173,7 @@ void GpuModel::Impl::declare_fp32(const std::string& name, const Shape& shape) {
 }
 
 float* GpuModel::Impl::master_at(const GpuParam& p) const {
-  if (dp_size == 1) return master.as<float>() + p.offset;
+  if (dp_size == 1 || p.offset < region_x) return master.as<float>() + p.offset;  // one GPU, or a local expert
   TREX_CHECK(p.offset >= region_a,
              "GPU model: the fp32 master of '{}' is sharded over the data-parallel ranks (read its bf16 copy)", p.name);
   return master.as<float>() + shard_a + (p.offset - region_a);
@@ -146,6 +186,8 @@ void GpuModel::Impl::scatter_master(const float* full) {
       TREX_CUDA(cudaMemcpyAsync(master.as<float>(), full, size_t(total) * 4, cudaMemcpyDeviceToDevice, nullptr));
     return;
   }
+  if (region_x > 0)
+    TREX_CUDA(cudaMemcpyAsync(master.as<float>(), full, size_t(region_x) * 4, cudaMemcpyDeviceToDevice, nullptr));
   for (const Bucket& b : buckets) {
     const int64_t n = b.slice(dp_size);
     TREX_CUDA(cudaMemcpyAsync(master.as<float>() + b.shard_off, full + b.begin + dp_rank * n, size_t(n) * 4,
@@ -173,6 +215,11 @@ void GpuModel::Impl::reduce_bucket(int bi) {
   // In place: this rank's slice of the sum lands where its own slice is.
   grad_work.push_back(dp->reduce_scatter(g + b.begin, g + b.begin + dp_rank * n, size_t(n), comm::ElemType::F32,
                                          comm::ReduceOp::Sum));
+}
+
+void GpuModel::Impl::reduce_expert_grads() {
+  if (!edp || edp->size() == 1 || region_x == 0) return;
+  grad_work.push_back(edp->all_reduce(grads.as<float>(), size_t(region_x), comm::ElemType::F32, comm::ReduceOp::Sum));
 }
 
 void GpuModel::Impl::wait_gather(int bi) {
@@ -217,12 +264,14 @@ void GpuModel::Impl::bind_all() {
     }
     MoeW& m = b->mw;
     m.gate = B("ffn.gate.weight"), m.g_gate = G("ffn.gate.weight");
-    const std::string e0 = "ffn.experts.0.";
+    // The first local expert's weights (expert 0 unless expert-parallel); the kernels index local experts.
+    const std::string e0 = fmt::format("ffn.experts.{}.", e_begin);
     m.w13 = B(e0 + "w1.weight"), m.g_w13 = G(e0 + "w1.weight");
     m.w2 = B(e0 + "w2.weight"), m.g_w2 = G(e0 + "w2.weight");
-    for (int64_t e = 0; e < E; ++e) {
-      TREX_CHECK(info(p + fmt::format("ffn.experts.{}.w1.weight", e)).offset == info(p + e0 + "w1.weight").offset + e * 2 * f * d &&
-                     info(p + fmt::format("ffn.experts.{}.w2.weight", e)).offset == info(p + e0 + "w2.weight").offset + e * d * f,
+    for (int64_t e = e_begin; e < e_end; ++e) {
+      const int64_t j = e - e_begin;
+      TREX_CHECK(info(p + fmt::format("ffn.experts.{}.w1.weight", e)).offset == info(p + e0 + "w1.weight").offset + j * 2 * f * d &&
+                     info(p + fmt::format("ffn.experts.{}.w2.weight", e)).offset == info(p + e0 + "w2.weight").offset + j * d * f,
                  "GPU model: expert weights of {} are not laid out contiguously", p);
     }
     if (cfg.n_shared_experts > 0) {
@@ -338,7 +387,7 @@ void GpuModel::load_from(const dsv4::ParamTable<float>& cpu) {
 std::vector<float> GpuModel::value(const std::string& name) const {
   const GpuParam& p = impl_->info(name);
   std::vector<float> v(size_t(p.numel));
-  if (impl_->dp_size > 1 && p.offset < impl_->region_a) {  // sharded master: the bf16 copy
+  if (impl_->dp_size > 1 && p.offset >= impl_->region_x && p.offset < impl_->region_a) {  // sharded: the bf16 copy
     std::vector<bf16> b(v.size());
     TREX_CUDA(cudaDeviceSynchronize());
     TREX_CUDA(cudaMemcpy(b.data(), impl_->b16(name), b.size() * sizeof(bf16), cudaMemcpyDeviceToHost));

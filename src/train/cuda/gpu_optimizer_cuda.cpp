@@ -70,10 +70,15 @@ void GpuOptimizer::adamw_step(const cuda::AdamWStep& a_in) {
     m.section("optimizer", false);
     return;
   }
-  // Gradients: every bucket's reduce-scatter and the region-R all-reduce must have landed.
+  // Gradients: every bucket's reduce-scatter, the region-R all-reduce and (expert parallel with replicas) the
+  // region-X all-reduce must have landed.
+  m.reduce_expert_grads();
   m.wait_grad_work();
   float* g = m.grads.as<float>();
   bf16* c = m.compute.as<bf16>();
+  // Region X (expert parallel): this rank's experts, held whole: updated in place like one GPU's arena.
+  if (m.region_x > 0)
+    cuda::adamw_step(m.master.as<float>(), g, adam_m.as<float>(), adam_v.as<float>(), c, m.region_x, a);
   // Region R first (replicated, read in fp32 by the next forward), then each bucket's own slice, whose
   // all-gather starts right away so it overlaps the remaining updates and the next forward's first layers.
   const int64_t nr = m.total - m.region_a;

@@ -88,9 +88,9 @@ GpuPipeline::GpuPipeline(GpuModel& stage, comm::Communicator& act, comm::Communi
              rank_, P_, grad.size(), rank_, grad.rank());
   TREX_CHECK(P_ >= 2 && micro_batches >= 1, "pipeline rank {}: needs >= 2 stages ({}) and >= 1 micro-batch ({})",
              rank_, P_, micro_batches);
-  TREX_CHECK(act.backend() == "nccl" && grad.backend() == "nccl",
-             "pipeline rank {}: the boundary communicators must be NCCL (got '{}', '{}')", rank_, act.backend(),
-             grad.backend());
+  TREX_CHECK(device_memory_comm(act) && device_memory_comm(grad),
+             "pipeline rank {}: the boundary communicators must work on device memory (nccl, or threads for stages "
+             "sharing one GPU), got '{}', '{}'", rank_, act.backend(), grad.backend());
   GpuModel::Impl& m = stage.impl();
   p.slots = int(m.slots.size());
   TREX_CHECK(p.slots >= P_ - rank_, "pipeline rank {}: 1F1B keeps up to {} micro-batches in flight, the stage has "
