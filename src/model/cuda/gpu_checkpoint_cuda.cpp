@@ -38,10 +38,11 @@ GpuModel::LoadStats GpuModel::load_checkpoint(const dsv4::CheckpointReader& ckpt
     const float* src = host_f32(t, p.name, p.shape);
     TREX_CUDA(cudaMemcpy(stage, src, size_t(p.numel) * sizeof(float), cudaMemcpyHostToDevice));
     cuda::cast_f32_to_bf16(m.compute.as<bf16>() + p.offset, stage, p.numel);
-    // The fp32 master: the arena itself on one GPU; with data parallelism this rank's slices of the bf16-read
-    // buckets (at shard_off) and the replicated fp32-read region R (after shard_a).
+    // The fp32 master: the arena itself on one GPU; with data parallelism the local experts whole (region X, at
+    // their arena offset), this rank's slices of the bf16-read buckets (at shard_off) and the replicated fp32-read
+    // region R (after shard_a).
     const int64_t lo = p.offset, hi = p.offset + p.numel;
-    if (m.dp_size == 1) {
+    if (m.dp_size == 1 || hi <= m.region_x) {
       TREX_CUDA(cudaMemcpy(master + lo, stage, size_t(p.numel) * sizeof(float), cudaMemcpyDeviceToDevice));
     } else if (lo >= m.region_a) {
       TREX_CUDA(cudaMemcpy(master + m.shard_a + (lo - m.region_a), stage, size_t(p.numel) * sizeof(float),
