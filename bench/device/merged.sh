@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The GPU tests of the pieces that joined the trainer's structure together (one H200, after bench/device/batch.sh
+# built build-dev; about 200 s): several ranks on one GPU through the thread-group communicator, expert sharding,
+# the streamed checkpoint load, the GPU step engine under the one trainer loop, the kernels whose losing versions
+# moved to dev/, and the GPU model / parity / data-parallel / pipeline tests as regression.
+# Usage (repo root, device): bash bench/device/merged.sh
+set -uo pipefail
+. bench/device/lib.sh
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+if [ -z "${TREX_SHARED:-}" ] && [ -d .devdeps/fixtures ]; then export TREX_SHARED=$PWD/.devdeps; fi
+B=build-dev
+RUN_TEST_SHOW='Failure|Expected|Which is|FAILED|PASSED|SKIPPED \]|^EP |tensors,|rror'
+RUN_TEST_LINES=40
+run_test "communicators on one GPU" 60 $B/tests/test_comm_gpu --gtest_filter='Device/CommCases.*:ThreadGroupGpu.*'
+run_test "expert sharding" 90 $B/tests/test_train_gpu \
+  --gtest_filter='Ranks/EpShardGpu.*:EpShardGpuState.*:Backends/MoeEpGpu.*'
+run_test "streamed checkpoint load" 60 $B/tests/test_train_gpu --gtest_filter='GpuCheckpointLoad.*'
+run_test "GPU step engine and trainer" 90 $B/tests/test_train_gpu --gtest_filter='GpuStepEngine.*:GpuTrainer.*'
+run_test "GPU model regression" 120 $B/tests/test_train_gpu \
+  --gtest_filter='Dsv4Gpu.*:ParityGpu.*:DataParallelGpu.*:OptimizerGpu.*:PipelineGpu.*:MoeGpuPaths.*:HeadGradGpu.*'
+run_test "grouped GEMM" 60 $B/tests/test_kernels_gpu --gtest_filter='GroupedGemmGpu.*'
