@@ -72,6 +72,11 @@ class CudaBackend final : public dsv4::Backend {
   dsv4::LossParts losses(const dsv4::Pass& p) override;
   std::unique_ptr<dsv4::SequenceCaches> new_caches() const override;
 
+  // A host array uploaded mid-forward through pinned staging (a pageable copy could wait for the queued layers):
+  // part 0 the main head's targets, 1 the MTP head's, 2 the MTP input's next ids. Reused once losses() has
+  // synchronised the forward.
+  DevMem upload_staged(int part, const int32_t* src, int64_t n);
+
  private:
   struct BlockGrads;  // one block's backward temporaries
   GpuBlock& block(int64_t blk) const;
@@ -93,6 +98,8 @@ class CudaBackend final : public dsv4::Backend {
   Pool gbufs_;
   float *dA_ = nullptr, *dB_ = nullptr;
   float* dMtp_[2] = {nullptr, nullptr};
+  std::shared_ptr<int32_t> pinned_;  // [3 * pinned_n_]
+  int64_t pinned_n_ = 0;
   std::unique_ptr<BlockGrads> bg_;
 };
 

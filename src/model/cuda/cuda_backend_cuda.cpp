@@ -393,7 +393,7 @@ void CudaBackend::head_loss_fwd(const Pass& p, HeadKind h, Stream in, const int3
   HeadState& hs = mtp ? m.mtp_head : m.head;
   hs.n_targets = 0;
   for (int64_t i = 0; i < N; ++i) hs.n_targets += targets[i] >= 0;
-  hs.targets = upload(targets, size_t(N));
+  hs.targets = upload_staged(mtp ? 1 : 0, targets, N);
   const int64_t G = m.head_normaliser(mtp, hs.n_targets);
   if (!mtp) m.wait_gather(m.head_bucket);
   const bool head_grad = head_ == HeadMode::LossAndGrad;
@@ -449,6 +449,20 @@ dsv4::LossParts CudaBackend::losses(const Pass& p) {
   loss_.clear(), bal_.clear();
   lm_sum_ = mtp_sum_ = nullptr, bal_rows_ = nullptr;
   return lp;
+}
+
+DevMem CudaBackend::upload_staged(int part, const int32_t* src, int64_t n) {
+  if (n > pinned_n_) {
+    int32_t* p = nullptr;
+    TREX_CUDA(cudaMallocHost(&p, size_t(3 * n) * sizeof(int32_t)));
+    pinned_ = std::shared_ptr<int32_t>(p, [](int32_t* q) { cudaFreeHost(q); });
+    pinned_n_ = n;
+  }
+  int32_t* h = pinned_.get() + part * pinned_n_;
+  std::copy(src, src + n, h);
+  DevMem d(size_t(n) * sizeof(int32_t));
+  if (n) TREX_CUDA(cudaMemcpyAsync(d.as<int32_t>(), h, size_t(n) * sizeof(int32_t), cudaMemcpyHostToDevice));
+  return d;
 }
 
 double CudaBackend::ce_sum(HeadKind h) const { return double(h == HeadKind::Mtp ? mtp_sum_host_ : lm_sum_host_); }
@@ -593,6 +607,7 @@ void CudaBackend::head_loss_bwd(const Pass& p, HeadKind h, Stream in, const int3
 void CudaBackend::mtp_input_fwd(const Pass& p, const int32_t* next_ids, Stream main, Stream out) {
   m_.wait_gather(m_.mtp_bucket);  // the MTP module's parameters (its block and head follow)
   m_.section("fwd.mtp.input", true);
+  m_.mtp_input.next_ids = upload_staged(2, next_ids, p.n_tok);
   mtp_fwd(m_, c_, p.n_tok, next_ids, value(main), value(out));
   m_.section("fwd.mtp.input", false);
 }

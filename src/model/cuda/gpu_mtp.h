@@ -8,7 +8,8 @@
 
 namespace trex::dsv4gpu {
 
-// next_ids [N] on the host (-1: no next token). XL, Xmtp [N, n_hc, d] bf16 (Xmtp written).
+// next_ids [N] on the host (-1: no next token; checked here), already uploaded into m.mtp_input.next_ids. XL, Xmtp
+// [N, n_hc, d] bf16 (Xmtp written).
 void mtp_fwd(GpuModel::Impl& m, const Ctx& c, int64_t N, const int32_t* next_ids, const bf16* XL, bf16* Xmtp);
 // dXmtp [N, n_hc, d] fp32 -> dXL (WRITES, or ADDS with accumulate); the parameter gradients and embed.weight's
 // (the next tokens' rows) accumulate.

@@ -17,9 +17,8 @@ void mtp_fwd(GpuModel::Impl& m, const Ctx& c, int64_t N, const int32_t* next_ids
     TREX_CHECK(next_ids[i] >= -1 && next_ids[i] < V, "GPU model MTP: next token id {} at position {} outside [-1, {})",
                next_ids[i], i, V);
   MtpInputSaved& s = m.mtp_input;
-  s.next_ids = DevMem(size_t(N) * sizeof(int32_t));
-  TREX_CUDA(cudaMemcpyAsync(s.next_ids.as<int32_t>(), next_ids, size_t(N) * sizeof(int32_t), cudaMemcpyHostToDevice,
-                            nullptr));
+  TREX_CHECK(s.next_ids.bytes() >= size_t(N) * sizeof(int32_t),
+             "GPU model MTP: the next token ids are not on the device");
   Pool& k = m.acts;
   s.emb = k.take<bf16>(N * d), s.e_norm = k.take<bf16>(N * d), s.e_rstd = k.take<float>(N);
   s.h_norm = k.take<bf16>(N * hc * d), s.h_rstd = k.take<float>(N * hc);
