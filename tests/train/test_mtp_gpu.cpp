@@ -4,9 +4,12 @@
 // is the GPU's bf16 activations; the tolerances are those of Dsv4Gpu.TrainingStepMatchesCpuModel.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -133,14 +136,20 @@ TEST(MtpGpu, LossOnlyForwardThenBackwardMatchesTheTrainingForward) {
   const double lb = b.forward(ids.data(), ids.data(), layout, nullptr, dsv4gpu::HeadMode::Loss);
   a.backward(), b.backward();
   EXPECT_NEAR(la, lb, 1e-6 * std::abs(la));
-  for (const std::string& name : {std::string("head.weight"), std::string("embed.weight"),
-                                  std::string("mtp.0.e_proj.weight"), std::string("mtp.0.h_proj.weight"),
-                                  std::string("mtp.0.norm.weight"), std::string("layers.0.attn.wq_a.weight")}) {
+  // The heads' own gradients agree to fp32 summation order (as HeadGradGpu's); below the heads those ~1e-7
+  // differences of d(normed) reach bf16 casts and grow to bf16-level noise.
+  const std::vector<std::pair<std::string, double>> checks{
+      {"head.weight", 1e-3},         {"norm.weight", 1e-3},          {"mtp.0.norm.weight", 1e-3},
+      {"mtp.0.e_proj.weight", 3e-2}, {"mtp.0.h_proj.weight", 3e-2}, {"embed.weight", 3e-2},
+      {"layers.0.attn.wq_a.weight", 3e-2}};
+  for (const auto& [name, tol] : checks) {
     const std::vector<float> ga = a.grad(name), gb = b.grad(name);
     double n = 0, d = 0;
     for (size_t i = 0; i < ga.size(); ++i) n += double(ga[i] - gb[i]) * (ga[i] - gb[i]), d += double(gb[i]) * gb[i];
+    const double e = std::sqrt(n / std::max(d, 1e-30));
+    std::printf("%-28s training forward vs recompute rel L2 %.2e\n", name.c_str(), e);
     EXPECT_GT(d, 0.0) << name;
-    EXPECT_LT(std::sqrt(n / std::max(d, 1e-30)), 1e-2) << name;
+    EXPECT_LT(e, tol) << name;
   }
 }
 
