@@ -221,11 +221,14 @@ void GpuModel::backward_impl(const float* dx_out) {
   m.dx_in = dx_in;
   // Each bucket's gradient reduce-scatter starts as soon as the backward completes it, overlapping the backward of
   // the layers below.
+  // The MTP bucket also holds the MTP input's projections and norms, whose backward runs after the MTP block's:
+  // it is complete with the head's.
   auto ready = [&m, n_blocks](int64_t b) {
     if (b == dsv4::kHeadReady) {
+      if (m.mtp()) m.reduce_bucket(m.mtp_bucket);
       m.reduce_bucket(m.head_bucket);
     } else if (b >= 0) {
-      m.reduce_bucket(b == n_blocks ? m.mtp_bucket : m.layer_bucket[size_t(m.l0 + b)]);
+      if (b < n_blocks) m.reduce_bucket(m.layer_bucket[size_t(m.l0 + b)]);
     } else {
       m.reduce_bucket(m.embed_bucket);
       if (m.dp_size > 1)  // region R (fp32-read, replicated): summed on every rank
