@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -151,6 +153,55 @@ TEST(MtpGpu, LossOnlyForwardThenBackwardMatchesTheTrainingForward) {
     EXPECT_GT(d, 0.0) << name;
     EXPECT_LT(e, tol) << name;
   }
+}
+
+// Stage-step mode: two micro-batches under begin_step (the step's main and MTP targets as the normalisers) give
+// one batch's loss and gradients.
+TEST(MtpGpu, StepModeAccumulatesMicroBatchesLikeOneBatch) {
+  const dsv4::ModelConfig cfg = trex::testing::tiny_gpu_config("MTP parity config", 1);
+  const int64_t S = 64, V = cfg.vocab_size;
+  std::vector<int32_t> ids(static_cast<size_t>(2 * S)), labels(ids.size());
+  std::mt19937 g(21);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = int32_t(g() % uint32_t(V));
+    labels[i] = (i % 7 == 2) ? -100 : ids[i];
+  }
+  // The heads' targets of the step: label t + 1 (main) and t + 2 (MTP) of each sequence.
+  int64_t targets = 0, mtp_targets = 0;
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t t = 0; t < S; ++t) {
+      targets += t + 1 < S && labels[size_t(b * S + t + 1)] >= 0;
+      mtp_targets += t + 2 < S && labels[size_t(b * S + t + 2)] >= 0;
+    }
+  dsv4gpu::GpuModelOptions o;
+  o.stage_slots = 2;
+  dsv4gpu::GpuModel gpu(cfg, o);
+  gpu.init_random(7);
+  gpu.zero_grads();
+  const double whole = gpu.forward(ids.data(), labels.data(), dsv4::SeqLayout::unpacked(2, S));
+  gpu.backward();
+  std::map<std::string, std::vector<float>> ref;
+  for (const std::string& n : gpu.param_names()) ref[n] = gpu.grad(n);
+
+  gpu.zero_grads();
+  EXPECT_THROW(gpu.begin_step(targets), Error);  // the MTP head's normaliser is missing
+  gpu.begin_step(targets, mtp_targets);
+  const dsv4::SeqLayout mb = dsv4::SeqLayout::unpacked(1, S);
+  double loss = gpu.forward_stage(0, ids.data(), labels.data(), mb, nullptr);
+  loss += gpu.forward_stage(1, ids.data() + S, labels.data() + S, mb, nullptr);
+  gpu.backward_stage(1, nullptr);
+  gpu.backward_stage(0, nullptr);
+  std::printf("loss: whole batch %.7f, two micro-batches %.7f\n", whole, loss);
+  EXPECT_NEAR(loss, whole, 1e-3 * std::abs(whole));
+  double num = 0, den = 0;
+  for (const auto& [name, r] : ref) {
+    const std::vector<float> gg = gpu.grad(name);
+    for (size_t i = 0; i < r.size(); ++i) num += double(gg[i] - r[i]) * (gg[i] - r[i]), den += double(r[i]) * r[i];
+  }
+  const double e = std::sqrt(num / den);
+  std::printf("all gradients rel L2 %.2e (micro-batches vs one batch)\n", e);
+  EXPECT_LT(e, 1e-2);
+  gpu.zero_grads();
 }
 
 TEST(MtpGpu, RefusesTheMtpModuleOnAPipelineStage) {
