@@ -126,7 +126,7 @@ TEST(BlockProgram, TrainingForwardAndBackwardOfTheWholeModelWithMtp) {
   append(want, block_bwd(0, "X0", "dB", "dA"));
   want.push_back("embed_bwd dA");
   EXPECT_EQ(be.log, want);
-  EXPECT_EQ(ready, (std::vector<int64_t>{2, 1, 0, -1}));
+  EXPECT_EQ(ready, (std::vector<int64_t>{2, trex::dsv4::kHeadReady, 1, 0, -1}));
 }
 
 TEST(BlockProgram, MiddlePipelineStageTakesAndGivesStreams) {

@@ -10,7 +10,8 @@
 
 namespace trex::testing {
 
-inline dsv4::ModelConfig tiny_gpu_config(const std::string& where) {
+// n_mtp 1: with the MTP module (its block is a sliding layer: compress ratio 0).
+inline dsv4::ModelConfig tiny_gpu_config(const std::string& where, int64_t n_mtp = 0) {
   nlohmann::json j = {{"vocab_size", 256},
                       {"hidden_size", 64},
                       {"num_hidden_layers", 3},
@@ -48,9 +49,10 @@ inline dsv4::ModelConfig tiny_gpu_config(const std::string& where) {
                         {"beta_fast", 32},
                         {"beta_slow", 1}}},
                       {"max_position_embeddings", 4096},
-                      {"num_nextn_predict_layers", 0},
+                      {"num_nextn_predict_layers", n_mtp},
                       {"bos_token_id", 0},
                       {"eos_token_id", 1}};
+  if (n_mtp > 0) j["compress_ratios"].push_back(0);
   return dsv4::parse_model_config(j, where);
 }
 

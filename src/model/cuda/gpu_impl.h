@@ -5,7 +5,33 @@
 
 #include "model/cuda/gpu_internal.h"
 
+namespace trex::dsv4 {
+class BlockProgram;
+}
+
 namespace trex::dsv4gpu {
+
+class CudaBackend;
+
+// One head's activations of a forward (hc_head collapse -> norm -> LM head + CE; the collapse stays fp32,
+// mhc_norm.h).
+struct HeadState {
+  bf16* normed = nullptr;  // [N, d] the LM head's input
+  float *mix = nullptr, *rstd = nullptr, *w = nullptr, *norm_rstd = nullptr, *lse = nullptr;
+  // fp32 [N, d] d(loss)/d(normed) of a HeadMode::LossAndGrad forward (head.weight's gradient already accumulated);
+  // null after a loss-only forward or once backward consumed it (backward then recomputes the logits).
+  float* dnormed = nullptr;
+  DevMem targets;  // int32 [N], -1 = none
+  int64_t n_targets = 0;
+};
+
+// The MTP input's saved activations (design §2.10): Embed[token t+1] (0 where there is none), its enorm, the
+// main streams' hnorm.
+struct MtpInputSaved {
+  DevMem next_ids;  // int32 [N], -1 = none
+  bf16 *emb = nullptr, *e_norm = nullptr, *h_norm = nullptr;  // [N, d], [N, d], [N * n_hc, d]
+  float *e_rstd = nullptr, *h_rstd = nullptr;                 // [N], [N * n_hc]
+};
 
 struct GpuModel::Impl {
   dsv4::ModelConfig cfg;
@@ -20,17 +46,16 @@ struct GpuModel::Impl {
   std::map<std::string, DevMem> bias;     // fp32 [E]
   std::map<std::string, DevMem> tid2eid;  // int32 [V, K]
   std::vector<std::unique_ptr<GpuBlock>> blocks;
+  std::unique_ptr<GpuBlock> mtp_block;  // the MTP module's block ("mtp.0."; null without MTP or off the head stage)
   // Batch state.
   DevLayout lay;
   RopeDev rope_main, rope_compress;
   int64_t rope_pos = 0;
-  Pool acts;  // streams X_0..X_L and head activations
+  Pool acts;  // streams X_0..X_L (and the MTP block's), head activations
   std::vector<bf16*> X;
-  bf16 *head_col = nullptr, *head_normed = nullptr;
-  float *head_mix = nullptr, *head_rstd = nullptr, *head_w = nullptr, *norm_rstd = nullptr, *lse = nullptr;
-  // fp32 [N, d] d(loss)/d(normed) of a HeadMode::LossAndGrad forward (head.weight's gradient already accumulated);
-  // null after a loss-only forward or once backward consumed it (backward then recomputes the logits).
-  float* head_dnormed = nullptr;
+  bf16 *mtp_in = nullptr, *mtp_out = nullptr;  // the MTP block's streams [N, hc, d]
+  HeadState head, mtp_head;                    // the main head's, the MTP module's (shared LM head)
+  MtpInputSaved mtp_input;                     // the MTP input's saved activations
   bool forward_done = false;
   // Pipeline stage (GpuModelOptions::layer_begin / layer_end): layers [l0, l1); the embedding on the first stage,
   // the head on the last. Declaration skips the other parameters (their ordinals stay reserved).
@@ -41,18 +66,20 @@ struct GpuModel::Impl {
   // Stage steps: the whole step's labelled targets come from begin_step, not from the micro-batch.
   bool step_mode = false;
   Pool grad_out;           // owns dx_in after a non-first stage's backward (kept for the boundary send)
+  Pool out;                // owns X[l1] of a non-last stage's forward (read in place by the next stage)
   float* dx_in = nullptr;  // fp32 [N, hc, d]
   // Per-slot parked state of micro-batches in flight; swap_slot exchanges slot s with the live fields above.
   struct Slot {
     DevLayout lay;
-    Pool acts, grad_out;
+    Pool acts, grad_out, out;
     std::vector<bf16*> X;
-    bf16 *head_col = nullptr, *head_normed = nullptr;
-    float *head_mix = nullptr, *head_rstd = nullptr, *head_w = nullptr, *norm_rstd = nullptr, *lse = nullptr;
-    float* head_dnormed = nullptr;
+    bf16 *mtp_in = nullptr, *mtp_out = nullptr;
+    HeadState head, mtp_head;
+    MtpInputSaved mtp_input;
     float* dx_in = nullptr;
     bool forward_done = false;
     std::vector<BlockSaved> blocks;  // [n_layers], used for [l0, l1)
+    BlockSaved mtp;                  // the MTP block's
   };
   std::vector<Slot> slots;
   void swap_slot(int s);
@@ -64,7 +91,8 @@ struct GpuModel::Impl {
   std::vector<Section> open_sections, done_sections;
   std::map<std::string, double> section_totals;
 
-  explicit Impl(const dsv4::ModelConfig& c, const GpuModelOptions& o) : cfg(c), opts(o) {}
+  // Out of line (gpu_model_cuda.cpp), where CudaBackend and BlockProgram are complete.
+  explicit Impl(const dsv4::ModelConfig& c, const GpuModelOptions& o);
   ~Impl();
 
   // ordinal: the tensor's place in the full model's declaration order (its random init stream).
@@ -72,6 +100,7 @@ struct GpuModel::Impl {
   void declare_fp32(const std::string& name, const Shape& shape, int64_t ordinal);  // region R (fp32-read), padded to 8
   void declare_all();
   void bind_all();
+  std::unique_ptr<GpuBlock> bind_block(int64_t l);  // main layer l, or the MTP block (l == cfg.n_layers)
   const GpuParam& info(const std::string& name) const;
   float* f32(const std::string& n) const { return master_at(info(n)); }
   bf16* b16(const std::string& n) const { return compute.as<bf16>() + info(n).offset; }
@@ -114,13 +143,17 @@ struct GpuModel::Impl {
   int dp_size = 1, dp_rank = 0;
   int64_t region_a = 0, shard_a = 0;  // shard_a = region_x + (region_a - region_x) / dp_size
   std::vector<Bucket> buckets;
-  int embed_bucket = 0, head_bucket = 0;
+  int embed_bucket = 0, head_bucket = 0, mtp_bucket = 0;
   std::vector<int> layer_bucket;
   std::vector<comm::WorkPtr> grad_work;    // pending reduce-scatters / the region-R all-reduce
   std::vector<comm::WorkPtr> gather_work;  // per bucket: the all-gather of the updated bf16 slices
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> stalls;  // compute-stream waits on communication
   double exposed_ms = 0;
-  int64_t global_targets = 0;  // labelled targets of the whole DP batch (the loss normaliser)
+  // The loss normalisers: labelled targets of the whole DP batch or step (main head; MTP head: its own targets).
+  int64_t global_targets = 0, global_mtp_targets = -1;
+  // The main or MTP head's normaliser of a forward with n_own labelled targets: the step's (begin_step), else the
+  // DP batch's (all-reduced here: the head's forward calls it once the layers are queued).
+  int64_t head_normaliser(bool mtp, int64_t n_own);
   float* master_at(const GpuParam& p) const;
   // grads_zero: the gradient arena is known to be all zero (allocation or a zero_grads() memset; a backward or
   // set_grad clears the flag), so zero_grads() can skip its memset.
@@ -135,6 +168,12 @@ struct GpuModel::Impl {
   void wait_grad_work();                   // the compute stream waits for every pending gradient reduction
   Ctx ctx();
   void section(const char* name, bool begin);
+  // The block program over the CUDA backend (cuda_backend.h), built once the parameters are bound. Program slot
+  // k < stage_slots is pipeline slot k; slot stage_slots is the whole-model forward()/backward()'s.
+  std::unique_ptr<CudaBackend> backend;
+  std::unique_ptr<dsv4::BlockProgram> program;
+  int64_t program_slot = 0;  // of the call in progress (SlotScope sets a pipeline slot's)
+  bool mtp() const { return mtp_block != nullptr; }
 };
 
 }  // namespace trex::dsv4gpu

@@ -98,8 +98,7 @@ struct DevPlan {
 };
 struct DevLayout {
   int64_t B = 0, S = 0, N = 0;
-  DevMem pos, win_begin, ids, targets, token_iota;  // int32, int64, int32, int32, int32
-  int64_t n_targets = 0;
+  DevMem pos, win_begin, ids, token_iota;  // int32, int64, int32, int32
   std::map<int64_t, DevPlan> plans;  // by compress ratio
 };
 

@@ -6,9 +6,10 @@
 // expert) -> expand; hc_head -> norm -> LM head fused with the masked next-token CE (logits never materialised).
 // Parameters carry the CPU model's official names, so they load from its ParamTable and gradients compare by name.
 //
-// Not covered (yet): the MTP module (configs with num_nextn_predict_layers > 0 are rejected), the balance loss
-// under data / expert parallelism or pipeline stages, the indexer KL training signal (the indexer's weights get no
-// gradient, as on the CPU by default). Clipping: grad_norm() / scale_grads().
+// The MTP module (num_nextn_predict_layers 1, design §2.10) trains with the model (weight mtp_weight; whole model,
+// not on a pipeline stage). Not covered (yet): the balance loss under data / expert parallelism or pipeline
+// stages, the indexer KL training signal (the indexer's weights get no gradient, as on the CPU by default).
+// Clipping: grad_norm() / scale_grads().
 // The data-parallel gradient reduce-scatter (ZeRO-1 buckets) and the expert exchange run over comm::Communicator.
 #pragma once
 #include <cstdint>
@@ -53,6 +54,8 @@ struct GpuModelOptions {
   // gradient to the router scores in backward(). 0 = off. One GPU, whole-model steps (not with dp / ep / stages).
   double balance_alpha = 0.0;
   bool balance_hash_layers = false;  // also on hash-routed layers (as dsv4::ModelOptions)
+  // The MTP loss's weight (design §2.10, dsv4::ModelOptions::mtp_weight) when the config has the MTP module.
+  double mtp_weight = 0.3;
   // Pipeline stage: this model holds layers [layer_begin, layer_end) (layer_end -1: up to n_layers), the
   // embedding when layer_begin == 0 and hc_head + final norm + LM head when layer_end == n_layers; only those
   // parameters are allocated (same names and init values as the full model). Not combinable with dp / ep.
@@ -70,6 +73,7 @@ struct GpuModelOptions {
 struct Injection {
   std::vector<std::vector<int64_t>> csa_sel;    // [N * index_topk] global entry indices (CPU AttentionSaved::sel)
   std::vector<std::vector<int32_t>> router_sel;  // [N * topk] expert ids
+  std::vector<int32_t> mtp_router_sel;            // the MTP block's router, [N * topk] (empty: the GPU's own)
 };
 
 // What forward() computes at the LM head. Loss: the loss only (evaluation, inference, parity forward checks);
@@ -133,7 +137,7 @@ class GpuModel {
   // accumulates gradients; dx_out the device fp32 [N, hc, d] gradient of that stream (null on the last stage,
   // which starts from the loss); stage_input_grad then holds the fp32 gradient of x_in (not on the first stage;
   // valid until that slot's next backward).
-  void begin_step(int64_t step_targets);
+  void begin_step(int64_t step_targets, int64_t step_mtp_targets = -1);  // the MTP head's too, with MTP
   double forward_stage(int64_t micro, const int32_t* ids, const int32_t* labels, const dsv4::SeqLayout& layout,
                        const void* x_in);
   const void* stage_output(int64_t micro) const;

@@ -149,6 +149,15 @@ void GpuModel::Impl::declare_all() {
     declare_part(dsv4::ParamPart::Layer, l, DType::BF16);
     layer_bucket.push_back(close_bucket(begin));
   }
+  // The MTP module (held with the head; its bucket completes first in the backward), after everything else so
+  // that a model without it keeps its layout and init stream.
+  const bool with_mtp = cfg.n_mtp > 0;
+  if (with_mtp) {
+    declaring = last_stage();
+    begin = total;
+    declare_part(dsv4::ParamPart::Mtp, 0, DType::BF16);
+    mtp_bucket = close_bucket(begin);
+  }
   region_a = total;
   // Region R: read in fp32 by the kernels, replicated on every DP rank.
   declaring = last_stage();
@@ -156,6 +165,10 @@ void GpuModel::Impl::declare_all() {
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     declaring = in_stage(l);
     declare_part(dsv4::ParamPart::Layer, l, DType::F32);
+  }
+  if (with_mtp) {
+    declaring = last_stage();
+    declare_part(dsv4::ParamPart::Mtp, 0, DType::F32);
   }
   declaring = true;
   pad_to(8);
@@ -228,75 +241,78 @@ void GpuModel::Impl::wait_gather(int bi) {
   gather_work[size_t(bi)].reset();
 }
 
-void GpuModel::Impl::bind_all() {
+// One block's parameter and gradient pointers: main layer l ("layers.l.") or, l == cfg.n_layers, the MTP block
+// ("mtp.0.": sliding attention, score routing, as dsv4::with_mtp_block makes it).
+std::unique_ptr<GpuBlock> GpuModel::Impl::bind_block(int64_t l) {
   const int64_t d = cfg.hidden, E = cfg.n_routed_experts, f = cfg.moe_inter, K = cfg.topk;
-  for (int64_t l = 0; l < cfg.n_layers; ++l) {
-    if (l < l0 || l >= l1) {  // another pipeline stage's layer
-      blocks.push_back(nullptr);
-      continue;
-    }
-    auto b = std::make_unique<GpuBlock>();
-    b->layer = l;
-    b->prefix = fmt::format("layers.{}.", l);
-    b->dims = dsv4::AttentionDims::from_config(cfg, l);
-    b->hash = cfg.mlp_types[size_t(l)] == dsv4::MlpType::HashMoE;
-    const std::string& p = b->prefix;
-    auto B = [&](const std::string& n) { return b16(p + n); };
-    auto F = [&](const std::string& n) { return f32(p + n); };
-    auto G = [&](const std::string& n) { return g32(p + n); };
-    AttnW& a = b->aw;
-    a.wq_a = B("attn.wq_a.weight"), a.q_norm = B("attn.q_norm.weight"), a.wq_b = B("attn.wq_b.weight");
-    a.wkv = B("attn.wkv.weight"), a.kv_norm = B("attn.kv_norm.weight"), a.wo_a = B("attn.wo_a.weight");
-    a.wo_b = B("attn.wo_b.weight"), a.sink = F("attn.attn_sink");
-    a.g_wq_a = G("attn.wq_a.weight"), a.g_q_norm = G("attn.q_norm.weight"), a.g_wq_b = G("attn.wq_b.weight");
-    a.g_wkv = G("attn.wkv.weight"), a.g_kv_norm = G("attn.kv_norm.weight"), a.g_wo_a = G("attn.wo_a.weight");
-    a.g_wo_b = G("attn.wo_b.weight"), a.g_sink = G("attn.attn_sink");
-    if (b->dims.type != dsv4::AttnType::Sliding) {
-      a.cmp_wkv = B("attn.compressor.wkv.weight"), a.cmp_wgate = B("attn.compressor.wgate.weight");
-      a.cmp_norm = B("attn.compressor.norm.weight"), a.cmp_ape = F("attn.compressor.ape");
-      a.g_cmp_wkv = G("attn.compressor.wkv.weight"), a.g_cmp_wgate = G("attn.compressor.wgate.weight");
-      a.g_cmp_norm = G("attn.compressor.norm.weight"), a.g_cmp_ape = G("attn.compressor.ape");
-    }
-    if (b->dims.type == dsv4::AttnType::CSA) {
-      a.idx_wq_b = B("attn.indexer.wq_b.weight"), a.idx_wp = B("attn.indexer.weights_proj.weight");
-      a.idx_wkv = B("attn.indexer.compressor.wkv.weight"), a.idx_wgate = B("attn.indexer.compressor.wgate.weight");
-      a.idx_norm = B("attn.indexer.compressor.norm.weight"), a.idx_ape = F("attn.indexer.compressor.ape");
-    }
-    MoeW& m = b->mw;
-    m.gate = B("ffn.gate.weight"), m.g_gate = G("ffn.gate.weight");
-    // The first local expert's weights (expert 0 unless expert-parallel); the kernels index local experts.
-    const std::string e0 = fmt::format("ffn.experts.{}.", e_begin);
-    m.w13 = B(e0 + "w1.weight"), m.g_w13 = G(e0 + "w1.weight");
-    m.w2 = B(e0 + "w2.weight"), m.g_w2 = G(e0 + "w2.weight");
-    for (int64_t e = e_begin; e < e_end; ++e) {
-      const int64_t j = e - e_begin;
-      TREX_CHECK(info(p + fmt::format("ffn.experts.{}.w1.weight", e)).offset == info(p + e0 + "w1.weight").offset + j * 2 * f * d &&
-                     info(p + fmt::format("ffn.experts.{}.w2.weight", e)).offset == info(p + e0 + "w2.weight").offset + j * d * f,
-                 "GPU model: expert weights of {} are not laid out contiguously", p);
-    }
-    if (cfg.n_shared_experts > 0) {
-      m.sw13 = B("ffn.shared_experts.w1.weight"), m.g_sw13 = G("ffn.shared_experts.w1.weight");
-      m.sw2 = B("ffn.shared_experts.w2.weight"), m.g_sw2 = G("ffn.shared_experts.w2.weight");
-    }
-    if (b->hash) {
-      DevMem& t = tid2eid[p + "ffn.gate.tid2eid"];
-      t = DevMem(size_t(cfg.vocab_size * K) * sizeof(int32_t));
-      TREX_CUDA(cudaMemsetAsync(t.as<int32_t>(), 0, size_t(cfg.vocab_size * K) * sizeof(int32_t), nullptr));
-      m.tid2eid = t.as<int32_t>();
-    } else {
-      DevMem& t = bias[p + "ffn.gate.bias"];
-      t = DevMem(size_t(E) * sizeof(float));
-      TREX_CUDA(cudaMemsetAsync(t.as<float>(), 0, size_t(E) * sizeof(float), nullptr));
-      m.bias = t.as<float>();
-    }
-    b->hc_attn_fn = F("hc_attn_fn"), b->hc_attn_base = F("hc_attn_base"), b->hc_attn_scale = F("hc_attn_scale");
-    b->hc_ffn_fn = F("hc_ffn_fn"), b->hc_ffn_base = F("hc_ffn_base"), b->hc_ffn_scale = F("hc_ffn_scale");
-    b->g_hc_attn_fn = G("hc_attn_fn"), b->g_hc_attn_base = G("hc_attn_base"), b->g_hc_attn_scale = G("hc_attn_scale");
-    b->g_hc_ffn_fn = G("hc_ffn_fn"), b->g_hc_ffn_base = G("hc_ffn_base"), b->g_hc_ffn_scale = G("hc_ffn_scale");
-    b->attn_norm = B("attn_norm.weight"), b->ffn_norm = B("ffn_norm.weight");
-    b->g_attn_norm = G("attn_norm.weight"), b->g_ffn_norm = G("ffn_norm.weight");
-    blocks.push_back(std::move(b));
+  const dsv4::ModelConfig ext = dsv4::with_mtp_block(cfg);
+  auto b = std::make_unique<GpuBlock>();
+  b->layer = l;
+  b->prefix = l < cfg.n_layers ? fmt::format("layers.{}.", l) : std::string("mtp.0.");
+  b->dims = dsv4::AttentionDims::from_config(ext, l);
+  b->hash = ext.mlp_types[size_t(l)] == dsv4::MlpType::HashMoE;
+  const std::string& p = b->prefix;
+  auto B = [&](const std::string& n) { return b16(p + n); };
+  auto F = [&](const std::string& n) { return f32(p + n); };
+  auto G = [&](const std::string& n) { return g32(p + n); };
+  AttnW& a = b->aw;
+  a.wq_a = B("attn.wq_a.weight"), a.q_norm = B("attn.q_norm.weight"), a.wq_b = B("attn.wq_b.weight");
+  a.wkv = B("attn.wkv.weight"), a.kv_norm = B("attn.kv_norm.weight"), a.wo_a = B("attn.wo_a.weight");
+  a.wo_b = B("attn.wo_b.weight"), a.sink = F("attn.attn_sink");
+  a.g_wq_a = G("attn.wq_a.weight"), a.g_q_norm = G("attn.q_norm.weight"), a.g_wq_b = G("attn.wq_b.weight");
+  a.g_wkv = G("attn.wkv.weight"), a.g_kv_norm = G("attn.kv_norm.weight"), a.g_wo_a = G("attn.wo_a.weight");
+  a.g_wo_b = G("attn.wo_b.weight"), a.g_sink = G("attn.attn_sink");
+  if (b->dims.type != dsv4::AttnType::Sliding) {
+    a.cmp_wkv = B("attn.compressor.wkv.weight"), a.cmp_wgate = B("attn.compressor.wgate.weight");
+    a.cmp_norm = B("attn.compressor.norm.weight"), a.cmp_ape = F("attn.compressor.ape");
+    a.g_cmp_wkv = G("attn.compressor.wkv.weight"), a.g_cmp_wgate = G("attn.compressor.wgate.weight");
+    a.g_cmp_norm = G("attn.compressor.norm.weight"), a.g_cmp_ape = G("attn.compressor.ape");
   }
+  if (b->dims.type == dsv4::AttnType::CSA) {
+    a.idx_wq_b = B("attn.indexer.wq_b.weight"), a.idx_wp = B("attn.indexer.weights_proj.weight");
+    a.idx_wkv = B("attn.indexer.compressor.wkv.weight"), a.idx_wgate = B("attn.indexer.compressor.wgate.weight");
+    a.idx_norm = B("attn.indexer.compressor.norm.weight"), a.idx_ape = F("attn.indexer.compressor.ape");
+  }
+  MoeW& m = b->mw;
+  m.gate = B("ffn.gate.weight"), m.g_gate = G("ffn.gate.weight");
+  // The first local expert's weights (expert 0 unless expert-parallel); the kernels index local experts.
+  const std::string e0 = fmt::format("ffn.experts.{}.", e_begin);
+  m.w13 = B(e0 + "w1.weight"), m.g_w13 = G(e0 + "w1.weight");
+  m.w2 = B(e0 + "w2.weight"), m.g_w2 = G(e0 + "w2.weight");
+  for (int64_t e = e_begin; e < e_end; ++e) {
+    const int64_t j = e - e_begin;
+    TREX_CHECK(info(p + fmt::format("ffn.experts.{}.w1.weight", e)).offset == info(p + e0 + "w1.weight").offset + j * 2 * f * d &&
+                   info(p + fmt::format("ffn.experts.{}.w2.weight", e)).offset == info(p + e0 + "w2.weight").offset + j * d * f,
+               "GPU model: expert weights of {} are not laid out contiguously", p);
+  }
+  if (cfg.n_shared_experts > 0) {
+    m.sw13 = B("ffn.shared_experts.w1.weight"), m.g_sw13 = G("ffn.shared_experts.w1.weight");
+    m.sw2 = B("ffn.shared_experts.w2.weight"), m.g_sw2 = G("ffn.shared_experts.w2.weight");
+  }
+  if (b->hash) {
+    DevMem& t = tid2eid[p + "ffn.gate.tid2eid"];
+    t = DevMem(size_t(cfg.vocab_size * K) * sizeof(int32_t));
+    TREX_CUDA(cudaMemsetAsync(t.as<int32_t>(), 0, size_t(cfg.vocab_size * K) * sizeof(int32_t), nullptr));
+    m.tid2eid = t.as<int32_t>();
+  } else {
+    DevMem& t = bias[p + "ffn.gate.bias"];
+    t = DevMem(size_t(E) * sizeof(float));
+    TREX_CUDA(cudaMemsetAsync(t.as<float>(), 0, size_t(E) * sizeof(float), nullptr));
+    m.bias = t.as<float>();
+  }
+  b->hc_attn_fn = F("hc_attn_fn"), b->hc_attn_base = F("hc_attn_base"), b->hc_attn_scale = F("hc_attn_scale");
+  b->hc_ffn_fn = F("hc_ffn_fn"), b->hc_ffn_base = F("hc_ffn_base"), b->hc_ffn_scale = F("hc_ffn_scale");
+  b->g_hc_attn_fn = G("hc_attn_fn"), b->g_hc_attn_base = G("hc_attn_base"), b->g_hc_attn_scale = G("hc_attn_scale");
+  b->g_hc_ffn_fn = G("hc_ffn_fn"), b->g_hc_ffn_base = G("hc_ffn_base"), b->g_hc_ffn_scale = G("hc_ffn_scale");
+  b->attn_norm = B("attn_norm.weight"), b->ffn_norm = B("ffn_norm.weight");
+  b->g_attn_norm = G("attn_norm.weight"), b->g_ffn_norm = G("ffn_norm.weight");
+  return b;
+}
+
+void GpuModel::Impl::bind_all() {
+  for (int64_t l = 0; l < cfg.n_layers; ++l)
+    blocks.push_back(l < l0 || l >= l1 ? nullptr : bind_block(l));  // null: another pipeline stage's layer
+  if (cfg.n_mtp > 0 && last_stage()) mtp_block = bind_block(cfg.n_layers);
 }
 
 void GpuModel::Impl::refresh_compute() {
@@ -443,8 +459,8 @@ void GpuModel::zero_grads() {
   impl_->require_gradients("zero_grads()");
   // A HeadMode::LossAndGrad forward already accumulated head.weight's gradient: zeroing before its backward would
   // silently drop it.
-  bool pending = impl_->head_dnormed != nullptr;
-  for (const auto& z : impl_->slots) pending = pending || z.head_dnormed != nullptr;
+  bool pending = impl_->head.dnormed || impl_->mtp_head.dnormed;
+  for (const auto& z : impl_->slots) pending = pending || z.head.dnormed || z.mtp_head.dnormed;
   TREX_CHECK(!pending, "GPU model: zero_grads() between a training forward (HeadMode::LossAndGrad / forward_stage) "
              "and its backward would drop the LM head's gradient, which that forward computed; call zero_grads() "
              "before the forward");

@@ -54,6 +54,9 @@ struct Pass {
   const int32_t* ids = nullptr;          // [n_tok] host token ids (embedding, hash routing)
   const SeqLayout* layout = nullptr;     // training: rows, positions, documents of the batch
   const CachedTokens* cached = nullptr;  // decode: the step's tokens and caches (then nothing is kept)
+  // The weights the backward will give head_loss_bwd (main head: loss_scale, MTP head: mtp_weight * loss_scale),
+  // known at the forward: a backend that forms the CE gradient while the logits are at hand (CUDA) scales it now.
+  double loss_scale = 1.0, mtp_weight = 0.0;
   bool keeps_activations() const { return cached == nullptr; }
 };
 
@@ -109,9 +112,11 @@ class Backend {
   virtual void balance_fwd(const Pass& p, int64_t blk, double alpha, double grad_scale) = 0;
 
   // hc_head collapse -> norm -> LM head -> masked CE over targets[n_tok] (-1 = none): the mean is added to the
-  // pass's losses (lm or mtp by `h`).
+  // pass's losses (lm or mtp by `h`). The mean's divisor is the pass's labelled targets, unless the backend was
+  // told a larger normaliser (CUDA: the targets of the whole data-parallel batch or of the step's micro-batches),
+  // so that the micro-batches' and ranks' terms sum to the step's mean.
   virtual void head_loss_fwd(const Pass& p, HeadKind h, Stream in, const int32_t* targets) = 0;
-  // weight x d(mean CE): WRITES (accumulate false) or ADDS into d_in.
+  // weight x d(mean CE): WRITES (accumulate false) or ADDS into d_in. weight is the one Pass announced.
   virtual void head_loss_bwd(const Pass& p, HeadKind h, Stream in, const int32_t* targets, double weight,
                              Stream d_in, bool accumulate) = 0;
   // Decode: fp32 logits [n_rows, V] of the main head for the given token rows (backend memory: host for the CPU).

@@ -346,7 +346,9 @@ void Model<T>::backward_stage(int64_t si, const T* dx_out, T* dx_in) {
              part_.layer_begin, part_.layer_end);
   BlocksReady ready;
   if (hook_)
-    ready = [this](int64_t b) { hook_(b, b >= 0 ? block_params_[size_t(b)] : rest_params_); };
+    ready = [this](int64_t b) {  // the head's tensors are among the rest, reported at -1
+      if (b != kHeadReady) hook_(b, b >= 0 ? block_params_[size_t(b)] : rest_params_);
+    };
   program_->backward(si, dx_out, dx_in, ready);
 }
 

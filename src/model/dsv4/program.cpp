@@ -86,7 +86,7 @@ const LossParts& BlockProgram::forward(const MicroBatch& mb) {
   s.ids.assign(mb.ids, mb.ids + N);
   s.loss_scale = mb.loss_scale;
   s.mtp_weight = mb.mtp_weight;
-  s.pass = Pass{mb.slot, N, s.ids.data(), &s.layout, nullptr};
+  s.pass = Pass{mb.slot, N, s.ids.data(), &s.layout, nullptr, mb.loss_scale, mb.mtp_weight};
   const Pass& p = s.pass;
   be_.begin_pass(p);
 
@@ -140,6 +140,7 @@ void BlockProgram::backward(int64_t si, const void* dx_out, void* dx_in, const B
       accumulate = true;
     }
     be_.head_loss_bwd(p, HeadKind::Main, X(L), s.targets.data(), s.loss_scale, d, accumulate);
+    if (ready) ready(kHeadReady);
   } else {
     be_.stream_in(p, d, dx_out);
   }

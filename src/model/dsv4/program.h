@@ -42,8 +42,10 @@ struct MicroBatch {
 };
 
 // Called in the backward when block b's parameter gradients are complete (b = -1: everything else of the stage,
-// last).
+// last). On the head stage kHeadReady comes first, once the main head's backward is done: the head's own
+// parameters (hc_head, norm, LM head) are then complete (a caller that reduces them with the rest at -1 ignores it).
 using BlocksReady = std::function<void(int64_t block)>;
+constexpr int64_t kHeadReady = -2;
 
 class BlockProgram {
  public:

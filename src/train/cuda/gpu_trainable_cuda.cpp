@@ -137,7 +137,8 @@ class GpuDsv4Trainable final : public Trainable {
       : opts_(opts), where_(where) {
     cfg_ = host.model().config();
     TREX_CHECK(cfg_.n_mtp == 0 || !opts.model.use_mtp,
-               "{}: device cuda: the MTP module is not implemented on the GPU; set model.use_mtp: false", where);
+               "{}: device cuda: the GPU trainer does not train the MTP module yet (its loss parts and MTP router "
+               "bias are not wired here; dsv4gpu::GpuModel itself trains it); set model.use_mtp: false", where);
     cfg_.n_mtp = 0;  // the host model declared no MTP tensors either (use_mtp false)
     int n_dev = 0;
     const cudaError_t e = cudaGetDeviceCount(&n_dev);
