@@ -17,5 +17,6 @@ run_test "expert sharding" 90 $B/tests/test_train_gpu \
 run_test "streamed checkpoint load" 60 $B/tests/test_train_gpu --gtest_filter='GpuCheckpointLoad.*'
 run_test "GPU step engine and trainer" 90 $B/tests/test_train_gpu --gtest_filter='GpuStepEngine.*:GpuTrainer.*'
 run_test "GPU model regression" 120 $B/tests/test_train_gpu \
-  --gtest_filter='Dsv4Gpu.*:ParityGpu.*:DataParallelGpu.*:OptimizerGpu.*:PipelineGpu.*:MoeGpuPaths.*:HeadGradGpu.*'
+  --gtest_filter='Dsv4Gpu.*:ParityGpu.*:DataParallelGpu.*:OptimizerGpu.*:PipelineGpu.*:MoeGpuPaths.*:HeadGradGpu.*:MtpGpu.*'
 run_test "grouped GEMM" 60 $B/tests/test_kernels_gpu --gtest_filter='GroupedGemmGpu.*'
+run_test "CUDA engine (all)" 120 $B/tests/test_infer_gpu
