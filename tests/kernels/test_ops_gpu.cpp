@@ -175,3 +175,45 @@ TEST(GpuOps, SumSquaresMatchesFp64HostAndIsDeterministic) {
     EXPECT_EQ(got[0], got[1]) << "n = " << n << ": two calls differ";
   }
 }
+
+// The embedding backward groups the tokens by id and sums each group in position order (no atomics): the same
+// batch gives the same table gradient bit for bit, equal to the CPU sum within fp32 rounding, rows of absent ids
+// untouched.
+TEST(GpuOps, EmbeddingBackwardIsDeterministicAndMatchesCpu) {
+  const int64_t V = 97, d = 320, hc = 4, N = 3000;
+  std::mt19937_64 g(11);
+  std::vector<int32_t> ids(static_cast<size_t>(N));
+  for (auto& t : ids) t = int32_t(g() % 7 == 0 ? 5 : g() % uint64_t(V - 10));  // one frequent id, ids >= V-10 absent
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> dX(static_cast<size_t>(N * hc * d)), table0(static_cast<size_t>(V * d));
+  for (auto& x : dX) x = u(g);
+  for (auto& x : table0) x = u(g);
+  std::vector<float> ref = table0;
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t j = 0; j < d; ++j) {
+      double acc = 0;
+      for (int64_t i = 0; i < hc; ++i) acc += dX[size_t((t * hc + i) * d + j)];
+      ref[size_t(ids[size_t(t)] * d + j)] += float(acc);
+    }
+  std::vector<int32_t> order, seg;
+  trex::cuda::embed_bwd_plan(ids.data(), N, &order, &seg);
+  ASSERT_EQ(order.size(), size_t(N));
+  for (size_t s = 0; s + 1 < seg.size(); ++s)
+    for (int32_t k = seg[s] + 1; k < seg[s + 1]; ++k) {
+      ASSERT_EQ(ids[size_t(order[size_t(k)])], ids[size_t(order[size_t(seg[s])])]);
+      ASSERT_LT(order[size_t(k - 1)], order[size_t(k)]);  // position order within a group
+    }
+  auto d_ids = trex::cuda::DeviceBuffer::from_host(ids), d_order = trex::cuda::DeviceBuffer::from_host(order);
+  auto d_seg = trex::cuda::DeviceBuffer::from_host(seg), d_dX = trex::cuda::DeviceBuffer::from_host(dX);
+  std::vector<float> runs[2];
+  for (auto& r : runs) {
+    auto d_table = trex::cuda::DeviceBuffer::from_host(table0);
+    trex::cuda::embed_streams_bwd(d_table.as<float>(), d_ids.as<int32_t>(), d_order.as<int32_t>(),
+                                  d_seg.as<int32_t>(), int64_t(seg.size()) - 1, d_dX.as<float>(), d, hc);
+    r = d_table.to_host<float>();
+  }
+  EXPECT_EQ(runs[0], runs[1]);
+  EXPECT_LT(trex::gpu_test::rel_err(runs[0], ref), 1e-6);
+  for (int64_t v = V - 10; v < V; ++v)
+    for (int64_t j = 0; j < d; ++j) ASSERT_EQ(runs[0][size_t(v * d + j)], table0[size_t(v * d + j)]) << v;
+}

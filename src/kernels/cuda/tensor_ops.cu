@@ -1,5 +1,10 @@
-#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/tensor_ops.h"
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "kernels/cuda/cuda_check.h"
 
 namespace trex::cuda {
 
@@ -88,13 +93,17 @@ __global__ void embed_fwd_kernel(bf16* X, const int32_t* ids, const bf16* table,
     for (int64_t i = 0; i < n_hc; ++i) X[(t * n_hc + i) * d + j] = v;
   }
 }
-__global__ void embed_bwd_kernel(float* dtable, const int32_t* ids, const float* dX, int64_t d, int64_t n_hc) {
-  const int64_t t = blockIdx.x;
-  float* row = dtable + int64_t(ids[t]) * d;
+__global__ void embed_bwd_kernel(float* dtable, const int32_t* ids, const int32_t* order, const int32_t* seg,
+                                 const float* dX, int64_t d, int64_t n_hc) {
+  const int32_t b = seg[blockIdx.x], e = seg[blockIdx.x + 1];
+  float* row = dtable + int64_t(ids[order[b]]) * d;
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
     float acc = 0.f;
-    for (int64_t i = 0; i < n_hc; ++i) acc += dX[(t * n_hc + i) * d + j];
-    atomicAdd(row + j, acc);
+    for (int32_t k = b; k < e; ++k) {
+      const int64_t t = order[k];
+      for (int64_t i = 0; i < n_hc; ++i) acc += dX[(t * n_hc + i) * d + j];
+    }
+    row[j] += acc;
   }
 }
 
@@ -146,11 +155,21 @@ void embed_streams_fwd(bf16* X, const int32_t* ids, const bf16* table, int64_t N
   embed_fwd_kernel<<<unsigned(N), kThreads, 0, s>>>(X, ids, table, d, n_hc);
   TREX_CUDA_LAUNCHED();
 }
-void embed_streams_bwd(float* dtable, const int32_t* ids, const float* dX, int64_t N, int64_t d, int64_t n_hc,
-                       cudaStream_t s) {
-  if (N <= 0) return;
-  embed_bwd_kernel<<<unsigned(N), kThreads, 0, s>>>(dtable, ids, dX, d, n_hc);
+void embed_streams_bwd(float* dtable, const int32_t* ids, const int32_t* order, const int32_t* seg, int64_t n_seg,
+                       const float* dX, int64_t d, int64_t n_hc, cudaStream_t s) {
+  if (n_seg <= 0) return;
+  embed_bwd_kernel<<<unsigned(n_seg), kThreads, 0, s>>>(dtable, ids, order, seg, dX, d, n_hc);
   TREX_CUDA_LAUNCHED();
+}
+
+void embed_bwd_plan(const int32_t* ids, int64_t N, std::vector<int32_t>* order, std::vector<int32_t>* seg) {
+  order->resize(size_t(N));
+  std::iota(order->begin(), order->end(), 0);
+  std::stable_sort(order->begin(), order->end(), [ids](int32_t a, int32_t b) { return ids[a] < ids[b]; });
+  seg->clear();
+  for (int64_t k = 0; k < N; ++k)
+    if (k == 0 || ids[(*order)[size_t(k)]] != ids[(*order)[size_t(k - 1)]]) seg->push_back(int32_t(k));
+  seg->push_back(int32_t(N));
 }
 
 }  // namespace trex::cuda

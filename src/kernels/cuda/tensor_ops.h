@@ -2,6 +2,7 @@
 // fp32 accumulation, the [N, G, X] <-> [G, N, X] permutation of the grouped output projection, and the token
 // embedding into n_hc streams with its backward.
 #pragma once
+#include <vector>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -30,8 +31,12 @@ void permute_groups(bf16* out, const bf16* in, int64_t N, int64_t G, int64_t X, 
 // X [N, n_hc, d] (written): every stream = table[ids[t]] (ids checked on the host by the caller).
 void embed_streams_fwd(bf16* X, const int32_t* ids, const bf16* table, int64_t N, int64_t d, int64_t n_hc,
                        cudaStream_t s = nullptr);
-// dtable [V, d] += sum over streams of dX [N, n_hc, d] (fp32 atomics: order-dependent rounding).
-void embed_streams_bwd(float* dtable, const int32_t* ids, const float* dX, int64_t N, int64_t d, int64_t n_hc,
-                       cudaStream_t s = nullptr);
+// dtable [V, d] += sum over streams of dX [N, n_hc, d], deterministic: `order` [N] lists the tokens grouped by id
+// (ascending position within a group), `seg` [n_seg + 1] each group's first index in `order`; one block sums a
+// group's rows in that order and adds the sum to the table row (one writer per row, no atomics), so the same batch
+// gives the same gradient bit for bit. embed_bwd_plan builds order / seg on the host.
+void embed_streams_bwd(float* dtable, const int32_t* ids, const int32_t* order, const int32_t* seg, int64_t n_seg,
+                       const float* dX, int64_t d, int64_t n_hc, cudaStream_t s = nullptr);
+void embed_bwd_plan(const int32_t* ids, int64_t N, std::vector<int32_t>* order, std::vector<int32_t>* seg);
 
 }  // namespace trex::cuda

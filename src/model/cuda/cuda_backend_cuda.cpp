@@ -222,6 +222,12 @@ void CudaBackend::begin_pass(const Pass& p) {
     }
   L.win_begin = upload(win);
   L.ids = upload(p.ids, size_t(N));
+  if (m.first_stage() && p.keeps_activations()) {  // the embedding backward's deterministic plan
+    std::vector<int32_t> order, seg;
+    cuda::embed_bwd_plan(p.ids, N, &order, &seg);
+    L.embed_order = upload(order), L.embed_seg = upload(seg);
+    L.embed_groups = int64_t(seg.size()) - 1;
+  }
   std::vector<int32_t> iota(static_cast<size_t>(N));
   std::iota(iota.begin(), iota.end(), 0);
   L.token_iota = upload(iota);
@@ -272,8 +278,10 @@ void CudaBackend::embed_fwd(const Pass& p, Stream out) {
 }
 
 void CudaBackend::embed_bwd(const Pass& p, Stream d_out) {
-  cuda::embed_streams_bwd(m_.g32("embed.weight"), m_.lay.ids.as<int32_t>(), grad(d_out), p.n_tok, m_.cfg.hidden,
-                          m_.cfg.hc_mult);
+  const DevLayout& L = m_.lay;
+  TREX_CHECK(L.embed_groups > 0 || p.n_tok == 0, "CUDA backend: embedding backward without its plan");
+  cuda::embed_streams_bwd(m_.g32("embed.weight"), L.ids.as<int32_t>(), L.embed_order.as<int32_t>(),
+                          L.embed_seg.as<int32_t>(), L.embed_groups, grad(d_out), m_.cfg.hidden, m_.cfg.hc_mult);
 }
 
 // The previous stage's output (kept: the first block's backward reads it), or the next stage's gradient.

@@ -99,6 +99,8 @@ struct DevPlan {
 struct DevLayout {
   int64_t B = 0, S = 0, N = 0;
   DevMem pos, win_begin, ids, token_iota;  // int32, int64, int32, int32
+  DevMem embed_order, embed_seg;           // int32: the embedding backward's tokens grouped by id (embed_bwd_plan)
+  int64_t embed_groups = 0;
   std::map<int64_t, DevPlan> plans;  // by compress ratio
 };
 

@@ -103,6 +103,9 @@ void GpuModel::Impl::declare_all() {
     for (int64_t l = 0; l < cfg.n_layers; ++l) count(dsv4::ParamPart::Layer, l, DType::BF16);
     count(dsv4::ParamPart::Head, -1, DType::F32);
     for (int64_t l = 0; l < cfg.n_layers; ++l) count(dsv4::ParamPart::Layer, l, DType::F32);
+    // The MTP module last: a model without it keeps every other tensor's ordinal.
+    count(dsv4::ParamPart::Mtp, 0, DType::BF16);
+    count(dsv4::ParamPart::Mtp, 0, DType::F32);
   }
   auto close_bucket = [&](int64_t begin) {
     pad_to(kBucketAlign);
