@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The GPU tests of the pieces that joined the trainer's structure together (one H200, after bench/device/batch.sh
-# built build-dev; about 200 s): several ranks on one GPU through the thread-group communicator, expert sharding,
-# the streamed checkpoint load, the GPU step engine under the one trainer loop, the kernels whose losing versions
-# moved to dev/, and the GPU model / parity / data-parallel / pipeline tests as regression.
-# Usage (repo root, device): bash bench/device/merged.sh
+# The GPU tests of the training stack in one pass (one H200, after bench/device/batch.sh built build-dev; about
+# 200 s): several ranks on one GPU through the thread-group communicator, expert sharding, the streamed checkpoint
+# load, the GPU step engine under the trainer loop, the GPU model on the block program (MTP included), parity,
+# data-parallel / pipeline tests (they skip on one GPU), the grouped GEMM, the whole CUDA engine suite.
+# Usage (repo root, device): bash bench/device/batch.sh 300 stack_gpu
 set -uo pipefail
 . bench/device/lib.sh
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
