@@ -152,6 +152,13 @@ TrainResult run_training(const fs::path& config, const fs::path& out_dir, const 
                cfg.parallel.present ? "a parallel section" : "several processes", world, why);
     return run_gpu_mesh_training(cfg, config, out_dir, opts);
   }
+  // One GPU starting from a released checkpoint: the mesh engine of one rank streams the tensors straight to the
+  // GPU (GpuModel::load_checkpoint) instead of building the fp32 host model first; its step is the local engine's.
+  if (cfg.device == "cuda" && cfg.model_type == "dsv4" && cfg.model.contains("init_from")) {
+    const std::string why = check_gpu_mesh_config(cfg, 1);
+    TREX_CHECK(why.empty(), "{}: device cuda: {}", config.string(), why);
+    return run_gpu_mesh_training(cfg, config, out_dir, opts);
+  }
   // Several processes, or a parallel section: this rank's MeshEngine under the Trainer (distributed_run.cpp).
   if (distributed) return run_distributed_training(cfg, config, out_dir, opts);
   TREX_CHECK(cfg.device == "cpu" || cfg.model_type == "dsv4", "{}: device cuda trains model type dsv4 only (not {})",
