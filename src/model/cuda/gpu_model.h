@@ -172,6 +172,9 @@ class GpuModel {
   // gradients before the next forward; add_held_grads(acc) adds acc back after the step's last backward.
   void add_reduced_grads_to(float* acc);
   void add_held_grads(const float* acc);
+  // The compute stream waits for the pending gradient reductions (a step whose gradients are dropped, e.g. a
+  // skipped loss spike, must not zero them while a reduce-scatter still writes them). No-op on one GPU.
+  void wait_grad_reductions();
   // The expert ids chosen by layer l for micro-batch `micro` of a stage step (begin_step / forward_stage), read
   // from that micro-batch's slot; valid until the slot's next forward.
   std::vector<int32_t> stage_router_selection(int64_t micro, int64_t l);

@@ -163,6 +163,8 @@ void GpuModel::add_held_grads(const float* acc) {
   m.grads_zero = false;
 }
 
+void GpuModel::wait_grad_reductions() { impl_->wait_grad_work(); }
+
 std::vector<int32_t> GpuModel::stage_router_selection(int64_t micro, int64_t l) {
   Impl& m = *impl_;
   TREX_CHECK(micro >= 0, "GPU model: micro-batch {} must be >= 0", micro);

@@ -225,6 +225,7 @@ EngineStep GpuMeshEngine::forward_backward(const std::vector<data::Batch>& mine,
     tokens += b.batch * b.seq;
   }
   if (s.D > 1 && M > 1) s.gpu->add_held_grads(s.acc);
+  s.gpu->wait_grad_reductions();  // a skipped step's next zero_grads() must find them done
   if (s.D == 1) s.pending_scale = float(1.0 / double(n_micro));
   double red[3] = {local, double(targets), double(tokens)};
   s.host->all_reduce(red, 3, comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
