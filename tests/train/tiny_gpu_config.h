@@ -10,8 +10,9 @@
 
 namespace trex::testing {
 
-inline dsv4::ModelConfig tiny_gpu_config(const std::string& where) {
-  nlohmann::json j = {{"vocab_size", 256},
+// The config.json mapping (run configs inline it as model.dsv4).
+inline nlohmann::json tiny_gpu_config_json() {
+  return {{"vocab_size", 256},
                       {"hidden_size", 64},
                       {"num_hidden_layers", 3},
                       {"num_attention_heads", 4},
@@ -51,7 +52,10 @@ inline dsv4::ModelConfig tiny_gpu_config(const std::string& where) {
                       {"num_nextn_predict_layers", 0},
                       {"bos_token_id", 0},
                       {"eos_token_id", 1}};
-  return dsv4::parse_model_config(j, where);
+}
+
+inline dsv4::ModelConfig tiny_gpu_config(const std::string& where) {
+  return dsv4::parse_model_config(tiny_gpu_config_json(), where);
 }
 
 }  // namespace trex::testing
