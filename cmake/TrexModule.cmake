@@ -49,6 +49,7 @@ function(trex_test_suite name)
       add_executable(test_${name}_gpu ${gpu_sources})
       target_link_libraries(test_${name}_gpu PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
       target_include_directories(test_${name}_gpu PRIVATE ${CMAKE_SOURCE_DIR}/tests ${CMAKE_SOURCE_DIR}/src)
+      target_compile_definitions(test_${name}_gpu PRIVATE TREX_BINARY="$<TARGET_FILE:trex>")
       # Discovery would run the binary at build time, which needs a GPU: register it as one test instead.
       add_test(NAME ${name}_gpu COMMAND test_${name}_gpu)
       set_tests_properties(${name}_gpu PROPERTIES LABELS "gpu")

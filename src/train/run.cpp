@@ -14,6 +14,8 @@
 #include "data/tokenizer.h"
 #include "model/dsv4/config.h"
 #include "train/dsv4_trainable.h"
+#include "train/cuda/gpu_mesh_engine.h"
+#include "train/gpu_mesh_config.h"
 #include "train/gpu_trainable.h"
 #include "train/sharded_checkpoint.h"
 #include "train/toy_model.h"
@@ -141,14 +143,22 @@ TrainResult run_training(const fs::path& config, const fs::path& out_dir, const 
     cfg.device = opts.device;
   }
   const bool distributed = comm::detect_launch_env().world_size > 1 || cfg.parallel.present;
-  TREX_CHECK(cfg.device == "cpu" || !distributed,
-             "{}: device cuda with {} (world size {}) is not supported yet: `trex train --device cuda` trains in one "
-             "process on one GPU. Not yet on the GPU under the trainer: data / expert / pipeline parallel steps "
-             "(they run, on random tokens, in `trex bench train --mesh`), sharded GPU checkpoints, the global "
-             "gradient norm and router loads over ranks. Train with device cpu under the launcher, or drop the "
-             "parallel section and run one process",
-             config.string(), cfg.parallel.present ? "a parallel section" : "several processes",
-             comm::detect_launch_env().world_size);
+  if (cfg.device == "cuda" && distributed) {
+    // The GPU mesh engine (train/cuda/gpu_mesh_engine.h): refused before anything is built when the layout is one
+    // it does not run.
+    const int world = comm::detect_launch_env().world_size;
+    const std::string why = check_gpu_mesh_config(cfg, world);
+    TREX_CHECK(why.empty(), "{}: device cuda with {} (world size {}) is not supported: {}", config.string(),
+               cfg.parallel.present ? "a parallel section" : "several processes", world, why);
+    return run_gpu_mesh_training(cfg, config, out_dir, opts);
+  }
+  // One GPU starting from a released checkpoint: the mesh engine of one rank streams the tensors straight to the
+  // GPU (GpuModel::load_checkpoint) instead of building the fp32 host model first; its step is the local engine's.
+  if (cfg.device == "cuda" && cfg.model_type == "dsv4" && cfg.model.contains("init_from")) {
+    const std::string why = check_gpu_mesh_config(cfg, 1);
+    TREX_CHECK(why.empty(), "{}: device cuda: {}", config.string(), why);
+    return run_gpu_mesh_training(cfg, config, out_dir, opts);
+  }
   // Several processes, or a parallel section: this rank's MeshEngine under the Trainer (distributed_run.cpp).
   if (distributed) return run_distributed_training(cfg, config, out_dir, opts);
   TREX_CHECK(cfg.device == "cpu" || cfg.model_type == "dsv4", "{}: device cuda trains model type dsv4 only (not {})",

@@ -201,6 +201,22 @@ TrainState load_into_optimizer(const fs::path& dir, const std::vector<optim::Par
 fs::path save_sharded_checkpoint(const fs::path& root, const TrainState& st, const std::vector<optim::ParamRef>& params,
                                  parallel::Zero1Optimizer& zero, const parallel::Mesh& mesh, comm::Communicator& world,
                                  const ShardedSaveArgs& args) {
+  const std::set<std::string> skip(args.not_written.begin(), args.not_written.end());
+  std::vector<ShardedTensor> pt, ot;
+  for (const auto& p : params) {
+    if (skip.count(p.name)) continue;
+    const int owner = zero.owner_of(p.name);
+    const bool writes = owner >= 0 ? zero.owns(p.name)
+                                   : (parallel::is_expert_param(p.name) ? mesh.edp_rank == 0 : mesh.dp_rank == 0);
+    if (writes) pt.push_back({p.name, p.shape, p.value, std::string(optim::group_name(p.group))});
+  }
+  for (const auto& s : zero.state_tensors()) ot.push_back({s.name, s.shape, s.data, ""});
+  return save_sharded_tensors(root, st, pt, ot, zero.steps_done(), mesh, world, args);
+}
+
+fs::path save_sharded_tensors(const fs::path& root, const TrainState& st, const std::vector<ShardedTensor>& params,
+                              const std::vector<ShardedTensor>& optim, int64_t optimizer_steps,
+                              const parallel::Mesh& mesh, comm::Communicator& world, const ShardedSaveArgs& args) {
   const int R = world.rank(), W = world.size();
   const fs::path final_dir = root / step_dir_name(st.step);
   const fs::path tmp = root / (".tmp-" + step_dir_name(st.step));
@@ -216,27 +232,22 @@ fs::path save_sharded_checkpoint(const fs::path& root, const TrainState& st, con
   });
 
   agree(world, "rank files", st.step, [&] {
-    const std::set<std::string> skip(args.not_written.begin(), args.not_written.end());
     const std::string pfile = fmt::format("rank-{}.safetensors", R), ofile = fmt::format("rank-{}.optim.safetensors", R);
     json index = {{"rank", R}, {"pp_rank", mesh.pp_rank}, {"dp_rank", mesh.dp_rank}, {"ep_rank", mesh.ep_rank},
                   {"params", json::object()}, {"optim", json::object()}};
     std::vector<ckpt::TensorToWrite> pt;
     for (const auto& p : params) {
-      if (skip.count(p.name)) continue;
-      const int owner = zero.owner_of(p.name);
-      const bool writes = owner >= 0 ? zero.owns(p.name)
-                                     : (parallel::is_expert_param(p.name) ? mesh.edp_rank == 0 : mesh.dp_rank == 0);
-      if (!writes) continue;
-      pt.push_back({p.name, DType::F32, p.shape, p.value, nullptr});
-      json rec = tensor_record(pfile, p.shape, p.value, size_t(p.numel()) * sizeof(float));
-      rec["group"] = std::string(optim::group_name(p.group));
+      const size_t bytes = size_t(numel(p.shape)) * sizeof(float);
+      pt.push_back({p.name, DType::F32, p.shape, p.data, nullptr});
+      json rec = tensor_record(pfile, p.shape, p.data, bytes);
+      rec["group"] = p.group;
       index["params"][p.name] = rec;
     }
     const json meta = {{"format", "pt"}, {"producer", "trex train (sharded)"}};
     fault("params");
     ckpt::write_safetensors(tmp / pfile, pt, meta);
     std::vector<ckpt::TensorToWrite> ot;
-    for (const auto& s : zero.state_tensors()) {
+    for (const auto& s : optim) {
       ot.push_back({s.name, DType::F32, s.shape, s.data, nullptr});
       index["optim"][s.name] = tensor_record(ofile, s.shape, s.data, size_t(numel(s.shape)) * sizeof(float));
     }
@@ -268,7 +279,7 @@ fs::path save_sharded_checkpoint(const fs::path& root, const TrainState& st, con
               {"layout", {{"pp", mesh.spec.pp}, {"dp", mesh.spec.dp}, {"ep", mesh.spec.ep}, {"vpp", mesh.spec.vpp},
                           {"world", W}}},
               {"state", st.to_json()},
-              {"optimizer_steps", zero.steps_done()},
+              {"optimizer_steps", optimizer_steps},
               {"files", files},
               {"tensors", tensors},
               {"config", args.config}};

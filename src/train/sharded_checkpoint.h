@@ -97,6 +97,25 @@ std::filesystem::path save_sharded_checkpoint(const std::filesystem::path& root,
                                               parallel::Zero1Optimizer& zero, const parallel::Mesh& mesh,
                                               comm::Communicator& world, const ShardedSaveArgs& args);
 
+// One tensor a rank writes into a sharded checkpoint: fp32 host data (alive until the save returns); group: the
+// optimiser group recorded for a parameter (empty for optimiser states).
+struct ShardedTensor {
+  std::string name;
+  Shape shape;
+  const float* data = nullptr;
+  std::string group;
+};
+
+// The collective writer behind save_sharded_checkpoint, for a rank whose tensors are not optim::ParamRefs (the
+// GPU mesh engine gathers its ZeRO-1 shards into whole tensors first): every rank passes the parameters and
+// optimiser states it writes (each official name written by exactly one rank of the world, which the manifest
+// checks), and the same optimizer_steps.
+std::filesystem::path save_sharded_tensors(const std::filesystem::path& root, const TrainState& st,
+                                           const std::vector<ShardedTensor>& params,
+                                           const std::vector<ShardedTensor>& optim, int64_t optimizer_steps,
+                                           const parallel::Mesh& mesh, comm::Communicator& world,
+                                           const ShardedSaveArgs& args);
+
 // Loads every parameter this rank holds and the optimiser state it owns from a checkpoint of either format
 // (any layout); sets the optimiser's step count. Not collective.
 TrainState load_into_zero1(const std::filesystem::path& dir, const std::vector<optim::ParamRef>& params,

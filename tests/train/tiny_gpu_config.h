@@ -10,8 +10,9 @@
 
 namespace trex::testing {
 
-// n_mtp 1: with the MTP module (its block is a sliding layer: compress ratio 0).
-inline dsv4::ModelConfig tiny_gpu_config(const std::string& where, int64_t n_mtp = 0) {
+// The config.json mapping (run configs inline it as model.dsv4); n_mtp 1: with the MTP module (its block is a
+// sliding layer: compress ratio 0).
+inline nlohmann::json tiny_gpu_config_json(int64_t n_mtp = 0) {
   nlohmann::json j = {{"vocab_size", 256},
                       {"hidden_size", 64},
                       {"num_hidden_layers", 3},
@@ -53,7 +54,11 @@ inline dsv4::ModelConfig tiny_gpu_config(const std::string& where, int64_t n_mtp
                       {"bos_token_id", 0},
                       {"eos_token_id", 1}};
   if (n_mtp > 0) j["compress_ratios"].push_back(0);
-  return dsv4::parse_model_config(j, where);
+  return j;
+}
+
+inline dsv4::ModelConfig tiny_gpu_config(const std::string& where, int64_t n_mtp = 0) {
+  return dsv4::parse_model_config(tiny_gpu_config_json(n_mtp), where);
 }
 
 }  // namespace trex::testing

@@ -157,6 +157,36 @@ class GpuModel {
   std::vector<int64_t> csa_selection(int64_t l) const;  // [N * index_topk] global entries used by layer l
   std::vector<int32_t> router_selection(int64_t l) const;
 
+  // Data-parallel shard state by tensor (gpu_shard_state_cuda.cpp): what a ZeRO-1 run's trainer needs for clipping,
+  // gradient accumulation and checkpoints of the official names. A `shard` is an fp32 device array in the master's
+  // shard layout (this rank's bucket slices, then the replicated region R: shard_elems() floats), e.g. an
+  // optimiser moment (GpuOptimizer::moment); null means the fp32 master itself. On one GPU the shard layout is the
+  // arena's and nothing is collective.
+  int64_t shard_elems() const;
+  int dp_size() const;
+  // The whole fp32 tensor on every rank (collective over the DP group: every rank calls it for the same names in
+  // the same order). Region R tensors are replicated and read locally.
+  std::vector<float> gather_shard(const std::string& name, const float* shard = nullptr) const;
+  // Writes this rank's part of the whole tensor `full` into `shard` (not collective); for the master (shard null)
+  // also the bf16 compute copy of the whole tensor, which every rank holds.
+  void set_shard(const std::string& name, const std::vector<float>& full, float* shard = nullptr);
+  // The global L2 norm of the reduced gradients, collective over the DP group: each rank's own bucket slices'
+  // squared norm summed over the ranks, region R (all-reduced, the same on every rank) counted once. One GPU:
+  // grad_norm(). Waits for the pending gradient reductions.
+  double dp_grad_norm();
+  // Gradient accumulation under data parallelism: backward reduce-scatters every bucket in place, so the next
+  // micro-batch cannot add into the arena. add_reduced_grads_to(acc) adds this rank's reduced gradients (own
+  // slices, region R) into acc (shard_elems() fp32 on the device) after a backward; the caller then zeroes the
+  // gradients before the next forward; add_held_grads(acc) adds acc back after the step's last backward.
+  void add_reduced_grads_to(float* acc);
+  void add_held_grads(const float* acc);
+  // The compute stream waits for the pending gradient reductions (a step whose gradients are dropped, e.g. a
+  // skipped loss spike, must not zero them while a reduce-scatter still writes them). No-op on one GPU.
+  void wait_grad_reductions();
+  // The expert ids chosen by layer l for micro-batch `micro` of a stage step (begin_step / forward_stage), read
+  // from that micro-batch's slot; valid until the slot's next forward.
+  std::vector<int32_t> stage_router_selection(int64_t micro, int64_t l);
+
   // Data parallel: milliseconds the compute stream stalled on gradient / parameter communication since the last
   // reset_sections (synchronises). 0 on one GPU.
   double exposed_comm_ms();

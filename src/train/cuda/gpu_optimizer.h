@@ -39,6 +39,11 @@ class GpuOptimizer {
   std::vector<float> state(const std::string& name, int which) const;
   void set_state(const std::string& name, int which, const std::vector<float>& v);
 
+  // The moment `which` (0: the AdamW first moment or the Muon momentum, 1: the AdamW second moment) in the master's
+  // shard layout (GpuModel::shard_elems() floats on the device): the data-parallel checkpoints read and write it
+  // by tensor through GpuModel::gather_shard / set_shard.
+  float* moment(int which);
+
   struct Impl;
 
  private:

@@ -203,4 +203,9 @@ void GpuOptimizer::set_state(const std::string& name, int which, const std::vect
   TREX_CUDA(cudaMemcpy(dst, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
 }
 
+float* GpuOptimizer::moment(int which) {
+  TREX_CHECK(which == 0 || which == 1, "GPU optimizer moment: which {} (0 or 1)", which);
+  return (which == 0 ? impl_->m : impl_->v).as<float>();
+}
+
 }  // namespace trex::dsv4gpu

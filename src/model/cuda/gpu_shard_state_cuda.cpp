@@ -1,0 +1,184 @@
+// GpuModel's data-parallel shard state by tensor (gpu_model.h): whole tensors gathered from / written into the
+// ZeRO-1 shard layout (checkpoints of the official names), the distributed gradient norm, gradient accumulation
+// across in-place reduce-scatters, and a stage step's router selections. The shard layout (gpu_impl.h): bucket b's
+// slice dp_rank (length (end - begin) / dp_size, at shard_off), then region R (replicated) at shard_a.
+#include <cublas_v2.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "kernels/cuda/tensor_ops.h"
+#include "model/cuda/gpu_impl.h"
+
+namespace trex::dsv4gpu {
+
+namespace {
+
+// One piece of a tensor that this rank's shard holds: tensor elements [t, t + n) at shard offset s.
+struct Piece {
+  int64_t t = 0, s = 0, n = 0;
+};
+
+// The pieces of p in this rank's shard (one GPU: the whole tensor at its arena offset).
+std::vector<Piece> own_pieces(const GpuModel::Impl& m, const GpuParam& p) {
+  const int64_t lo = p.offset, hi = p.offset + p.numel;
+  if (m.dp_size == 1) return {{0, lo, p.numel}};
+  if (lo >= m.region_a) return {{0, m.shard_a + (lo - m.region_a), p.numel}};
+  std::vector<Piece> out;
+  for (const GpuModel::Impl::Bucket& b : m.buckets) {
+    const int64_t n = b.slice(m.dp_size), own0 = b.begin + m.dp_rank * n, own1 = own0 + n;
+    const int64_t a = std::max(lo, own0), e = std::min(hi, own1);
+    if (a < e) out.push_back({a - lo, b.shard_off + (a - own0), e - a});
+  }
+  return out;
+}
+
+bool replicated(const GpuModel::Impl& m, const GpuParam& p) { return m.dp_size == 1 || p.offset >= m.region_a; }
+
+// y += x on the device (cuBLAS saxpy with alpha 1: exact fp32 adds, in element order).
+struct Axpy {
+  cublasHandle_t h = nullptr;
+  Axpy() {
+    TREX_CHECK(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS, "GPU model: cublasCreate failed");
+  }
+  ~Axpy() { cublasDestroy(h); }
+  void operator()(float* y, const float* x, int64_t n) {
+    const float one = 1.f;
+    for (int64_t i = 0; i < n;) {  // cuBLAS counts in int
+      const int64_t k = std::min<int64_t>(n - i, int64_t(1) << 30);
+      TREX_CHECK(cublasSaxpy(h, int(k), &one, x + i, 1, y + i, 1) == CUBLAS_STATUS_SUCCESS,
+                 "GPU model: cublasSaxpy failed");
+      i += k;
+    }
+  }
+};
+
+double host_sum_squares(const float* x, int64_t n, double* scratch) {
+  if (n <= 0) return 0.0;
+  cuda::sum_squares_f32(x, n, scratch);
+  double ss = 0;
+  TREX_CUDA(cudaMemcpy(&ss, scratch, sizeof(double), cudaMemcpyDeviceToHost));
+  return ss;
+}
+
+}  // namespace
+
+int64_t GpuModel::shard_elems() const { return impl_->shard_elems(); }
+int GpuModel::dp_size() const { return impl_->dp_size; }
+
+std::vector<float> GpuModel::gather_shard(const std::string& name, const float* shard) const {
+  const Impl& m = *impl_;
+  const GpuParam& p = m.info(name);
+  const float* base = shard ? shard : m.master.as<float>();
+  std::vector<float> v(size_t(p.numel));
+  TREX_CUDA(cudaDeviceSynchronize());  // the optimiser's update of the shard has landed
+  if (replicated(m, p)) {
+    const Piece w = own_pieces(m, p)[0];
+    TREX_CUDA(cudaMemcpy(v.data(), base + w.s, v.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    return v;
+  }
+  // Each rank places its pieces into a zeroed copy of the tensor; the sum over the ranks is the tensor (x + 0 is
+  // exact, and every element has one owner).
+  DevMem full(size_t(p.numel) * sizeof(float));
+  TREX_CUDA(cudaMemset(full.as<float>(), 0, size_t(p.numel) * sizeof(float)));
+  for (const Piece& w : own_pieces(m, p))
+    TREX_CUDA(cudaMemcpy(full.as<float>() + w.t, base + w.s, size_t(w.n) * sizeof(float), cudaMemcpyDeviceToDevice));
+  TREX_CUDA(cudaDeviceSynchronize());
+  m.dp->all_reduce(full.as<float>(), size_t(p.numel), comm::ElemType::F32, comm::ReduceOp::Sum)->wait();
+  TREX_CUDA(cudaMemcpy(v.data(), full.as<float>(), v.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  return v;
+}
+
+void GpuModel::set_shard(const std::string& name, const std::vector<float>& full, float* shard) {
+  Impl& m = *impl_;
+  const GpuParam& p = m.info(name);
+  TREX_CHECK(int64_t(full.size()) == p.numel, "GPU model set_shard: '{}' has {} elements, got {}", name, p.numel,
+             full.size());
+  float* base = shard ? shard : m.master.as<float>();
+  if (!shard)  // an all-gather of updated bf16 slices still in flight would overwrite the new compute copy
+    for (auto& w : m.gather_work)
+      if (w) {
+        w->wait();
+        w.reset();
+      }
+  DevMem stage(size_t(p.numel) * sizeof(float));
+  TREX_CUDA(cudaMemcpy(stage.as<float>(), full.data(), full.size() * sizeof(float), cudaMemcpyHostToDevice));
+  for (const Piece& w : own_pieces(m, p))
+    TREX_CUDA(cudaMemcpy(base + w.s, stage.as<float>() + w.t, size_t(w.n) * sizeof(float), cudaMemcpyDeviceToDevice));
+  if (!shard) cuda::cast_f32_to_bf16(m.compute.as<bf16>() + p.offset, stage.as<float>(), p.numel);
+  TREX_CUDA(cudaDeviceSynchronize());
+}
+
+double GpuModel::dp_grad_norm() {
+  Impl& m = *impl_;
+  if (m.dp_size == 1) return grad_norm();
+  m.require_gradients("dp_grad_norm()");
+  m.wait_grad_work();
+  DevMem scratch(size_t(cuda::kSumSquaresBlocks + 1) * sizeof(double));
+  const float* g = m.grads.as<float>();
+  double own = 0;  // this rank's slices, in bucket order (deterministic)
+  for (const Impl::Bucket& b : m.buckets) {
+    const int64_t n = b.slice(m.dp_size);
+    own += host_sum_squares(g + b.begin + m.dp_rank * n, n, scratch.as<double>());
+  }
+  const double r = host_sum_squares(g + m.region_a, m.total - m.region_a, scratch.as<double>());
+  DevMem d(sizeof(double));
+  TREX_CUDA(cudaMemcpy(d.as<double>(), &own, sizeof(double), cudaMemcpyHostToDevice));
+  m.dp->all_reduce(d.as<double>(), 1, comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
+  TREX_CUDA(cudaMemcpy(&own, d.as<double>(), sizeof(double), cudaMemcpyDeviceToHost));
+  return std::sqrt(own + r);
+}
+
+void GpuModel::add_reduced_grads_to(float* acc) {
+  Impl& m = *impl_;
+  m.require_gradients("add_reduced_grads_to()");
+  TREX_CHECK(m.dp_size > 1, "GPU model: add_reduced_grads_to is for data-parallel accumulation (one GPU "
+             "accumulates in the arena)");
+  m.wait_grad_work();
+  Axpy axpy;
+  const float* g = m.grads.as<float>();
+  for (const Impl::Bucket& b : m.buckets) {
+    const int64_t n = b.slice(m.dp_size);
+    if (n > 0) axpy(acc + b.shard_off, g + b.begin + m.dp_rank * n, n);
+  }
+  axpy(acc + m.shard_a, g + m.region_a, m.total - m.region_a);
+  TREX_CUDA(cudaDeviceSynchronize());
+}
+
+void GpuModel::add_held_grads(const float* acc) {
+  Impl& m = *impl_;
+  m.require_gradients("add_held_grads()");
+  TREX_CHECK(m.dp_size > 1, "GPU model: add_held_grads is for data-parallel accumulation");
+  m.wait_grad_work();
+  Axpy axpy;
+  float* g = m.grads.as<float>();
+  for (const Impl::Bucket& b : m.buckets) {
+    const int64_t n = b.slice(m.dp_size);
+    if (n > 0) axpy(g + b.begin + m.dp_rank * n, acc + b.shard_off, n);
+  }
+  axpy(g + m.region_a, acc + m.shard_a, m.total - m.region_a);
+  TREX_CUDA(cudaDeviceSynchronize());
+  m.grads_zero = false;
+}
+
+void GpuModel::wait_grad_reductions() { impl_->wait_grad_work(); }
+
+std::vector<int32_t> GpuModel::stage_router_selection(int64_t micro, int64_t l) {
+  Impl& m = *impl_;
+  TREX_CHECK(micro >= 0, "GPU model: micro-batch {} must be >= 0", micro);
+  const int s = int(micro % int64_t(m.slots.size()));
+  m.swap_slot(s);
+  std::vector<int32_t> v;
+  try {
+    v = router_selection(l);
+  } catch (...) {
+    m.swap_slot(s);
+    throw;
+  }
+  m.swap_slot(s);
+  return v;
+}
+
+}  // namespace trex::dsv4gpu

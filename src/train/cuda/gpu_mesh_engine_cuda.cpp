@@ -1,0 +1,379 @@
+#include "train/cuda/gpu_mesh_engine.h"
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <deque>
+
+#include "comm/nccl_communicator.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "data/chat.h"
+#include "kernels/cuda/cuda_check.h"
+#include "model/cuda/gpu_impl.h"
+#include "model/cuda/gpu_model.h"
+#include "model/dsv4/checkpoint.h"
+#include "model/dsv4/moe.h"
+#include "optim/param_groups.h"
+#include "parallel/mesh.h"
+#include "train/cuda/gpu_optimizer.h"
+#include "train/cuda/staged_communicator.h"
+#include "train/gpu_mesh_config.h"
+#include "train/sharded_checkpoint.h"
+#include "train/trainer.h"
+
+namespace trex::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Entry {  // a checkpointed tensor: name, shape, optimiser group
+  std::string name;
+  Shape shape;
+  optim::ParamGroup group;
+};
+
+}  // namespace
+
+struct GpuMeshEngine::State {
+  TrainConfig cfg;
+  dsv4::ModelConfig mc;
+  Dsv4TrainOptions o;
+  comm::Communicator& world;
+  std::unique_ptr<comm::Communicator> host;  // host-buffer collectives over `world`
+  parallel::Mesh mesh;
+  int D = 1;
+  std::unique_ptr<dsv4gpu::GpuModel> gpu;
+  std::unique_ptr<dsv4gpu::GpuOptimizer> opt;
+  std::vector<Entry> params, buffers;
+  std::vector<std::vector<int64_t>> load_sum;  // per layer, this rank's step so far
+  float* acc = nullptr;                        // D > 1, M > 1: the reduced shard held between backwards
+  float pending_scale = 1.f;                   // applied by the next optimiser step (1 / M, clipping)
+  int64_t steps = 0;
+
+  State(const TrainConfig& c, const dsv4::ModelConfig& m, const Dsv4TrainOptions& opts, comm::Communicator& w)
+      : cfg(c), mc(m), o(opts), world(w) {}
+  ~State() {
+    if (acc) cudaFree(acc);
+  }
+  std::string who() const { return fmt::format("{}: device cuda (rank {} of {})", cfg.where, world.rank(), world.size()); }
+
+  // "layers.L.ffn.gate.bias" -> L.
+  int64_t layer_of(const std::string& name) const {
+    int64_t l = -1;
+    TREX_CHECK(std::sscanf(name.c_str(), "layers.%ld.", &l) == 1 && l >= 0 && l < mc.n_layers,
+               "{}: unexpected router bias '{}'", who(), name);
+    return l;
+  }
+  void add_loads(int64_t n_tok, int64_t micro) {
+    std::vector<int64_t> load(size_t(mc.n_routed_experts));
+    for (const Entry& b : buffers) {
+      const int64_t l = layer_of(b.name);
+      const std::vector<int32_t> sel = D > 1 ? gpu->stage_router_selection(micro, l) : gpu->router_selection(l);
+      dsv4::moe_expert_load(sel.data(), n_tok, mc.topk, mc.n_routed_experts, load.data());
+      for (size_t e = 0; e < load.size(); ++e) load_sum[size_t(l)][e] += load[e];
+    }
+  }
+  // The optimiser state names of one parameter (optim::Optimizer::state_tensors) and the GPU moment of each.
+  std::vector<std::pair<std::string, int>> state_names(const Entry& p) const {
+    if (cfg.optimizer.kind == "muon" && p.group == optim::ParamGroup::Muon) return {{".momentum", 0}};
+    return {{".exp_avg", 0}, {".exp_avg_sq", 1}};
+  }
+};
+
+GpuMeshEngine::GpuMeshEngine(const TrainConfig& cfg, const dsv4::ModelConfig& mc_in, const Dsv4TrainOptions& o,
+                             comm::Communicator& world)
+    : s_(std::make_unique<State>(cfg, mc_in, o, world)) {
+  State& s = *s_;
+  const std::string why = check_gpu_mesh_config(cfg, world.size());
+  TREX_CHECK(why.empty(), "{}: {}", s.who(), why);
+  TREX_CHECK(s.mc.n_mtp == 0 || !o.model.use_mtp,
+             "{}: the MTP module is not implemented on the GPU; set model.use_mtp: false", s.who());
+  dsv4::ModelConfig gpu_cfg = s.mc;
+  gpu_cfg.n_mtp = 0;  // the host model declares no MTP tensors either (use_mtp false)
+  s.host = make_staged_communicator(world);
+  parallel::MeshSpec spec = cfg.parallel.present ? cfg.parallel.mesh : parallel::MeshSpec{1, world.size(), 1, 1};
+  s.mesh = parallel::build_mesh(world, spec, {int(s.mc.n_layers), int(s.mc.n_routed_experts)});
+  s.D = s.mesh.spec.dp;
+  TREX_CHECK(cfg.grad_accum % s.D == 0, "{}: grad_accum {} is not a multiple of dp={}", s.who(), cfg.grad_accum, s.D);
+
+  dsv4gpu::GpuModelOptions go;
+  if (s.D > 1) go.dp = s.mesh.dp_group.get();
+  if (s.mesh.spec.ep > 1) go.ep = s.mesh.ep_group.get();
+  go.balance_alpha = s.D > 1 ? 0.0 : o.model.balance_alpha;  // check_gpu_mesh_config: 0 under dp
+  go.balance_hash_layers = o.model.balance_hash_layers;
+  s.gpu = std::make_unique<dsv4gpu::GpuModel>(gpu_cfg, go);
+  s.opt = std::make_unique<dsv4gpu::GpuOptimizer>(*s.gpu);
+  for (const auto& p : s.gpu->impl().params) s.params.push_back({p.name, p.shape, optim::dsv4_param_group(p.name, p.shape)});
+  for (const auto& n : s.gpu->router_bias_names()) s.buffers.push_back({n, {s.mc.n_routed_experts}, optim::ParamGroup::Buffer});
+
+  const bool lead_rank = world.rank() == 0;
+  if (cfg.model.contains("init_from")) {
+    // Straight from the checkpoint files to this rank's shard, one tensor at a time (no host model).
+    const fs::path dir = cfg.model["init_from"].get<std::string>();
+    const dsv4::CheckpointReader reader(dir);
+    const dsv4gpu::GpuModel::LoadStats st = s.gpu->load_checkpoint(reader);
+    if (lead_rank)
+      log::info("init_from {}: {} tensors, {:.2f} GB to the GPU in {:.2f} s (host staging {:.1f} MB)", dir.string(),
+                st.tensors, double(st.bytes) / 1e9, st.seconds, double(st.largest_tensor_bytes) / 1e6);
+  } else {
+    // The host model's seeded init (design §5), so the run starts where one process and the CPU start.
+    Dsv4Trainable init(s.mc, o, cfg.seed);
+    s.gpu->load_from(init.model().params());
+  }
+  if (cfg.model.contains("init_from_run")) {
+    const fs::path run_dir = cfg.model["init_from_run"].get<std::string>();
+    auto last = latest_checkpoint(run_dir / "checkpoints");
+    TREX_CHECK(last.has_value(), "{}: init_from_run: no checkpoint in {}", s.who(), (run_dir / "checkpoints").string());
+    const auto t0 = std::chrono::steady_clock::now();
+    const CheckpointReader r(*last);
+    std::vector<float> buf;
+    for (const Entry& p : s.params) {
+      buf.assign(size_t(numel(p.shape)), 0.f);
+      r.read_param(p.name, p.shape, buf.data());
+      s.gpu->set_shard(p.name, buf);
+    }
+    for (const Entry& b : s.buffers) {
+      buf.assign(size_t(numel(b.shape)), 0.f);
+      r.read_param(b.name, b.shape, buf.data());
+      s.gpu->set_router_bias(b.name, buf);
+    }
+    if (lead_rank)
+      log::info("initialised from {} in {:.2f} s", last->string(),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  s.load_sum.assign(size_t(s.mc.n_layers), std::vector<int64_t>(size_t(s.mc.n_routed_experts), 0));
+  if (s.D > 1 && cfg.grad_accum / s.D > 1)
+    TREX_CUDA(cudaMalloc(&s.acc, size_t(s.gpu->shard_elems()) * sizeof(float)));
+}
+
+GpuMeshEngine::~GpuMeshEngine() = default;
+
+std::string GpuMeshEngine::describe() const {
+  const State& s = *s_;
+  return fmt::format("DeepSeek-V4 on CUDA (hidden {}, {} layers, {} experts top-{}, vocab {}, {} parameters): GPU "
+                     "mesh dp={} ep={}{}, {} micro-batches per DP rank",
+                     s.mc.hidden, s.mc.n_layers, s.mc.n_routed_experts, s.mc.topk, s.mc.vocab_size, s.gpu->n_params(),
+                     s.D, s.mesh.spec.ep, s.D > 1 ? " (ZeRO-1)" : "", s.cfg.grad_accum / s.D);
+}
+
+int64_t GpuMeshEngine::n_params() const {
+  int64_t n = n_trained();
+  for (const Entry& b : s_->buffers) n += numel(b.shape);
+  return n;
+}
+
+int64_t GpuMeshEngine::n_trained() const {
+  int64_t n = 0;
+  for (const Entry& p : s_->params) n += numel(p.shape);
+  return n;
+}
+
+double GpuMeshEngine::flops_per_token(int64_t seq_len) const { return dsv4_flops_per_token(s_->mc, seq_len); }
+int GpuMeshEngine::ranks() const { return s_->world.size(); }
+bool GpuMeshEngine::lead() const { return s_->world.rank() == 0; }
+comm::Communicator& GpuMeshEngine::host_world() { return *s_->host; }
+void GpuMeshEngine::barrier() { s_->world.barrier(); }
+
+void GpuMeshEngine::max_over_ranks(double* v, int n) {
+  s_->host->all_reduce(v, size_t(n), comm::ElemType::F64, comm::ReduceOp::Max)->wait();
+}
+
+bool GpuMeshEngine::runs_micro_batch(int64_t micro, int64_t n_micro) const {
+  return micro / (n_micro / s_->D) == s_->mesh.dp_rank;
+}
+
+void GpuMeshEngine::begin_step(const StepControls&) {
+  State& s = *s_;
+  s.gpu->zero_grads();
+  for (auto& l : s.load_sum) std::fill(l.begin(), l.end(), 0);
+  s.pending_scale = 1.f;
+}
+
+EngineStep GpuMeshEngine::forward_backward(const std::vector<data::Batch>& mine, int64_t n_micro) {
+  State& s = *s_;
+  const int64_t M = n_micro / s.D;
+  TREX_CHECK(int64_t(mine.size()) == M, "{}: {} micro-batches for a DP share of {}", s.who(), mine.size(), M);
+  double local = 0;
+  int64_t targets = 0, tokens = 0;
+  for (int64_t k = 0; k < M; ++k) {
+    const data::Batch& b = mine[size_t(k)];
+    const dsv4::SeqLayout layout = batch_layout(b);
+    if (s.D == 1) {
+      // The local engine's step: each micro-batch's mean loss, its gradient accumulated in the arena.
+      local += s.gpu->forward(b.input_ids.data(), b.labels.data(), layout, nullptr, dsv4gpu::HeadMode::LossAndGrad) /
+               double(n_micro);
+      s.add_loads(layout.n_tokens(), k);
+      s.gpu->backward();
+    } else {
+      if (k == 1) TREX_CUDA(cudaMemset(s.acc, 0, size_t(s.gpu->shard_elems()) * sizeof(float)));
+      if (k >= 1) {  // the previous backward's reduced shard aside, then a clean arena (the head's gradient
+        s.gpu->add_reduced_grads_to(s.acc);  // is accumulated by the forward)
+        s.gpu->zero_grads();
+      }
+      // Normaliser: this micro-batch's targets x grad_accum, so the sum over ranks and micro-batches is the
+      // gradient of the mean of the global batch's micro-batch means.
+      s.gpu->begin_step(b.n_targets * n_micro);
+      local += s.gpu->forward_stage(0, b.input_ids.data(), b.labels.data(), layout, nullptr);
+      s.add_loads(layout.n_tokens(), 0);
+      s.gpu->backward_stage(0, nullptr);
+    }
+    targets += b.n_targets;
+    tokens += b.batch * b.seq;
+  }
+  if (s.D > 1 && M > 1) s.gpu->add_held_grads(s.acc);
+  s.gpu->wait_grad_reductions();  // a skipped step's next zero_grads() must find them done
+  if (s.D == 1) s.pending_scale = float(1.0 / double(n_micro));
+  double red[3] = {local, double(targets), double(tokens)};
+  s.host->all_reduce(red, 3, comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
+  EngineStep r;
+  r.loss = red[0];
+  r.targets = int64_t(red[1]);
+  r.tokens = int64_t(red[2]);
+  return r;
+}
+
+double GpuMeshEngine::clip_gradients() {
+  State& s = *s_;
+  const double norm = s.gpu->dp_grad_norm() * double(s.pending_scale);
+  const double clip = s.cfg.optimizer.clip_grad_norm;
+  if (clip > 0 && norm > clip && std::isfinite(norm))
+    s.pending_scale *= float(clip / (norm + 1e-6));  // as optim::Optimizer::clip_gradients
+  return norm;
+}
+
+void GpuMeshEngine::optimizer_step(double lr) {
+  State& s = *s_;
+  s.opt->step(s.cfg.optimizer, lr, ++s.steps, s.pending_scale);
+  s.pending_scale = 1.f;
+  if (s.o.bias_update_speed == 0 || s.buffers.empty()) return;
+  if (s.D > 1) {  // the global batch's loads: every DP rank shares every layer at pp = 1
+    std::vector<double> all;
+    for (const auto& l : s.load_sum) all.insert(all.end(), l.begin(), l.end());
+    s.host->all_reduce(all.data(), all.size(), comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
+    size_t i = 0;
+    for (auto& l : s.load_sum)
+      for (auto& x : l) x = int64_t(std::llround(all[i++]));
+  }
+  for (const Entry& b : s.buffers) {
+    const int64_t l = s.layer_of(b.name);
+    std::vector<float> bias = s.gpu->router_bias(b.name);
+    dsv4::router_bias_update(bias.data(), s.load_sum[size_t(l)].data(), int64_t(bias.size()), s.o.bias_update_speed);
+    s.gpu->set_router_bias(b.name, bias);
+  }
+}
+
+void GpuMeshEngine::save(const fs::path& root, const TrainState& st, int64_t keep_last, const FaultHook& fault) {
+  State& s = *s_;
+  const int R = s.world.rank(), W = s.world.size();
+  // Every tensor is gathered whole (collective, in model order on every rank) and written by one rank, round
+  // robin, so the files are of similar size; host memory: the tensors this rank writes.
+  std::deque<std::vector<float>> keep;
+  std::vector<ShardedTensor> pt, ot;
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    const Entry& p = s.params[i];
+    const bool mine = int(i % size_t(W)) == R;
+    std::vector<float> v = s.gpu->gather_shard(p.name);
+    if (mine) {
+      keep.push_back(std::move(v));
+      pt.push_back({p.name, p.shape, keep.back().data(), std::string(optim::group_name(p.group))});
+    }
+    for (const auto& [suffix, which] : s.state_names(p)) {
+      std::vector<float> m = s.gpu->gather_shard(p.name, s.opt->moment(which));
+      if (!mine) continue;
+      keep.push_back(std::move(m));
+      ot.push_back({p.name + suffix, p.shape, keep.back().data(), ""});
+    }
+  }
+  if (R == 0)
+    for (const Entry& b : s.buffers) {
+      keep.push_back(s.gpu->router_bias(b.name));
+      pt.push_back({b.name, b.shape, keep.back().data(), std::string(optim::group_name(b.group))});
+    }
+  ShardedSaveArgs sa;
+  sa.keep_last = keep_last;
+  sa.config = s.cfg.raw;
+  sa.fault = fault;
+  save_sharded_tensors(root, st, pt, ot, s.steps, s.mesh, *s.host, sa);
+}
+
+TrainState GpuMeshEngine::load(const fs::path& dir) {
+  // Either format, saved by any layout (tensors by official name): every rank reads each whole tensor and keeps
+  // its shard of it.
+  State& s = *s_;
+  const CheckpointReader r(dir);
+  std::vector<float> buf;
+  for (const Entry& p : s.params) {
+    buf.assign(size_t(numel(p.shape)), 0.f);
+    r.read_param(p.name, p.shape, buf.data());
+    s.gpu->set_shard(p.name, buf);
+    for (const auto& [suffix, which] : s.state_names(p)) {
+      r.read_optim(p.name + suffix, p.shape, buf.data());
+      s.gpu->set_shard(p.name, buf, s.opt->moment(which));
+    }
+  }
+  for (const Entry& b : s.buffers) {
+    buf.assign(size_t(numel(b.shape)), 0.f);
+    r.read_param(b.name, b.shape, buf.data());
+    s.gpu->set_router_bias(b.name, buf);
+  }
+  s.steps = r.optimizer_steps();
+  return r.state();
+}
+
+std::vector<float> GpuMeshEngine::value(const std::string& name) {
+  for (const Entry& b : s_->buffers)
+    if (b.name == name) return s_->gpu->router_bias(name);
+  return s_->gpu->gather_shard(name);
+}
+
+std::vector<std::string> GpuMeshEngine::param_names() const {
+  std::vector<std::string> n;
+  for (const Entry& p : s_->params) n.push_back(p.name);
+  for (const Entry& b : s_->buffers) n.push_back(b.name);
+  return n;
+}
+
+TrainResult run_gpu_mesh_training(const TrainConfig& cfg_in, const fs::path& config, const fs::path& out_dir,
+                                  const RunOptions& opts) {
+  TrainConfig cfg = cfg_in;
+  std::unique_ptr<comm::Communicator> world = comm::make_nccl_world_communicator(cfg.parallel.timeout_s);
+  std::unique_ptr<comm::Communicator> host = make_staged_communicator(*world);
+  if (!cfg.parallel.present) cfg.parallel.mesh = {1, world->size(), 1, 1};  // plain data parallelism
+  const bool lead = world->rank() == 0;
+  data::Tokenizer tok = data::Tokenizer::load(cfg.tokenizer);
+  // Rank 0 records the config and prepares the data; the others wait for it (a shared file system).
+  fs::path shards = cfg.shards.empty() ? out_dir / "data" : cfg.shards;
+  int32_t ok = 1;
+  std::string err;
+  if (lead) {
+    try {
+      shards = prepare_run(cfg, config, out_dir, opts, tok);
+    } catch (const Error& e) {
+      ok = 0;
+      err = e.what();
+    }
+  }
+  host->broadcast(&ok, sizeof ok, 0)->wait();
+  if (!ok) {
+    if (lead) throw Error(err);
+    fail("rank {}: rank 0 could not prepare the run in {} (its error says why)", world->rank(), out_dir.string());
+  }
+  data::ShardDataset ds(shards);
+  check_dataset(cfg, config, shards, ds, tok);
+  dsv4::ModelConfig mc;
+  Dsv4TrainOptions o;
+  dsv4_model_setup(cfg, tok, &mc, &o);
+  const std::string why = check_parallel_config(cfg, world->size(), {int(mc.n_layers), int(mc.n_routed_experts)});
+  TREX_CHECK(why.empty(), "{}: impossible parallel layout: {}", config.string(), why);
+  TrainerOptions topt;
+  topt.stop_at = opts.max_steps;
+  topt.show_progress = opts.show_progress;
+  GpuMeshEngine engine(cfg, mc, o, *world);
+  return Trainer(cfg, out_dir, engine, ds, data::ChatTokens::from(tok).eos, topt).run();
+}
+
+}  // namespace trex::train

@@ -1,0 +1,52 @@
+// What `trex train --device cuda` runs on several GPUs (train/gpu_mesh_config.h): dp and ep (ZeRO-1) with AdamW are
+// accepted; every layout the GPU mesh engine does not run is refused on the config alone, naming the key to
+// change and what is missing.
+#include <gtest/gtest.h>
+
+#include "train/config.h"
+#include "train/gpu_mesh_config.h"
+#include "train/yaml.h"
+
+using namespace trex;
+using namespace trex::train;
+
+namespace {
+
+TrainConfig config(const std::string& extra, const std::string& optimizer = "{kind: adamw}",
+                   const std::string& model = "{type: dsv4, balance_alpha: 0}") {
+  return parse_train_config(parse_yaml("seed: 1\nmodel: " + model +
+                                           "\ndata: {shards: x, tokenizer: y, seq_len: 32, batch_size: 2, "
+                                           "grad_accum: 4}\noptimizer: " + optimizer + "\n" + extra,
+                                       "run.yaml"),
+                            "run.yaml");
+}
+
+void expect_refused(const TrainConfig& c, int world, const std::vector<std::string>& words) {
+  const std::string why = check_gpu_mesh_config(c, world);
+  ASSERT_FALSE(why.empty()) << "accepted";
+  for (const auto& w : words) EXPECT_NE(why.find(w), std::string::npos) << "'" << w << "' not in: " << why;
+}
+
+}  // namespace
+
+TEST(GpuMeshConfig, AcceptsDataParallelWithAdamW) {
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 2}\n"), 2), "");
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 4}\n"), 4), "");
+  EXPECT_EQ(check_gpu_mesh_config(config(""), 4), "") << "no parallel section: plain data parallelism";
+  // One rank: Muon and the balance loss run as on one GPU.
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 1}\n", "{kind: muon}", "{type: dsv4}"), 1), "");
+}
+
+TEST(GpuMeshConfig, RefusesWhatTheGpuMeshDoesNotRunNamingWhatIsMissing) {
+  expect_refused(config("parallel: {pp: 2, dp: 1}\n"), 2, {"parallel.pp=2", "gpu_pipeline.h", "pp: 1"});
+  expect_refused(config("parallel: {pp: 2, dp: 1, vpp: 2}\n"), 2, {"parallel.pp=2"});
+  expect_refused(config("freeze: [router]\nparallel: {dp: 2}\n"), 2, {"freeze"});
+  expect_refused(config("parallel: {dp: 4, ep: 2}\n"), 4, {"parallel.ep=2", "owner", "ep: 1"});
+  expect_refused(config("parallel: {dp: 2}\n", "{kind: muon}"), 2, {"muon", "dp=2", "adamw"});
+  expect_refused(config("parallel: {dp: 2}\n", "{kind: adamw, adamw: {decay_vectors: false}}"), 2,
+                 {"decay_vectors"});
+  expect_refused(config("parallel: {dp: 2}\n", "{kind: adamw}", "{type: dsv4}"), 2,
+                 {"model.balance_alpha", "dp=2"});
+  expect_refused(config("", "{kind: adamw}", "{type: dsv4}"), 2, {"model.balance_alpha"});
+  expect_refused(config("parallel: {dp: 2}\n", "{kind: adamw}", "{type: toy}"), 2, {"dsv4 only", "toy"});
+}
