@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "comm/communicator.h"
 #include "comm/launch_env.h"
 #include "core/error.h"
 #include "core/files.h"
@@ -123,6 +124,28 @@ fs::path prepare_run(const TrainConfig& cfg, const fs::path& config, const fs::p
       data::PrepareStats st = data::prepare_shards(tok, cfg.jsonl, shards, po);
       log::info("prepared {} documents into {} rows ({} target tokens)", st.documents, st.rows, st.target_tokens);
     }
+  }
+  return shards;
+}
+
+fs::path prepare_run_on_lead(const TrainConfig& cfg, const fs::path& config, const fs::path& out_dir,
+                             const RunOptions& opts, const data::Tokenizer& tok, comm::Communicator& ranks) {
+  const bool lead = ranks.rank() == 0;
+  fs::path shards = cfg.shards.empty() ? out_dir / "data" : cfg.shards;
+  int32_t ok = 1;
+  std::string err;
+  if (lead) {
+    try {
+      shards = prepare_run(cfg, config, out_dir, opts, tok);
+    } catch (const Error& e) {
+      ok = 0;
+      err = e.what();
+    }
+  }
+  ranks.broadcast(&ok, sizeof ok, 0)->wait();
+  if (!ok) {
+    if (lead) throw Error(err);
+    fail("rank {}: rank 0 could not prepare the run in {} (its error says why)", ranks.rank(), out_dir.string());
   }
   return shards;
 }

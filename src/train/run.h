@@ -12,6 +12,10 @@
 #include "train/dsv4_trainable.h"
 #include "train/trainer.h"
 
+namespace trex::comm {
+class Communicator;
+}
+
 namespace trex::train {
 
 struct RunOptions {
@@ -43,6 +47,11 @@ void dsv4_model_setup(const TrainConfig& cfg, const data::Tokenizer& tok, dsv4::
 std::filesystem::path prepare_run(const TrainConfig& cfg, const std::filesystem::path& config,
                                   const std::filesystem::path& out_dir, const RunOptions& opts,
                                   const data::Tokenizer& tok);
+// prepare_run on rank 0 of `ranks` only (the others wait for it: a shared file system), its error rethrown there
+// and reported by every other rank; `ranks` broadcasts host memory. Returns the shards directory.
+std::filesystem::path prepare_run_on_lead(const TrainConfig& cfg, const std::filesystem::path& config,
+                                          const std::filesystem::path& out_dir, const RunOptions& opts,
+                                          const data::Tokenizer& tok, comm::Communicator& ranks);
 void check_dataset(const TrainConfig& cfg, const std::filesystem::path& config, const std::filesystem::path& shards,
                    const data::ShardDataset& ds, const data::Tokenizer& tok);
 

@@ -343,25 +343,8 @@ TrainResult run_gpu_mesh_training(const TrainConfig& cfg_in, const fs::path& con
   std::unique_ptr<comm::Communicator> world = comm::make_nccl_world_communicator(cfg.parallel.timeout_s);
   std::unique_ptr<comm::Communicator> host = make_staged_communicator(*world);
   if (!cfg.parallel.present) cfg.parallel.mesh = {1, world->size(), 1, 1};  // plain data parallelism
-  const bool lead = world->rank() == 0;
   data::Tokenizer tok = data::Tokenizer::load(cfg.tokenizer);
-  // Rank 0 records the config and prepares the data; the others wait for it (a shared file system).
-  fs::path shards = cfg.shards.empty() ? out_dir / "data" : cfg.shards;
-  int32_t ok = 1;
-  std::string err;
-  if (lead) {
-    try {
-      shards = prepare_run(cfg, config, out_dir, opts, tok);
-    } catch (const Error& e) {
-      ok = 0;
-      err = e.what();
-    }
-  }
-  host->broadcast(&ok, sizeof ok, 0)->wait();
-  if (!ok) {
-    if (lead) throw Error(err);
-    fail("rank {}: rank 0 could not prepare the run in {} (its error says why)", world->rank(), out_dir.string());
-  }
+  const fs::path shards = prepare_run_on_lead(cfg, config, out_dir, opts, tok, *host);
   data::ShardDataset ds(shards);
   check_dataset(cfg, config, shards, ds, tok);
   dsv4::ModelConfig mc;
