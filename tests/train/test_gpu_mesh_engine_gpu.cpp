@@ -9,8 +9,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "comm/communicator.h"
+#include "comm/thread_group.h"
 #include "data/shards.h"
 #include "train/config.h"
 #include "train/cuda/gpu_mesh_engine.h"
@@ -120,4 +124,52 @@ TEST(GpuMeshEngine, OneRankEqualsTheLocalEngineAndResumesFromItsShardedCheckpoin
     const double a = mm[i]["loss"].get<double>(), b = mr[i]["loss"].get<double>();
     EXPECT_LT(std::abs(a - b) / a, 1e-3) << "step " << i + 1 << ": resumed " << b << " vs uninterrupted " << a;
   }
+}
+
+// dp = 2 (ZeRO-1) as two threads on one GPU over the thread-group communicator (NCCL refuses two ranks on one
+// device): the same Trainer loop, each rank its half of every step's micro-batches, gives the one-rank run's
+// per-step losses, gradient norms and target counts for the same global batch (bf16 rounding and reduction order
+// only), and writes one sharded checkpoint that the one-rank engine resumes.
+TEST(GpuMeshEngine, TwoDataParallelRanksAsThreadsMatchOneRank) {
+  ASSERT_TRUE(gpu_training_built());
+  const std::string adamw =
+      "optimizer: {kind: adamw, clip_grad_norm: 1.0, adamw: {eps: 1.0e-8, decay_vectors: true}}\n";
+  Dsv4TrainOptions o = train_options();
+  o.model.balance_alpha = 0.0;  // not under dp on the GPU
+  const fs::path one = dat().dir / "dp1", two = dat().dir / "dp2";
+  {
+    const TrainConfig cfg = run_config(adamw + "parallel: {pp: 1, dp: 1, ep: 1}\n");
+    auto world = comm::make_local_communicator();
+    GpuMeshEngine engine(cfg, model_config(), o, *world);
+    Trainer(cfg, one, engine, *dat().ds, 1, quiet()).run();
+  }
+  {
+    const TrainConfig cfg = run_config(adamw + "parallel: {pp: 1, dp: 2, ep: 1}\n");
+    auto ranks = comm::make_thread_group(2, 120.0);
+    std::string errors[2];
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          GpuMeshEngine engine(cfg, model_config(), o, *ranks[size_t(r)]);
+          Trainer(cfg, two, engine, *dat().ds, 1, quiet()).run();
+        } catch (const std::exception& e) {
+          errors[r] = e.what();
+        }
+      });
+    for (auto& t : threads) t.join();
+    ASSERT_TRUE(errors[0].empty() && errors[1].empty()) << "rank 0: " << errors[0] << "\nrank 1: " << errors[1];
+  }
+  const auto m1 = read_jsonl(one / "metrics.jsonl"), m2 = read_jsonl(two / "metrics.jsonl");
+  ASSERT_EQ(m1.size(), 6u);
+  ASSERT_EQ(m2.size(), 6u);
+  for (size_t i = 0; i < m1.size(); ++i) {
+    const double a = m1[i]["loss"].get<double>(), b = m2[i]["loss"].get<double>();
+    const double ga = m1[i]["grad_norm"].get<double>(), gb = m2[i]["grad_norm"].get<double>();
+    std::printf("  step %zu: loss dp=1 %.6f dp=2 %.6f; grad norm %.5f / %.5f\n", i + 1, a, b, ga, gb);
+    EXPECT_LT(std::abs(a - b) / a, 5e-3) << "step " << i + 1;
+    EXPECT_LT(std::abs(ga - gb) / ga, 5e-2) << "step " << i + 1;
+    EXPECT_EQ(m1[i]["targets"], m2[i]["targets"]) << "step " << i + 1 << ": the global batch differs";
+  }
+  EXPECT_TRUE(fs::exists(two / "checkpoints" / "step_00000006" / "manifest.json"));
 }
