@@ -26,22 +26,35 @@ fs::path export_hf(const fs::path& run_dir, const fs::path& out_dir, DType dtype
   const nlohmann::json& m = cfg.model;
   dsv4::ModelConfig mc = m.contains("config") ? dsv4::load_model_config(m["config"].get<std::string>())
                                               : dsv4::parse_model_config(m.at("dsv4"), cfg_path.string());
+  // Streamed tensor by tensor from the (one-process or sharded, any layout) checkpoint into the HF shards: no
+  // process holds the model. The hash-routing tables are not in a training checkpoint: the run's own seeded
+  // tables (drawn as the model's init draws them, without allocating it) or those of model.init_from.
   Dsv4TrainOptions o;
-  Dsv4Trainable model(mc, o, cfg.seed);  // same seed: the same tid2eid table the run trained with
-  if (m.contains("init_from")) model.load_pretrained(m["init_from"].get<std::string>());
-  CheckpointReader r(*last);  // a one-process checkpoint, or a sharded one of any layout
-  dsv4::StateDict sd;
-  for (const auto& p : model.params()) {
-    HostTensor t(DType::F32, p.shape);
-    r.read_param(p.name, p.shape, t.view.as<float>());
-    sd.emplace(p.name, std::move(t));
+  dsv4::ParamTable<float> tables;
+  for (const dsv4::ParamSpec& e : dsv4::param_table(mc))
+    if (e.kind == dsv4::ParamKind::HashTable) tables.tid2eid[e.name].assign(size_t(numel(e.shape)), 0);
+  if (m.contains("init_from")) {
+    const dsv4::CheckpointReader pre(m["init_from"].get<std::string>());
+    for (auto& [name, table] : tables.tid2eid) {
+      const HostTensor t = pre.load(name);
+      TREX_CHECK(t.view.dtype == DType::I64 && size_t(t.numel()) == table.size(),
+                 "{}: hash table '{}' of init_from has {} {} values, expected {} I64", cfg_path.string(), name,
+                 t.numel(), dtype_name(t.view.dtype), table.size());
+      for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t(t.view.as<int64_t>()[i]);
+    }
+  } else {
+    init_dsv4_weights(tables, mc, o.model, o.init_std, cfg.seed);  // same seed: the tables the run trained with
   }
-  for (auto& [name, table] : model.model().params().tid2eid) {
-    HostTensor t(DType::I64, {mc.vocab_size, mc.topk});
-    for (size_t i = 0; i < table.size(); ++i) t.view.as<int64_t>()[i] = table[i];
-    sd.emplace(name, std::move(t));
-  }
-  dsv4::save_state_dict(out_dir, sd, mc, dialect, dtype);
+  const CheckpointReader r(*last);
+  const dsv4::TensorFeed feed = [&](const std::string& name, const Shape& shape, DType dt, void* dst) {
+    if (dt == DType::I64) {
+      const std::vector<int32_t>& t = tables.tid2eid.at(name);
+      for (size_t i = 0; i < t.size(); ++i) static_cast<int64_t*>(dst)[i] = t[i];
+      return;
+    }
+    r.read_param(name, shape, static_cast<float*>(dst));
+  };
+  dsv4::save_model_streaming(out_dir, mc, feed, dialect, dtype);
   return *last;
 }
 

@@ -209,6 +209,20 @@ TEST_F(ExportHf, ReloadGivesTheTrainedLogitsInBothNamingsAndDtypes) {
       lo.filter = [](const std::string& n) { return n.rfind("mtp.", 0) != 0; };
       const auto parity_logits = logits_of(parity_cfg, dsv4::load_state_dict(hf, parity_cfg, lo), b, false);
       EXPECT_EQ(parity_logits, got);
+      // The export streams tensor by tensor from the checkpoint; it must write exactly what saving the whole
+      // state at once writes (every tensor's bytes, the hash tables included).
+      const fs::path whole = dir_ / ("whole_" + dialect + "_" + dtype);
+      dsv4::save_state_dict(whole, trained, mc,
+                            dialect == "official" ? dsv4::Dialect::Official : dsv4::Dialect::Transformers,
+                            dtype == "f32" ? DType::F32 : DType::BF16);
+      const ckpt::SafetensorsReader a(hf), w(whole);
+      ASSERT_EQ(a.names(), w.names());
+      for (const std::string& n : a.names()) {
+        const TensorView x = a.view(n), y = w.view(n);
+        ASSERT_EQ(x.dtype, y.dtype) << n;
+        ASSERT_EQ(x.shape, y.shape) << n;
+        ASSERT_EQ(std::memcmp(x.data, y.data, x.nbytes()), 0) << n << ": bytes differ";
+      }
     }
   }
 }

@@ -386,10 +386,78 @@ StateDict load_state_dict(const fs::path& model_dir, const ModelConfig& cfg, con
 // save_state_dict
 // ---------------------------------------------------------------------------------------------
 
-void save_state_dict(const fs::path& dir, const StateDict& state, const ModelConfig& cfg, Dialect dialect,
-                     DType dtype, size_t max_shard_bytes) {
+void save_model_streaming(const fs::path& dir, const ModelConfig& cfg, const TensorFeed& feed, Dialect dialect,
+                          DType dtype, size_t max_shard_bytes) {
   TREX_CHECK(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16,
              "{}: export dtype must be F32, BF16 or F16, not {}", dir.string(), dtype_name(dtype));
+  std::map<std::string, ExpectedTensor> expected;
+  for (const auto& e : expected_tensors(cfg)) expected.emplace(e.name, e);
+  std::vector<std::string> order;
+  for (const auto& [n, e] : expected) order.push_back(n);
+  std::sort(order.begin(), order.end(), natural_less);
+
+  // A float tensor fed in fp32 and converted into the writer's buffer (fed straight into it when F32).
+  auto converted = [&feed](const ExpectedTensor& e, DType dt) {
+    return [&feed, e, dt](void* dst) {
+      if (dt == DType::F32) return feed(e.name, e.shape, DType::F32, dst);
+      std::vector<float> tmp(size_t(numel(e.shape)));
+      feed(e.name, e.shape, DType::F32, tmp.data());
+      convert_from_f32(tmp.data(), dt, dst, tmp.size());
+    };
+  };
+
+  std::vector<ckpt::TensorToWrite> tensors;
+  std::set<int64_t> stacked_layers;
+  for (const auto& n : order) {
+    const ExpectedTensor& t = expected.at(n);
+    ExpertKey ek;
+    if (dialect == Dialect::Transformers && parse_official_expert_key(n, &ek) &&
+        ek.block.rfind("layers.", 0) == 0) {
+      const int64_t layer = std::stoll(ek.block.substr(7));
+      if (!stacked_layers.insert(layer).second) continue;  // one stack per layer, written at its first expert
+      const int64_t E = cfg.n_routed_experts, f = cfg.moe_inter, d = cfg.hidden;
+      const DType dt = dtype;
+      // The stack [E, 2f, d] (w1 rows then w3 rows per expert) / [E, d, f], filled one expert tensor at a time.
+      auto stack = [&feed, block = ek.block, dt, E, f, d](std::vector<int> parts) {
+        return [&feed, block, dt, E, f, d, parts](void* dst) {
+          const size_t esz = size_t(dtype_bits(dt) / 8), n = size_t(f * d);
+          std::vector<float> tmp(n);
+          auto* o = static_cast<uint8_t*>(dst);
+          size_t at = 0;
+          for (int64_t e = 0; e < E; ++e)
+            for (int w : parts) {
+              const std::string name = official_expert_key(block, e, w);
+              feed(name, w == 2 ? Shape{d, f} : Shape{f, d}, DType::F32, tmp.data());
+              convert_from_f32(tmp.data(), dt, o + at * esz, n);
+              at += n;
+            }
+        };
+      };
+      ckpt::TensorToWrite gu{transformers_gate_up_key(layer), dt, {E, 2 * f, d}, nullptr, stack({1, 3})};
+      ckpt::TensorToWrite dn{transformers_down_key(layer), dt, {E, d, f}, nullptr, stack({2})};
+      tensors.push_back(std::move(gu));
+      tensors.push_back(std::move(dn));
+      continue;
+    }
+    const std::string out_name = dialect == Dialect::Transformers ? official_to_transformers(n) : n;
+    if (t.dtype == DType::I64) {
+      ckpt::TensorToWrite w{out_name, DType::I64, t.shape, nullptr, {}};
+      w.produce = [&feed, t](void* dst) { feed(t.name, t.shape, DType::I64, dst); };
+      tensors.push_back(std::move(w));
+      continue;
+    }
+    const DType dt = keeps_fp32(n) ? DType::F32 : dtype;
+    tensors.push_back({out_name, dt, t.shape, nullptr, converted(t, dt)});
+  }
+
+  ckpt::write_safetensors_sharded(dir, tensors, max_shard_bytes);
+  json config = model_config_to_json(cfg, dialect);
+  config["torch_dtype"] = dtype == DType::F32 ? "float32" : dtype == DType::BF16 ? "bfloat16" : "float16";
+  write_json_atomic(dir / "config.json", config, 2);
+}
+
+void save_state_dict(const fs::path& dir, const StateDict& state, const ModelConfig& cfg, Dialect dialect,
+                     DType dtype, size_t max_shard_bytes) {
   // The state must be exactly what the config implies, in shape and kind.
   std::set<std::string> expected_names;
   for (const auto& e : expected_tensors(cfg)) {
@@ -406,74 +474,11 @@ void save_state_dict(const fs::path& dir, const StateDict& state, const ModelCon
   for (const auto& [n, t] : state)
     TREX_CHECK(expected_names.count(n), "{}: cannot export: tensor '{}' is not part of this config",
                dir.string(), n);
-
-  std::vector<std::string> order;
-  for (const auto& [n, t] : state) order.push_back(n);
-  std::sort(order.begin(), order.end(), natural_less);
-
-  auto out_dtype = [&](const std::string& official) {
-    const HostTensor& t = state.at(official);
-    if (t.view.dtype == DType::I64) return DType::I64;
-    return keeps_fp32(official) ? DType::F32 : dtype;
+  const TensorFeed feed = [&state](const std::string& name, const Shape&, DType dt, void* dst) {
+    const HostTensor& t = state.at(name);
+    std::memcpy(dst, t.view.data, size_t(t.numel()) * (dt == DType::I64 ? sizeof(int64_t) : sizeof(float)));
   };
-  auto converter = [](const float* src, DType dt, size_t n) {
-    return [src, dt, n](void* dst) { convert_from_f32(src, dt, dst, n); };
-  };
-
-  std::vector<ckpt::TensorToWrite> tensors;
-  std::set<int64_t> stacked_layers;
-  for (const auto& n : order) {
-    const HostTensor& t = state.at(n);
-    ExpertKey ek;
-    if (dialect == Dialect::Transformers && parse_official_expert_key(n, &ek) &&
-        ek.block.rfind("layers.", 0) == 0) {
-      const int64_t layer = std::stoll(ek.block.substr(7));
-      if (!stacked_layers.insert(layer).second) continue;  // one stack per layer, written at its first expert
-      const int64_t E = cfg.n_routed_experts, f = cfg.moe_inter, d = cfg.hidden;
-      const DType dt = dtype;
-      auto get = [&state, block = ek.block](int64_t e, int w) {
-        return state.at(official_expert_key(block, e, w)).f32();
-      };
-      std::vector<const float*> w1, w3, w2;
-      for (int64_t e = 0; e < E; ++e) {
-        w1.push_back(get(e, 1));
-        w3.push_back(get(e, 3));
-        w2.push_back(get(e, 2));
-      }
-      ckpt::TensorToWrite gu{transformers_gate_up_key(layer), dt, {E, 2 * f, d}, nullptr, {}};
-      gu.produce = [w1, w3, dt, E, f, d](void* dst) {
-        const size_t esz = size_t(dtype_bits(dt) / 8), n = size_t(f * d);
-        auto* o = static_cast<uint8_t*>(dst);
-        for (int64_t e = 0; e < E; ++e) {
-          convert_from_f32(w1[size_t(e)], dt, o + size_t(e) * 2 * n * esz, n);
-          convert_from_f32(w3[size_t(e)], dt, o + (size_t(e) * 2 * n + n) * esz, n);
-        }
-      };
-      ckpt::TensorToWrite dn{transformers_down_key(layer), dt, {E, d, f}, nullptr, {}};
-      dn.produce = [w2, dt, E, f, d](void* dst) {
-        const size_t esz = size_t(dtype_bits(dt) / 8), n = size_t(f * d);
-        for (int64_t e = 0; e < E; ++e)
-          convert_from_f32(w2[size_t(e)], dt, static_cast<uint8_t*>(dst) + size_t(e) * n * esz, n);
-      };
-      tensors.push_back(std::move(gu));
-      tensors.push_back(std::move(dn));
-      continue;
-    }
-    const std::string out_name = dialect == Dialect::Transformers ? official_to_transformers(n) : n;
-    const DType dt = out_dtype(n);
-    ckpt::TensorToWrite w{out_name, dt, t.shape(), nullptr, {}};
-    if (dt == t.view.dtype) {
-      w.data = t.view.data;
-    } else {
-      w.produce = converter(t.f32(), dt, size_t(t.numel()));
-    }
-    tensors.push_back(std::move(w));
-  }
-
-  ckpt::write_safetensors_sharded(dir, tensors, max_shard_bytes);
-  json config = model_config_to_json(cfg, dialect);
-  config["torch_dtype"] = dtype == DType::F32 ? "float32" : dtype == DType::BF16 ? "bfloat16" : "float16";
-  write_json_atomic(dir / "config.json", config, 2);
+  save_model_streaming(dir, cfg, feed, dialect, dtype, max_shard_bytes);
 }
 
 }  // namespace trex::dsv4

@@ -94,6 +94,13 @@ StateDict load_state_dict(const fs::path& model_dir, const ModelConfig& cfg, con
 // exactly expected_tensors(cfg).
 void save_state_dict(const fs::path& dir, const StateDict& state, const ModelConfig& cfg, Dialect dialect,
                      DType dtype = DType::BF16, size_t max_shard_bytes = size_t(5) << 30);
+// The same export with every tensor pulled from `feed` (official name, shape, F32 or I64, destination) while it is
+// written, one at a time: the caller never holds the model (host memory: the writer's buffer of one output tensor,
+// a transformers expert stack [E, 2f, d] being the largest, plus one fp32 expert tensor). The tensors are exactly
+// expected_tensors(cfg).
+using TensorFeed = std::function<void(const std::string& official, const Shape& shape, DType dtype, void* dst)>;
+void save_model_streaming(const fs::path& dir, const ModelConfig& cfg, const TensorFeed& feed, Dialect dialect,
+                          DType dtype = DType::BF16, size_t max_shard_bytes = size_t(5) << 30);
 
 // De-quantisation kernels (exposed for tests and for callers with their own buffers).
 // FP8 block: w [rows, cols] E4M3 bytes; scale [ceil(rows/block), ceil(cols/block)] of `scale_dtype`.
