@@ -9,6 +9,7 @@
 #include "core/files.h"
 #include "plan/calibrate.h"
 #include "plan/search.h"
+#include "train/gpu_mesh_config.h"
 
 namespace {
 
@@ -76,6 +77,29 @@ void run_plan(const PlanOptions& o) {
     out["layouts"] = nlohmann::json::array();
     for (const auto& e : rows) out["layouts"].push_back(estimate_to_json(e));
   }
+  // What the trainer runs today, beside the prediction (the planner also models layouts it does not run yet).
+  auto gaps = [&](const Layout& l) {
+    trex::train::GpuLayoutAsk a;
+    a.tp = l.tp, a.pp = l.pp, a.vpp = l.vpp, a.ep = l.ep, a.etp = l.etp, a.cp = l.cp, a.dp = l.dp;
+    a.recompute = l.recompute != trex::plan::Recompute::None;
+    a.optimizer_offload = l.offload != trex::plan::Offload::None;
+    a.fully_sharded = l.zero == 3;
+    a.muon = w.optimizer == trex::plan::Optimizer::Muon;
+    a.freeze = w.frozen_router;
+    a.mtp = w.mtp && model.n_mtp > 0;
+    return trex::train::gpu_layout_gaps(a);
+  };
+  auto print_gaps = [&](const std::vector<Estimate>& es) {
+    for (const auto& e : es) {
+      const std::string g = gaps(e.layout);
+      std::printf("  %-48s trex train --device cuda: %s\n", to_string(e.layout).c_str(),
+                  g.empty() ? "runs today" : ("not yet: " + g).c_str());
+    }
+  };
+  if (!rows.empty()) {
+    print_gaps(rows);
+    for (size_t i = 0; i < rows.size(); ++i) out["layouts"][i]["trex_train_missing"] = gaps(rows[i].layout);
+  }
   std::vector<Estimate> best;
   if (o.search) {
     SearchResult res = search_layouts(est, devices, size_t(o.top));
@@ -84,8 +108,12 @@ void run_plan(const PlanOptions& o) {
                 estimates_table(res.best).c_str());
     out["search"] = {{"considered", res.considered}, {"refused", res.refused}, {"out_of_memory", res.out_of_memory}};
     out["best"] = nlohmann::json::array();
-    for (const auto& e : res.best) out["best"].push_back(estimate_to_json(e));
+    for (const auto& e : res.best) {
+      out["best"].push_back(estimate_to_json(e));
+      out["best"].back()["trex_train_missing"] = gaps(e.layout);
+    }
     best = res.best;
+    print_gaps(best);
   }
   if (!o.json_path.empty()) trex::write_json_atomic(o.json_path, out, 1);
   if (!o.html_path.empty()) {

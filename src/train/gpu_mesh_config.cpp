@@ -2,7 +2,32 @@
 
 #include <fmt/format.h>
 
+#include <vector>
+
 namespace trex::train {
+
+std::string gpu_layout_gaps(const GpuLayoutAsk& a) {
+  std::vector<std::string> gaps;
+  auto need = [&](bool missing, const char* what) {
+    if (missing) gaps.emplace_back(what);
+  };
+  need(a.tp > 1, "tensor parallelism");
+  need(a.etp > 1, "expert tensor parallelism");
+  need(a.cp > 1, "context parallelism");
+  need(a.pp > 1, "pipeline stages under trex train (bench train only)");
+  need(a.vpp > 1, "interleaved stages");
+  need(a.ep > 1, "expert parallelism under trex train (each expert written by its owner)");
+  need(a.recompute, "activation recomputation");
+  need(a.optimizer_offload, "optimizer offload");
+  need(a.fully_sharded, "fully sharded dense weights");
+  need(a.dp > 1 && 64 % a.dp != 0, "data parallelism whose degree does not divide 64 (the ZeRO-1 bucket slicing)");
+  need(a.muon && a.dp > 1, "Muon under data parallelism");
+  need(a.freeze, "freeze (the SFT recipe's frozen router)");
+  need(a.mtp, "the MTP module in the GPU trainer");
+  std::string out;
+  for (const auto& g : gaps) out += (out.empty() ? "" : "; ") + g;
+  return out;
+}
 
 std::string check_gpu_mesh_config(const TrainConfig& cfg, int world_size) {
   const parallel::MeshSpec m = cfg.parallel.present ? cfg.parallel.mesh : parallel::MeshSpec{1, world_size, 1, 1};

@@ -7,6 +7,22 @@
 
 namespace trex::train {
 
+// A layout as the planner (src/plan) describes it, in plain fields: what `trex train --device cuda` needs to know
+// to say whether it runs it.
+struct GpuLayoutAsk {
+  int64_t tp = 1, pp = 1, vpp = 1, ep = 1, etp = 1, cp = 1, dp = 1;
+  bool recompute = false;       // activation recomputation (selective or full)
+  bool optimizer_offload = false;
+  bool fully_sharded = false;   // ZeRO-3 / FSDP dense weights
+  bool muon = false;
+  bool freeze = false;          // any frozen group (the SFT recipe freezes the router)
+  bool mtp = false;             // the MTP module trained
+};
+// Empty when `trex train --device cuda` runs this layout today, else every missing piece, "; "-separated: what
+// `trex plan` reports beside each layout. check_gpu_mesh_config refuses the same things per config key (a test
+// keeps the two in step).
+std::string gpu_layout_gaps(const GpuLayoutAsk& a);
+
 // Empty when the config's parallel section (or plain data parallelism over world_size processes when it has none)
 // is a layout the GPU mesh engine runs, else the reason, naming the key to change.
 std::string check_gpu_mesh_config(const TrainConfig& cfg, int world_size);

@@ -1,4 +1,4 @@
-// What `trex train --device cuda` runs on several GPUs (train/gpu_mesh_config.h): dp and ep (ZeRO-1) with AdamW are
+// What `trex train --device cuda` runs on several GPUs (train/gpu_mesh_config.h): dp (ZeRO-1) with AdamW is
 // accepted; every layout the GPU mesh engine does not run is refused on the config alone, naming the key to
 // change and what is missing.
 #include <gtest/gtest.h>
@@ -49,4 +49,43 @@ TEST(GpuMeshConfig, RefusesWhatTheGpuMeshDoesNotRunNamingWhatIsMissing) {
                  {"model.balance_alpha", "dp=2"});
   expect_refused(config("", "{kind: adamw}", "{type: dsv4}"), 2, {"model.balance_alpha"});
   expect_refused(config("parallel: {dp: 2}\n", "{kind: adamw}", "{type: toy}"), 2, {"dsv4 only", "toy"});
+}
+
+// The planner's report of what the GPU trainer runs (gpu_layout_gaps) and the trainer's own refusals
+// (check_gpu_mesh_config) say the same thing for every layout both can express.
+TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
+  struct Case {
+    const char* parallel;
+    const char* optimizer;
+    const char* freeze;
+    int world;
+    GpuLayoutAsk ask;
+  };
+  auto ask = [](int64_t pp, int64_t vpp, int64_t ep, int64_t dp, bool muon, bool freeze) {
+    GpuLayoutAsk a;
+    a.pp = pp, a.vpp = vpp, a.ep = ep, a.dp = dp, a.muon = muon, a.freeze = freeze;
+    return a;
+  };
+  const std::vector<Case> cases = {
+      {"parallel: {dp: 2}\n", "", "", 2, ask(1, 1, 1, 2, false, false)},
+      {"parallel: {dp: 4}\n", "", "", 4, ask(1, 1, 1, 4, false, false)},
+      {"parallel: {dp: 3}\n", "", "", 3, ask(1, 1, 1, 3, false, false)},
+      {"parallel: {dp: 128}\n", "", "", 128, ask(1, 1, 1, 128, false, false)},
+      {"parallel: {pp: 2, dp: 1}\n", "", "", 2, ask(2, 1, 1, 1, false, false)},
+      {"parallel: {pp: 2, dp: 1, vpp: 2}\n", "", "", 2, ask(2, 2, 1, 1, false, false)},
+      {"parallel: {dp: 4, ep: 2}\n", "", "", 4, ask(1, 1, 2, 4, false, false)},
+      {"parallel: {dp: 2}\n", "{kind: muon}", "", 2, ask(1, 1, 1, 2, true, false)},
+      {"parallel: {dp: 1}\n", "{kind: muon}", "", 1, ask(1, 1, 1, 1, true, false)},
+      {"freeze: [router]\nparallel: {dp: 2}\n", "", "", 2, ask(1, 1, 1, 2, false, true)},
+  };
+  for (const Case& c : cases) {
+    const TrainConfig cfg = c.optimizer[0] ? config(c.parallel, c.optimizer) : config(c.parallel);
+    const bool refused = !check_gpu_mesh_config(cfg, c.world).empty();
+    EXPECT_EQ(refused, !gpu_layout_gaps(c.ask).empty()) << c.parallel << c.optimizer << ": trainer says '"
+                                                         << check_gpu_mesh_config(cfg, c.world) << "', planner '"
+                                                         << gpu_layout_gaps(c.ask) << "'";
+  }
+  GpuLayoutAsk tp;
+  tp.tp = 8, tp.recompute = true;
+  EXPECT_EQ(gpu_layout_gaps(tp), "tensor parallelism; activation recomputation");
 }
