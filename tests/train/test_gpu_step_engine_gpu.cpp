@@ -56,10 +56,11 @@ TEST(GpuStepEngine, OneGpuStepIsTheModelsStep) {
     ref.zero_grads();
     const double want = ref.forward(ids.data(), ids.data(), layout, nullptr, dsv4gpu::HeadMode::LossAndGrad);
     ref.backward();
-    if (step == 1)
+    if (step == 1) {
       EXPECT_EQ(got, want) << "the first forward (same weights, same batch) is deterministic";
-    else
+    } else {
       EXPECT_NEAR(got, want, 1e-6 * std::abs(want)) << "step " << step;
+    }
     a.step = step;
     if (step < 3) {
       engine.torch_adamw_step(a, /*timed=*/true);
@@ -105,7 +106,9 @@ TEST(GpuStepEngine, TwoIdenticalModelsStepAlike) {
       loss[k++] = m->forward(ids.data(), ids.data(), layout, nullptr, dsv4gpu::HeadMode::LossAndGrad);
       m->backward();
     }
-    if (step == 1) EXPECT_EQ(loss[0], loss[1]) << "the forward is deterministic";
+    if (step == 1) {
+      EXPECT_EQ(loss[0], loss[1]) << "the forward is deterministic";
+    }
     int64_t grads_differ = 0;
     double worst_grad = 0;
     for (const std::string& name : m1.param_names()) {

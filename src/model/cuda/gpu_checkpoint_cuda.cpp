@@ -4,7 +4,6 @@
 #include <chrono>
 
 #include "core/error.h"
-#include "kernels/cuda/tensor_ops.h"
 #include "model/cuda/gpu_impl.h"
 #include "model/dsv4/checkpoint.h"
 
@@ -28,34 +27,12 @@ GpuModel::LoadStats GpuModel::load_checkpoint(const dsv4::CheckpointReader& ckpt
   const auto t0 = std::chrono::steady_clock::now();
   LoadStats st;
   int64_t largest = 0;
-  for (const GpuParam& p : m.params) largest = std::max(largest, p.numel);
-  DevMem staging(size_t(std::max<int64_t>(largest, 1)) * sizeof(float));
-  float* stage = staging.as<float>();
-  float* master = m.master.as<float>();
   for (const GpuParam& p : m.params) {
     TREX_CHECK(ckpt.has(p.name), "GPU model load: the checkpoint has no tensor '{}'", p.name);
     const HostTensor t = ckpt.load(p.name);
-    const float* src = host_f32(t, p.name, p.shape);
-    TREX_CUDA(cudaMemcpy(stage, src, size_t(p.numel) * sizeof(float), cudaMemcpyHostToDevice));
-    cuda::cast_f32_to_bf16(m.compute.as<bf16>() + p.offset, stage, p.numel);
-    // The fp32 master: the arena itself on one GPU; with data parallelism the local experts whole (region X, at
-    // their arena offset), this rank's slices of the bf16-read buckets (at shard_off) and the replicated fp32-read
-    // region R (after shard_a).
-    const int64_t lo = p.offset, hi = p.offset + p.numel;
-    if (m.dp_size == 1 || hi <= m.region_x) {
-      TREX_CUDA(cudaMemcpy(master + lo, stage, size_t(p.numel) * sizeof(float), cudaMemcpyDeviceToDevice));
-    } else if (lo >= m.region_a) {
-      TREX_CUDA(cudaMemcpy(master + m.shard_a + (lo - m.region_a), stage, size_t(p.numel) * sizeof(float),
-                           cudaMemcpyDeviceToDevice));
-    } else {
-      for (const Impl::Bucket& b : m.buckets) {
-        const int64_t n = b.slice(m.dp_size), own0 = b.begin + m.dp_rank * n, own1 = own0 + n;
-        const int64_t a = std::max(lo, own0), e = std::min(hi, own1);
-        if (a >= e) continue;
-        TREX_CUDA(cudaMemcpy(master + b.shard_off + (a - own0), stage + (a - lo), size_t(e - a) * sizeof(float),
-                             cudaMemcpyDeviceToDevice));
-      }
-    }
+    // The fp32 master pieces this rank holds and the bf16 compute copy (set_shard places them).
+    set_shard(p.name, host_f32(t, p.name, p.shape), p.numel);
+    largest = std::max(largest, p.numel);
     ++st.tensors;
     st.bytes += p.numel * int64_t(sizeof(float));
   }

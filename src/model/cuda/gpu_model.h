@@ -165,11 +165,12 @@ class GpuModel {
   int64_t shard_elems() const;
   int dp_size() const;
   // The whole fp32 tensor on every rank (collective over the DP group: every rank calls it for the same names in
-  // the same order). Region R tensors are replicated and read locally.
+  // the same order). Region R tensors and the local experts (held whole by their owner) are read locally.
   std::vector<float> gather_shard(const std::string& name, const float* shard = nullptr) const;
   // Writes this rank's part of the whole tensor `full` into `shard` (not collective); for the master (shard null)
   // also the bf16 compute copy of the whole tensor, which every rank holds.
   void set_shard(const std::string& name, const std::vector<float>& full, float* shard = nullptr);
+  void set_shard(const std::string& name, const float* full, int64_t n, float* shard = nullptr);
   // The global L2 norm of the reduced gradients, collective over the DP group: each rank's own bucket slices'
   // squared norm summed over the ranks, region R (all-reduced, the same on every rank) counted once. One GPU:
   // grad_norm(). Waits for the pending gradient reductions.

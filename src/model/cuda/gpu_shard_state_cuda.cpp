@@ -1,7 +1,8 @@
 // GpuModel's data-parallel shard state by tensor (gpu_model.h): whole tensors gathered from / written into the
 // ZeRO-1 shard layout (checkpoints of the official names), the distributed gradient norm, gradient accumulation
-// across in-place reduce-scatters, and a stage step's router selections. The shard layout (gpu_impl.h): bucket b's
-// slice dp_rank (length (end - begin) / dp_size, at shard_off), then region R (replicated) at shard_a.
+// across in-place reduce-scatters, and a stage step's router selections. The shard layout (gpu_impl.h): the local
+// experts (region X, whole, at their arena offsets), bucket b's slice dp_rank (length (end - begin) / dp_size, at
+// shard_off), then region R (replicated) at shard_a.
 #include <cublas_v2.h>
 #include <fmt/format.h>
 
@@ -21,10 +22,11 @@ struct Piece {
   int64_t t = 0, s = 0, n = 0;
 };
 
-// The pieces of p in this rank's shard (one GPU: the whole tensor at its arena offset).
+// The pieces of p in this rank's shard (one GPU, or a local expert of region X: the whole tensor at its arena
+// offset).
 std::vector<Piece> own_pieces(const GpuModel::Impl& m, const GpuParam& p) {
   const int64_t lo = p.offset, hi = p.offset + p.numel;
-  if (m.dp_size == 1) return {{0, lo, p.numel}};
+  if (m.dp_size == 1 || hi <= m.region_x) return {{0, lo, p.numel}};
   if (lo >= m.region_a) return {{0, m.shard_a + (lo - m.region_a), p.numel}};
   std::vector<Piece> out;
   for (const GpuModel::Impl::Bucket& b : m.buckets) {
@@ -35,7 +37,10 @@ std::vector<Piece> own_pieces(const GpuModel::Impl& m, const GpuParam& p) {
   return out;
 }
 
-bool replicated(const GpuModel::Impl& m, const GpuParam& p) { return m.dp_size == 1 || p.offset >= m.region_a; }
+// Held whole by this rank: one GPU, region R (replicated), or a local expert (region X, whole on its owner).
+bool replicated(const GpuModel::Impl& m, const GpuParam& p) {
+  return m.dp_size == 1 || p.offset >= m.region_a || p.offset + p.numel <= m.region_x;
+}
 
 // y += x on the device (cuBLAS saxpy with alpha 1: exact fp32 adds, in element order).
 struct Axpy {
@@ -92,10 +97,13 @@ std::vector<float> GpuModel::gather_shard(const std::string& name, const float* 
 }
 
 void GpuModel::set_shard(const std::string& name, const std::vector<float>& full, float* shard) {
+  set_shard(name, full.data(), int64_t(full.size()), shard);
+}
+
+void GpuModel::set_shard(const std::string& name, const float* full, int64_t n, float* shard) {
   Impl& m = *impl_;
   const GpuParam& p = m.info(name);
-  TREX_CHECK(int64_t(full.size()) == p.numel, "GPU model set_shard: '{}' has {} elements, got {}", name, p.numel,
-             full.size());
+  TREX_CHECK(n == p.numel, "GPU model set_shard: '{}' has {} elements, got {}", name, p.numel, n);
   float* base = shard ? shard : m.master.as<float>();
   if (!shard)  // an all-gather of updated bf16 slices still in flight would overwrite the new compute copy
     for (auto& w : m.gather_work)
@@ -104,7 +112,7 @@ void GpuModel::set_shard(const std::string& name, const std::vector<float>& full
         w.reset();
       }
   DevMem stage(size_t(p.numel) * sizeof(float));
-  TREX_CUDA(cudaMemcpy(stage.as<float>(), full.data(), full.size() * sizeof(float), cudaMemcpyHostToDevice));
+  TREX_CUDA(cudaMemcpy(stage.as<float>(), full, size_t(n) * sizeof(float), cudaMemcpyHostToDevice));
   for (const Piece& w : own_pieces(m, p))
     TREX_CUDA(cudaMemcpy(base + w.s, stage.as<float>() + w.t, size_t(w.n) * sizeof(float), cudaMemcpyDeviceToDevice));
   if (!shard) cuda::cast_f32_to_bf16(m.compute.as<bf16>() + p.offset, stage.as<float>(), p.numel);
