@@ -15,7 +15,7 @@ run_test "communicators on one GPU" 60 $B/tests/test_comm_gpu --gtest_filter='De
 run_test "expert sharding" 90 $B/tests/test_train_gpu \
   --gtest_filter='Ranks/EpShardGpu.*:EpShardGpuState.*:Backends/MoeEpGpu.*'
 run_test "streamed checkpoint load" 60 $B/tests/test_train_gpu --gtest_filter='GpuCheckpointLoad.*'
-run_test "GPU step engine and trainer" 90 $B/tests/test_train_gpu --gtest_filter='GpuStepEngine.*:GpuTrainer.*'
+run_test "GPU step engine and trainer" 90 $B/tests/test_train_gpu --gtest_filter='GpuStepEngine.*:GpuTrainer.*:GpuMeshEngine.*'
 run_test "GPU model regression" 120 $B/tests/test_train_gpu \
   --gtest_filter='Dsv4Gpu.*:ParityGpu.*:DataParallelGpu.*:OptimizerGpu.*:PipelineGpu.*:MoeGpuPaths.*:HeadGradGpu.*:MtpGpu.*'
 run_test "grouped GEMM" 60 $B/tests/test_kernels_gpu --gtest_filter='GroupedGemmGpu.*'
