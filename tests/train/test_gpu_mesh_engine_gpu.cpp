@@ -59,12 +59,14 @@ Dsv4TrainOptions train_options() {
   return o;
 }
 
-TrainConfig run_config(const std::string& extra = "") {
-  return parse_train_config(parse_yaml(R"(
+const char* const kMuon = "optimizer: {kind: muon, clip_grad_norm: 1.0, adamw: {eps: 1.0e-8, decay_vectors: false}}\n";
+
+// The test run's config: `optimizer` is its optimiser line (a YAML key may appear once), `extra` more keys.
+TrainConfig run_config(const std::string& extra = "", const std::string& optimizer = kMuon) {
+  return parse_train_config(parse_yaml(optimizer + R"(
 seed: 3
 model: {type: dsv4}
 data: {shards: x, tokenizer: y, seq_len: 64, batch_size: 2, grad_accum: 2}
-optimizer: {kind: muon, clip_grad_norm: 1.0, adamw: {eps: 1.0e-8, decay_vectors: false}}
 schedule: {lr: 0.003, min_lr: 0.0003, warmup_steps: 2}
 train: {max_steps: 6}
 checkpoint: {every: 3, keep_last: 2}
@@ -138,13 +140,13 @@ TEST(GpuMeshEngine, TwoDataParallelRanksAsThreadsMatchOneRank) {
   o.model.balance_alpha = 0.0;  // not under dp on the GPU
   const fs::path one = dat().dir / "dp1", two = dat().dir / "dp2";
   {
-    const TrainConfig cfg = run_config(adamw + "parallel: {pp: 1, dp: 1, ep: 1}\n");
+    const TrainConfig cfg = run_config("parallel: {pp: 1, dp: 1, ep: 1}\n", adamw);
     auto world = comm::make_local_communicator();
     GpuMeshEngine engine(cfg, model_config(), o, *world);
     Trainer(cfg, one, engine, *dat().ds, 1, quiet()).run();
   }
   {
-    const TrainConfig cfg = run_config(adamw + "parallel: {pp: 1, dp: 2, ep: 1}\n");
+    const TrainConfig cfg = run_config("parallel: {pp: 1, dp: 2, ep: 1}\n", adamw);
     auto ranks = comm::make_thread_group(2, 120.0);
     std::string errors[2];
     std::vector<std::thread> threads;
