@@ -85,7 +85,8 @@ TEST(RankPartition, CoordinatesLayersExpertsAndSlots) {
 
 TEST(RankPartition, RefusalsNameTheRule) {
   const dsv4::ModelConfig cfg = trex::testing::tiny_gpu_config("rank partition test");
-  EXPECT_NE(error_of([&] { rank_partition(parse_mesh_spec("pp=2,dp=4,ep=3"), 0, cfg, 8); }).find("does not divide dp=4"),
+  EXPECT_NE(error_of([&] { rank_partition(parse_mesh_spec("pp=2,dp=4,ep=3"), 0, cfg, 8); })
+                .find("does not divide dp=4"),
             std::string::npos);
   EXPECT_NE(error_of([&] { rank_partition(parse_mesh_spec("dp=4,ep=4"), 0, tiny_with(6), 8); })
                 .find("6 routed experts"),

@@ -284,7 +284,8 @@ void GpuModel::backward_impl(const float* dx_out) {
   m.backend->begin_backward(dx_in);
   // A stage step accumulating micro-batches under DP reduces only in the step's last backward (begin_step's
   // reduce_micro): an earlier reduce-scatter would leave the arena unable to take the next micro-batch's sum.
-  m.program->backward(m.program_slot, dx_out, dx_in, m.reduce_this_backward ? dsv4::BlocksReady(ready) : dsv4::BlocksReady{});
+  const dsv4::BlocksReady hooks = m.reduce_this_backward ? dsv4::BlocksReady(ready) : dsv4::BlocksReady{};
+  m.program->backward(m.program_slot, dx_out, dx_in, hooks);
   m.backend->end_backward();
   TREX_CUDA(cudaGetLastError());
 }
