@@ -27,9 +27,17 @@ struct TrainBenchArgs {
   // trains on its own `batch` sequences of a global batch of D x batch (the same tokens one GPU gets with
   // --batch D x batch, so the losses compare).
   std::string mesh;
+  // Rank emulation (bench_emulate.cpp): rank `emulate_rank` of `layout` ("pp=P,dp=D,ep=E", parallel/mesh.h) alone
+  // on this GPU, --batch the layout's global batch in micro-batches of micro_batch_seqs sequences per DP rank;
+  // beside it the planner's prediction for that rank (hardware / impl profiles, `mode` cpt or sft).
+  int emulate_rank = -1;
+  std::string layout;
+  int64_t micro_batch_seqs = 1;
+  std::string mode = "sft", hardware = "nvidia-h200", impl = "trex-prior";
 };
 
 void bench_train(const TrainBenchArgs& a);
+void bench_train_emulated(const TrainBenchArgs& a);
 
 // Training FLOPs per token exactly as ../shared/bench/model_flops.py computes them from the config JSON.
 double model_flops_per_token(const std::string& config_json_path, int64_t seq);

@@ -61,5 +61,9 @@ std::vector<optim::ParamRef> dsv4_param_refs(dsv4::ParamTable<float>& table);
 // The ../shared/bench convention (model_flops.py): 3 x forward matmul FLOPs of the weights one token
 // touches (activated experts only, LM head included) + core attention over the keys each position sees.
 double dsv4_flops_per_token(const dsv4::ModelConfig& cfg, int64_t seq_len);
+// The same convention for one pipeline stage's share: main layers [layer_begin, layer_end), plus hc_head and the LM
+// head when `head` (the embedding has no matmul). The stages of a partition sum to dsv4_flops_per_token.
+double dsv4_stage_flops_per_token(const dsv4::ModelConfig& cfg, int64_t seq_len, int64_t layer_begin,
+                                  int64_t layer_end, bool head);
 
 }  // namespace trex::train

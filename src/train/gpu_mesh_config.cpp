@@ -38,7 +38,8 @@ std::string check_gpu_mesh_config(const TrainConfig& cfg, int world_size) {
         "pipeline stages (parallel.pp={}) are not run by `trex train --device cuda` yet: the GPU 1F1B pipeline "
         "(train/cuda/gpu_pipeline.h) runs only in `trex bench train` on random tokens; missing under the trainer: "
         "its step's target normaliser and loss, the stage-shared embedding's gradient, per-stage sharded "
-        "checkpoints, and pp combined with dp / ep in the GPU model. Use pp: 1 (dp / ep on the GPU) or device cpu",
+        "checkpoints, and the engine driving the GPU model's stages (GpuModel combines a stage with dp / ep, "
+        "GpuPipeline runs 1F1B over a DP group). Use pp: 1 (dp / ep on the GPU) or device cpu",
         m.pp);
   if (m.vpp > 1) return fmt::format("interleaved stages (parallel.vpp={}) are not implemented on the GPU", m.vpp);
   if (m.ep > 1)

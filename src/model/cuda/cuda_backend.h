@@ -101,6 +101,8 @@ class CudaBackend final : public dsv4::Backend {
   std::shared_ptr<int32_t> pinned_;  // [3 * pinned_n_]
   int64_t pinned_n_ = 0;
   std::unique_ptr<BlockGrads> bg_;
+  DevMem balanced_sel_;  // GpuModelOptions::balanced_routing: [balanced_n_ * topk] forced expert ids
+  int64_t balanced_n_ = 0;
 };
 
 }  // namespace trex::dsv4gpu

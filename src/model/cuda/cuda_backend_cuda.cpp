@@ -367,6 +367,18 @@ void CudaBackend::moe_fwd(const Pass& p, int64_t blk) {
                N * cfg.topk);
     rsel = sel->data();
   }
+  c_.balanced_sel = nullptr;
+  if (m_.opts.balanced_routing && !rsel) {
+    const int64_t K = cfg.topk, E = cfg.n_routed_experts;
+    if (balanced_n_ != N) {  // built once per token count (a pageable upload outside the steady state)
+      std::vector<int32_t> t(size_t(N * K));
+      for (int64_t i = 0; i < N * K; ++i) t[size_t(i)] = int32_t(i % E);
+      balanced_sel_ = DevMem(t.size() * sizeof(int32_t));
+      TREX_CUDA(cudaMemcpy(balanced_sel_.as<int32_t>(), t.data(), t.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+      balanced_n_ = N;
+    }
+    c_.balanced_sel = balanced_sel_.as<int32_t>();
+  }
   m_.section("fwd.moe", true);
   dsv4gpu::moe_fwd(c_, b, rsel);
   b.mo.dscores = nullptr;

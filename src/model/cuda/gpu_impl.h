@@ -65,6 +65,10 @@ struct GpuModel::Impl {
   bool declaring = true;
   // Stage steps: the whole step's labelled targets come from begin_step, not from the micro-batch.
   bool step_mode = false;
+  // Stage steps under data parallelism (begin_step's reduce_micro): -1 reduces the gradients in every backward;
+  // m >= 0 only in micro-batch m's (the step's last), the earlier ones accumulating in the full arena.
+  int64_t reduce_micro = -1;
+  bool reduce_this_backward = true;  // of the backward in progress
   Pool grad_out;           // owns dx_in after a non-first stage's backward (kept for the boundary send)
   Pool out;                // owns X[l1] of a non-last stage's forward (read in place by the next stage)
   float* dx_in = nullptr;  // fp32 [N, hc, d]

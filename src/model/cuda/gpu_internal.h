@@ -28,7 +28,10 @@ namespace trex::dsv4gpu {
 
 // Communicators whose operations take device pointers of this rank's GPU: NCCL, and the thread group
 // (comm/thread_group.h: several ranks as threads sharing one GPU, as the multi-rank tests run).
-inline bool device_memory_comm(const comm::Communicator& c) { return c.backend() == "nccl" || c.backend() == "threads"; }
+// "emulated": one rank of a larger group emulated by local copies (comm/emulated_group.h, `trex bench train --emulate-rank`).
+inline bool device_memory_comm(const comm::Communicator& c) {
+  return c.backend() == "nccl" || c.backend() == "threads" || c.backend() == "emulated";
+}
 
 
 using bf16 = __nv_bfloat16;
@@ -203,6 +206,8 @@ struct Ctx {
   std::function<void(const char*, bool)> section;  // (name, begin) CUDA-event sections; may be empty
   comm::Communicator* ep = nullptr;  // expert-parallel group (GpuModelOptions::ep); null: all experts local
   bool grouped_experts = false;      // GpuModelOptions::moe_grouped_gemm
+  // GpuModelOptions::balanced_routing: the device table [N * topk] of forced expert ids (null: the router's own).
+  const int32_t* balanced_sel = nullptr;
 };
 
 // Timing sub-sections of one sub-layer: "<prefix><part>" nested inside the caller's section (e.g. "fwd.moe/" +

@@ -58,11 +58,16 @@ struct GpuModelOptions {
   double mtp_weight = 0.3;
   // Pipeline stage: this model holds layers [layer_begin, layer_end) (layer_end -1: up to n_layers), the
   // embedding when layer_begin == 0 and hc_head + final norm + LM head when layer_end == n_layers; only those
-  // parameters are allocated (same names and init values as the full model). Not combinable with dp / ep.
+  // parameters are allocated (same names and init values as the full model). Combines with dp and ep (the stage's
+  // DP / EP groups: its dense buckets ZeRO-1 sharded over dp, its layers' experts over ep); not with MTP yet.
   int64_t layer_begin = 0, layer_end = -1;
   // Micro-batches whose saved activations can be held at once (forward_stage done, backward_stage pending);
   // micro-batch m uses slot m % stage_slots. 1F1B on pipeline rank r of P needs P - r.
   int stage_slots = 1;
+  // Routing forced to a perfectly balanced assignment (rank emulation, `trex bench train --emulate-rank`): token
+  // i's k-th expert is (i K + k) mod E, so every expert gets N K / E rows and every expert-parallel peer the
+  // balanced share; the weights still come from the router's scores. Off: the router's own top-k.
+  bool balanced_routing = false;
   // False: inference only (the serving engine): no gradient arena is allocated, and anything that would write or
   // read gradients (backward, a HeadMode::LossAndGrad forward, stage steps, zero_grads, grad) is an error.
   bool gradients = true;
@@ -86,6 +91,19 @@ enum class HeadMode { Loss, LossAndGrad };
 class GpuModel {
  public:
   explicit GpuModel(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts = {});
+
+  // What a GpuModel of (cfg, opts) would allocate for its parameters, before allocating anything (the same checks
+  // and arena declaration as the constructor; no sub-communicator is split off): the bf16 compute copy and the
+  // fp32 gradients span the arena, the fp32 master (and each AdamW moment of train/cuda/gpu_optimizer.h) the shard.
+  struct Footprint {
+    int64_t arena_elems = 0, shard_elems = 0, region_x_elems = 0, n_params = 0;
+    bool gradients = true;
+    int64_t compute_bytes() const { return 2 * arena_elems; }  // the bf16 weights the kernels read
+    int64_t grad_bytes() const { return gradients ? 4 * arena_elems : 0; }
+    int64_t master_bytes() const { return 4 * shard_elems; }   // the fp32 master (ZeRO-1 shard)
+    int64_t adamw_bytes() const { return 8 * shard_elems; }    // GpuOptimizer's two fp32 moments
+  };
+  static Footprint footprint(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts = {});
   ~GpuModel();
   GpuModel(const GpuModel&) = delete;
   GpuModel& operator=(const GpuModel&) = delete;
@@ -137,7 +155,11 @@ class GpuModel {
   // accumulates gradients; dx_out the device fp32 [N, hc, d] gradient of that stream (null on the last stage,
   // which starts from the loss); stage_input_grad then holds the fp32 gradient of x_in (not on the first stage;
   // valid until that slot's next backward).
-  void begin_step(int64_t step_targets, int64_t step_mtp_targets = -1);  // the MTP head's too, with MTP
+  // step_mtp_targets: the MTP head's, with MTP. With a DP group the targets are those of every DP rank's
+  // micro-batches (the caller sums them). reduce_micro (DP only): -1 reduce-scatters the gradients in every
+  // backward_stage (one micro-batch per step, or add_reduced_grads_to between them); m >= 0 only in micro-batch
+  // m's backward, which must be the step's last (1F1B: M - 1): the earlier ones accumulate in the arena.
+  void begin_step(int64_t step_targets, int64_t step_mtp_targets = -1, int64_t reduce_micro = -1);
   double forward_stage(int64_t micro, const int32_t* ids, const int32_t* labels, const dsv4::SeqLayout& layout,
                        const void* x_in);
   const void* stage_output(int64_t micro) const;

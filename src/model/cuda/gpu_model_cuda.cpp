@@ -66,7 +66,8 @@ Ctx GpuModel::Impl::ctx() {
 
 // Expert parallelism: which routed experts this rank holds (gpu_impl.h, region X), checked before any
 // allocation; the expert-data-parallel group when DP is larger than EP.
-static void configure_experts(GpuModel::Impl& m, const dsv4::ModelConfig& cfg, const GpuModelOptions& opts) {
+static void configure_experts(GpuModel::Impl& m, const dsv4::ModelConfig& cfg, const GpuModelOptions& opts,
+                              bool make_groups) {
   const int64_t E = cfg.n_routed_experts;
   if (opts.ep && opts.ep->size() > 1) {
     m.ep_size = opts.ep->size(), m.ep_rank = opts.ep->rank();
@@ -82,12 +83,14 @@ static void configure_experts(GpuModel::Impl& m, const dsv4::ModelConfig& cfg, c
                "GPU model: expert parallelism folds into data parallelism: {} EP ranks must divide the {} DP ranks",
                m.ep_size, m.dp_size);
     // The DP ranks holding the same experts (same EP rank): sum their expert gradients.
-    if (m.dp_size > m.ep_size) m.edp = m.dp->split(m.ep_rank, m.dp_rank);
+    if (m.dp_size > m.ep_size && make_groups) m.edp = m.dp->split(m.ep_rank, m.dp_rank);
   }
 }
 
-GpuModel::GpuModel(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts)
-    : impl_(std::make_unique<Impl>(cfg, opts)) {
+// Everything the constructor decides before it allocates: the checks, the groups' sizes and ranks, the arena's
+// declaration (offsets, buckets, regions). make_groups false (footprint()): no sub-communicator is split off.
+static void plan_arena(GpuModel::Impl& m, const dsv4::ModelConfig& cfg, const GpuModelOptions& opts,
+                       bool make_groups) {
   cfg.validate();
   // hc_mult 4: the fast mHC / hc_head kernels; 1..3 (the parity fixtures): the generic ones (mhc_generic.h, *_any).
   TREX_CHECK(cfg.hc_mult >= 1 && cfg.hc_mult <= cuda::kMhcGenericMaxStreams,
@@ -95,14 +98,6 @@ GpuModel::GpuModel(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts)
              cuda::kMhcGenericMaxStreams);
   TREX_CHECK(cfg.score_func == "sqrtsoftplus" && cfg.norm_topk_prob,
              "GPU model: only sqrtsoftplus routing with normalised top-k weights is implemented");
-  // Keep freed stream-ordered memory in the pool (no release at synchronisation points).
-  cudaMemPool_t pool;
-  int dev = 0;
-  TREX_CUDA(cudaGetDevice(&dev));
-  TREX_CUDA(cudaDeviceGetDefaultMemPool(&pool, dev));
-  uint64_t threshold = UINT64_MAX;
-  TREX_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
-  Impl& m = *impl_;
   if (opts.dp && opts.dp->size() > 1) {
     m.dp = opts.dp, m.dp_size = opts.dp->size(), m.dp_rank = opts.dp->rank();
     TREX_CHECK(device_memory_comm(*m.dp),
@@ -110,14 +105,13 @@ GpuModel::GpuModel(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts)
                "got '{}'", m.dp_rank, m.dp->backend());
     TREX_CHECK(64 % m.dp_size == 0, "GPU model: data-parallel size {} must divide 64 (bucket slicing)", m.dp_size);
   }
-  configure_experts(m, cfg, opts);
+  configure_experts(m, cfg, opts, make_groups);
   m.l0 = opts.layer_begin, m.l1 = opts.layer_end < 0 ? cfg.n_layers : opts.layer_end;
   TREX_CHECK(m.l0 >= 0 && m.l0 < m.l1 && m.l1 <= cfg.n_layers,
              "GPU model: stage layers [{}, {}) outside the model's {} layers (or empty)", m.l0, m.l1, cfg.n_layers);
+  // A stage combines with data and expert parallelism: its dense buckets are ZeRO-1 sharded over the stage's DP
+  // group (another stage's buckets are declared empty), its local experts (region X) are those of its own layers.
   const bool partial = !m.first_stage() || !m.last_stage();
-  TREX_CHECK(!partial || (m.dp_size == 1 && !opts.ep),
-             "GPU model: a pipeline stage (layers [{}, {})) cannot be combined with data / expert parallelism yet",
-             m.l0, m.l1);
   TREX_CHECK(opts.stage_slots >= 1, "GPU model: stage_slots {} must be >= 1", opts.stage_slots);
   // The MTP input reads embed.weight, which only the first stage holds.
   TREX_CHECK(cfg.n_mtp == 0 || !partial,
@@ -134,6 +128,29 @@ GpuModel::GpuModel(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts)
   m.shard_a = m.region_x + (m.region_a - m.region_x) / m.dp_size;
   int64_t off = m.region_x;
   for (auto& b : m.buckets) b.shard_off = off, off += b.slice(m.dp_size);
+}
+
+GpuModel::Footprint GpuModel::footprint(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts) {
+  Impl m(cfg, opts);
+  plan_arena(m, cfg, opts, false);
+  Footprint f;
+  f.arena_elems = m.total, f.shard_elems = m.shard_elems(), f.region_x_elems = m.region_x;
+  for (const GpuParam& p : m.params) f.n_params += p.numel;
+  f.gradients = opts.gradients;
+  return f;
+}
+
+GpuModel::GpuModel(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts)
+    : impl_(std::make_unique<Impl>(cfg, opts)) {
+  // Keep freed stream-ordered memory in the pool (no release at synchronisation points).
+  cudaMemPool_t pool;
+  int dev = 0;
+  TREX_CUDA(cudaGetDevice(&dev));
+  TREX_CUDA(cudaDeviceGetDefaultMemPool(&pool, dev));
+  uint64_t threshold = UINT64_MAX;
+  TREX_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  Impl& m = *impl_;
+  plan_arena(m, cfg, opts, true);
   const size_t n = size_t(m.total), ns = size_t(m.shard_elems());  // ns == n on one GPU
   m.master = DevMem(ns * 4), m.compute = DevMem(n * 2);
   TREX_CUDA(cudaMemsetAsync(m.master.as<float>(), 0, ns * 4, nullptr));
@@ -265,7 +282,10 @@ void GpuModel::backward_impl(const float* dx_out) {
     }
   };
   m.backend->begin_backward(dx_in);
-  m.program->backward(m.program_slot, dx_out, dx_in, ready);
+  // A stage step accumulating micro-batches under DP reduces only in the step's last backward (begin_step's
+  // reduce_micro): an earlier reduce-scatter would leave the arena unable to take the next micro-batch's sum.
+  const dsv4::BlocksReady hooks = m.reduce_this_backward ? dsv4::BlocksReady(ready) : dsv4::BlocksReady{};
+  m.program->backward(m.program_slot, dx_out, dx_in, hooks);
   m.backend->end_backward();
   TREX_CUDA(cudaGetLastError());
 }
@@ -305,8 +325,10 @@ int slot_of(const GpuModel::Impl& m, int64_t micro) {
 }
 }  // namespace
 
-void GpuModel::begin_step(int64_t step_targets, int64_t step_mtp_targets) {
+void GpuModel::begin_step(int64_t step_targets, int64_t step_mtp_targets, int64_t reduce_micro) {
   TREX_CHECK(step_targets >= 0, "GPU model: step targets {} must be >= 0", step_targets);
+  TREX_CHECK(reduce_micro >= -1, "GPU model: begin_step reduce_micro {} must be >= -1", reduce_micro);
+  impl_->reduce_micro = reduce_micro;
   TREX_CHECK(!impl_->mtp() || step_mtp_targets >= 0,
              "GPU model: with the MTP module begin_step needs the step's MTP targets (got {})", step_mtp_targets);
   impl_->step_mode = true;
@@ -340,7 +362,14 @@ void GpuModel::backward_stage(int64_t micro, const float* dx_out) {
              micro);
   m.grad_out.clear();
   m.dx_in = nullptr;
-  backward_impl(dx_out);
+  m.reduce_this_backward = m.reduce_micro < 0 || micro == m.reduce_micro;
+  try {
+    backward_impl(dx_out);
+  } catch (...) {
+    m.reduce_this_backward = true;
+    throw;
+  }
+  m.reduce_this_backward = true;
   m.forward_done = false;
   m.acts.clear(), m.out.clear();  // the slot's activations (and its sent output) are no longer needed
   for (int64_t l = m.l0; l < m.l1; ++l) m.blocks[size_t(l)]->keep.clear();

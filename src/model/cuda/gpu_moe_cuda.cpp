@@ -257,6 +257,9 @@ void moe_fwd(const Ctx& c, GpuBlock& b, const int32_t* injected_sel) {
     TREX_CUDA(cudaMemcpyAsync(table, injected_sel, size_t(N * K) * sizeof(int32_t), cudaMemcpyHostToDevice));
     cuda::router_fwd(router_shape(c, b, true), m.logits, nullptr, table, N, c.lay->token_iota.as<int32_t>(),
                      m.scores, m.sel, m.weight, status);
+  } else if (c.balanced_sel) {  // forced balanced routing (GpuModelOptions::balanced_routing), on the device
+    cuda::router_fwd(router_shape(c, b, true), m.logits, nullptr, c.balanced_sel, N, c.lay->token_iota.as<int32_t>(),
+                     m.scores, m.sel, m.weight, status);
   } else {
     cuda::router_fwd(router_shape(c, b, false), m.logits, w.bias, w.tid2eid, c.cfg->vocab_size,
                      c.lay->ids.as<int32_t>(), m.scores, m.sel, m.weight, status);

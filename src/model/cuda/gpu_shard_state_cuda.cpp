@@ -129,6 +129,7 @@ double GpuModel::dp_grad_norm() {
   double own = 0;  // this rank's slices, in bucket order (deterministic)
   for (const Impl::Bucket& b : m.buckets) {
     const int64_t n = b.slice(m.dp_size);
+    if (n == 0) continue;  // another pipeline stage's bucket
     own += host_sum_squares(g + b.begin + m.dp_rank * n, n, scratch.as<double>());
   }
   const double r = host_sum_squares(g + m.region_a, m.total - m.region_a, scratch.as<double>());

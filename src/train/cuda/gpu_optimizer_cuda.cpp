@@ -89,6 +89,7 @@ void GpuOptimizer::adamw_step(const cuda::AdamWStep& a_in) {
   for (size_t bi = 0; bi < m.buckets.size(); ++bi) {
     const GpuModel::Impl::Bucket& b = m.buckets[bi];
     const int64_t n = b.slice(m.dp_size), own = b.begin + m.dp_rank * n;
+    if (n == 0) continue;  // another pipeline stage's bucket (empty here)
     cuda::adamw_step(m.master.as<float>() + b.shard_off, g + own, adam_m.as<float>() + b.shard_off,
                      adam_v.as<float>() + b.shard_off, c + own, n, a);
     m.gather_work[bi] = m.dp->all_gather(c + own, c + b.begin, size_t(n), comm::ElemType::BF16);
