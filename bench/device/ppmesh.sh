@@ -8,6 +8,6 @@ export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 B=build-dev
 RUN_TEST_SHOW='Failure|Expected|Which is|FAILED|PASSED|SKIPPED \]|step [0-9]|worst|rank [0-9]|rror|what\(\)'
 RUN_TEST_LINES=60
-run_test "pp x dp x ep as threads, emulated rank" 200 $B/tests/test_train_gpu --gtest_filter='PpMeshGpu.*:EmulatedRankGpu.*'
+run_test "pp x dp x ep as threads, emulated rank" 200 $B/tests/test_train_gpu --gtest_filter='*PpMeshGpu.*:EmulatedRankGpu.*'
 run_test "regression: ep shards, pipeline, head, mesh engine, dp" 200 $B/tests/test_train_gpu \
   --gtest_filter='Ranks/EpShardGpu*:EpShardGpuState*:PipelineGpu*:HeadGrad*:GpuMeshEngine*:DataParallelGpu*'
