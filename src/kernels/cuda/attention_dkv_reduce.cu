@@ -69,8 +69,8 @@ __global__ void row_start_kernel(const int32_t* sorted_keys, int32_t n_pairs, in
 }
 
 // One block per destination row: kv rows r_lo + b for b < n_kv, then the E compressed entries. The row's pairs of
-// units [u0, u1) are a contiguous run of its sorted list; their partials (G per pair) are summed in list order,
-// then added to the row.
+// units [u0, u1) are a contiguous run of its sorted list; their partials (G per pair) are summed in list order
+// (batches of kBatch pairs, head group by head group within a batch), then added to the row once.
 __global__ void __launch_bounds__(kThreads)
     reduce_kernel(const float* __restrict__ part, const int32_t* __restrict__ vals,
                   const int32_t* __restrict__ row_start, int64_t N, int64_t n_slots, int64_t G, int64_t c,
@@ -81,33 +81,32 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t ka = lower_bound(vals, a, b, u0 * n_slots), kb = lower_bound(vals, ka, b, u1 * n_slots);
   if (ka == kb) return;
   float* dst = r < N ? dkv + r * c : dcmp + (r - N) * c;
-  const int64_t M = int64_t(kb - ka) * G;  // contributions: (pair, head group) in order
+  // Pair p of the chunk: its G head-group rows at part + (p - u0 * n_slots) * G * c, adjacent.
+  const int64_t p0 = u0 * n_slots, Gc = G * c;
   for (int64_t d0 = 0; d0 < c; d0 += kThreads * kDimsPerThread) {
     float acc[kDimsPerThread];
 #pragma unroll
     for (int q = 0; q < kDimsPerThread; ++q) acc[q] = 0.f;
-    for (int64_t m0 = 0; m0 < M; m0 += kBatch) {
-      float v[kBatch][kDimsPerThread];
+    for (int32_t k0 = ka; k0 < kb; k0 += kBatch) {
+      const float* src[kBatch];
 #pragma unroll
-      for (int x = 0; x < kBatch; ++x) {
-        const int64_t m = m0 + x;
-        const float* src = nullptr;
-        if (m < M) {
-          const int64_t p = vals[ka + m / G], y = m % G, u = p / n_slots, j = p - u * n_slots;
-          src = part + (((u - u0) * G + y) * n_slots + j) * c;
-        }
+      for (int x = 0; x < kBatch; ++x) src[x] = k0 + x < kb ? part + (int64_t(vals[k0 + x]) - p0) * Gc : nullptr;
+      for (int64_t y = 0; y < G; ++y) {
+        float v[kBatch][kDimsPerThread];
 #pragma unroll
-        for (int q = 0; q < kDimsPerThread; ++q) {
-          const int64_t d = d0 + threadIdx.x + q * kThreads;
-          v[x][q] = src && d < c ? __ldcs(src + d) : 0.f;
-        }
+        for (int x = 0; x < kBatch; ++x)
+#pragma unroll
+          for (int q = 0; q < kDimsPerThread; ++q) {
+            const int64_t d = d0 + threadIdx.x + q * kThreads;
+            v[x][q] = src[x] && d < c ? __ldcs(src[x] + y * c + d) : 0.f;
+          }
+#pragma unroll
+        for (int x = 0; x < kBatch; ++x)
+          if (src[x]) {
+#pragma unroll
+            for (int q = 0; q < kDimsPerThread; ++q) acc[q] += v[x][q];
+          }
       }
-#pragma unroll
-      for (int x = 0; x < kBatch; ++x)
-        if (m0 + x < M) {
-#pragma unroll
-          for (int q = 0; q < kDimsPerThread; ++q) acc[q] += v[x][q];
-        }
     }
 #pragma unroll
     for (int q = 0; q < kDimsPerThread; ++q) {

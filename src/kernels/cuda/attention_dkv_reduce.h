@@ -19,9 +19,10 @@
 
 namespace trex::cuda::dkv_reduce {
 
-// Where a backward kernel puts the dK + dV row of key slot j of its block: part + ((blockIdx.x * gridDim.y +
-// blockIdx.y) * n_slots + j) * c, for the units u0 .. u0 + gridDim.x - 1 (the launch's chunk). part null: the
-// kernel adds the rows to dkv / dcmp with fp32 atomics instead (the atomic versions kept in dev/attention).
+// Where a backward kernel puts the dK + dV row of key slot j of its block: part + ((blockIdx.x * n_slots + j) *
+// gridDim.y + blockIdx.y) * c, for the units u0 .. u0 + gridDim.x - 1 (the launch's chunk; a pair's G head-group
+// rows are adjacent, so the reduction finds them without dividing). part null: the kernel adds the rows to dkv /
+// dcmp with fp32 atomics instead (the atomic versions kept in dev/attention).
 struct PartOut {
   float* part = nullptr;
   int64_t u0 = 0;       // first unit of the launch: the block's unit is u0 + blockIdx.x
@@ -49,7 +50,7 @@ struct Plan {
   size_t off_keys = 0, off_vals = 0;  // 2 x [pairs] int32 each (radix sort double buffers)
   size_t off_rows = 0;                // [N + E + 1] int32: first sorted pair of each destination row
   size_t off_temp = 0, temp_bytes = 0;
-  size_t off_part = 0;  // [chunk_units, G, n_slots, c] fp32
+  size_t off_part = 0;  // [chunk_units, n_slots, G, c] fp32
   size_t bytes = 0;     // the whole scratch
   int64_t pairs() const { return u.count() * u.n_slots; }
 };
@@ -70,7 +71,8 @@ inline float* partials(const Plan& p, void* scratch) {
   return reinterpret_cast<float*>(static_cast<unsigned char*>(scratch) + p.off_part);
 }
 
-// dkv [N, c] / dcmp [E, c] rows += the partials of units [u0, u1) summed in (unit, head group) order.
+// dkv [N, c] / dcmp [E, c] rows += the partials of units [u0, u1), summed in a fixed order: the row's pairs in
+// increasing (unit, slot) order, in batches of 8 pairs, each batch head group by head group.
 void reduce_chunk(const Plan& p, const Index& ix, const float* part, int64_t u0, int64_t u1, float* dkv,
                   float* dcmp, cudaStream_t s);
 

@@ -103,7 +103,7 @@ __global__ void generic_bwd_kernel(const bf16* q, const bf16* kv, const bf16* cm
     if (r < 0) continue;
     const bf16* k = (compressed ? cmp : kv) + r * c;
     // This (query, head)'s dK + dV of key slot t: its partial row (attention_dkv_reduce.h sums them in order).
-    float* dk = po.part + ((int64_t(blockIdx.x) * H + h) * po.n_slots + t) * c;
+    float* dk = po.part + ((int64_t(blockIdx.x) * po.n_slots + t) * H + h) * c;
     float pz = 0.f, pd = 0.f;
     for (int64_t ch = threadIdx.x; ch < c; ch += kThreads) {
       const float kc = __bfloat162float(k[ch]);

@@ -300,7 +300,7 @@ __global__ void __launch_bounds__(kThreads)
         accv.w += dzj * q23.y + pj * d23.y;
       }
       float* dst =
-          po.part + ((int64_t(blockIdx.x) * gridDim.y + blockIdx.y) * po.n_slots + j0 + j) * C + 4 * g;
+          po.part + ((int64_t(blockIdx.x) * po.n_slots + j0 + j) * gridDim.y + blockIdx.y) * C + 4 * g;
       *reinterpret_cast<float4*>(dst) = accv;
     }
     __syncthreads();  // the next tile overwrites ks, ps, dzs

@@ -353,12 +353,12 @@ __global__ void __launch_bounds__(64 * MT)
         const int64_t s0 = src[mk * 16 + g], s1 = src[mk * 16 + g + 8];
         float *r0, *r1;
         if constexpr (DET) {
-          // The block's partial rows: slot j of block (x, y) at part + ((x * gridDim.y + y) * n_slots + j) * C (a
+          // The block's partial rows: slot j of block (x, y) at part + ((x * n_slots + j) * gridDim.y + y) * C (a
           // chunk's partials stay below 2^31 floats: 32-bit offsets).
-          float* slot0 = po.part + ((blockIdx.x * gridDim.y + blockIdx.y) * uint32_t(po.n_slots) +
-                                    uint32_t(tile * kKT + mk * 16 + g)) * uint32_t(C) + uint32_t(ch * kChunk);
+          float* slot0 = po.part + ((blockIdx.x * uint32_t(po.n_slots) + uint32_t(tile * kKT + mk * 16 + g)) *
+                                        gridDim.y + blockIdx.y) * uint32_t(C) + uint32_t(ch * kChunk);
           r0 = s0 < 0 ? nullptr : slot0;
-          r1 = s1 < 0 ? nullptr : slot0 + 8 * C;
+          r1 = s1 < 0 ? nullptr : slot0 + 8 * gridDim.y * uint32_t(C);
         } else {
           r0 = s0 < 0 ? nullptr : ((s0 & kCmpBit) ? dcmp + (s0 & ~kCmpBit) * C : dkv + s0 * C) + ch * kChunk;
           r1 = s1 < 0 ? nullptr : ((s1 & kCmpBit) ? dcmp + (s1 & ~kCmpBit) * C : dkv + s1 * C) + ch * kChunk;
@@ -815,8 +815,9 @@ __global__ void __launch_bounds__(128 * MT, MT == 1 ? 2 : 1)
         const int src = __shfl_sync(0xffffffffu, src_c, 16 * mk + 8 * hf + g);
         if constexpr (DET)
           rows[mk][hf] = src == -1 ? nullptr
-                                   : po.part + ((blockIdx.x * gridDim.y + blockIdx.y) * uint32_t(po.n_slots) +
-                                                uint32_t(tile * kSdKT + 16 * mk + 8 * hf + g)) * uint32_t(C) + dk0;
+                                   : po.part + ((blockIdx.x * uint32_t(po.n_slots) +
+                                                 uint32_t(tile * kSdKT + 16 * mk + 8 * hf + g)) * gridDim.y +
+                                                blockIdx.y) * uint32_t(C) + dk0;
         else
           rows[mk][hf] =
               src == -1 ? nullptr : (src >= 0 ? dkv + int64_t(src) * C : dcmp + int64_t(-src - 2) * C) + dk0;
