@@ -65,6 +65,7 @@ void compress_fwd(const Ctx& c, SectionParts& parts, bool indexer, Pool& pool, c
 cuda::SparseKeySets key_sets(const Ctx& c, const GpuBlock& b) {
   cuda::SparseKeySets k;
   k.win_begin = c.lay->win_begin.as<int64_t>();
+  k.max_win = c.cfg->window;  // win_begin = max(doc start, t - window + 1)
   if (b.dims.type == dsv4::AttnType::HCA) {
     const DevPlan& p = c.lay->plans.at(b.dims.ratio);
     k.cmp_begin = p.vis_begin.as<int64_t>();
@@ -216,14 +217,16 @@ void attention_bwd(const Ctx& c, GpuBlock& b, const bf16* dout, float* da) {
   float* dkv = tmp.zeros<float>(N * hd);
   float* dcmp = E ? tmp.zeros<float>(E * hd) : nullptr;
   parts.next("core");
+  // Deterministic: dK + dV per key slot into the scratch, summed per key row in a fixed order (no atomics).
+  const cuda::SparseKeySets keys = key_sets(c, b);
   if (cuda::sparse_attention_fast_head_dim(hd)) {
-    float* scratch = tmp.take<float>(cuda::sparse_attention_bwd_scratch(N, H));
-    cuda::sparse_attention_bwd(s.q, s.kv, s.cmp, w.sink, N, E, H, hd, key_sets(c, b), s.o, s.lse, dO, dq, dkv, dcmp,
-                               w.g_sink, scratch);
+    float* scratch = tmp.take<float>(cuda::sparse_attention_bwd_scratch(N, E, H, hd, keys));
+    cuda::sparse_attention_bwd(s.q, s.kv, s.cmp, w.sink, N, E, H, hd, keys, s.o, s.lse, dO, dq, dkv, dcmp, w.g_sink,
+                               scratch);
   } else {  // generic fallback (see the forward)
-    float* scratch = tmp.take<float>(cuda::sparse_attention_generic_bwd_scratch(N, H));
-    cuda::sparse_attention_generic_bwd(s.q, s.kv, s.cmp, w.sink, N, E, H, hd, key_sets(c, b), s.o, s.lse, dO, dq,
-                                       dkv, dcmp, w.g_sink, scratch);
+    float* scratch = tmp.take<float>(cuda::sparse_attention_generic_bwd_scratch(N, E, H, hd, keys));
+    cuda::sparse_attention_generic_bwd(s.q, s.kv, s.cmp, w.sink, N, E, H, hd, keys, s.o, s.lse, dO, dq, dkv, dcmp,
+                                       w.g_sink, scratch);
   }
 
   // Query path: RoPE^T, per-head norm, wq_b, q_norm, wq_a.
