@@ -133,6 +133,7 @@ void bench_train_pp(const TrainBenchArgs& a, const dsv4::ModelConfig& cfg, doubl
   j["micro_batches"] = M;
   j["optimizer"] = a.optimizer;
   j["moe_gemm"] = mo.moe_grouped_gemm ? "grouped" : "per-expert";
+  j["deterministic"] = mo.deterministic;
   j["micro_batch_seqs"] = B_mb;
   j["params"] = int64_t(n_params);
   j["step_s"] = std::round(dt * 1e4) / 1e4;
@@ -181,6 +182,7 @@ void bench_train(const TrainBenchArgs& a) {
   const double flops_tok = model_flops_per_token(a.config, a.seq);
   dsv4gpu::GpuModelOptions mo;
   mo.timing = a.sections;
+  mo.deterministic = a.deterministic;
   if (a.moe_gemm != "default") mo.moe_grouped_gemm = a.moe_gemm == "grouped";
   // Multi-GPU: the world NCCL communicator from the launcher, split into the layout's groups (the step engine).
   const train::GpuLayout layout = train::parse_gpu_layout(a.mesh);
@@ -246,6 +248,7 @@ void bench_train(const TrainBenchArgs& a) {
   j["mesh"] = a.mesh.empty() ? "single" : a.mesh;
   j["optimizer"] = a.optimizer;
   j["moe_gemm"] = mo.moe_grouped_gemm ? "grouped" : "per-expert";
+  j["deterministic"] = mo.deterministic;
   j["gpus"] = world_size;
   j["launcher"] = a.mesh.empty() ? "none" : comm::detect_launch_env().launcher;
   j["tokens_per_s"] = std::llround(tok_s);

@@ -12,6 +12,7 @@ struct TrainBenchArgs {
   int64_t seq = 4096, batch = 1;
   int steps = 5, warmup = 2;
   bool sections = false;  // add a per-section breakdown (CUDA events) to the JSON line
+  bool deterministic = false;  // GpuModelOptions::deterministic (the trainer's train.deterministic)
   // "adamw": the baseline's torch AdamW (lr 1e-5, eps 1e-8, weight decay 0.01) on every tensor; "muon": the run
   // optimiser's Muon on the Muon group (design §5 defaults) with that AdamW on the rest (one GPU or pipeline stages).
   std::string optimizer = "adamw";

@@ -127,6 +127,8 @@ const bool registered = trex::cli::register_command(
        t->add_option("--warmup", targs->warmup, "untimed warm-up steps")->capture_default_str();
        t->add_option("--device", *tdev, "cuda (the only backend of this benchmark)")->capture_default_str();
        t->add_flag("--sections", targs->sections, "per-section CUDA-event breakdown in the JSON line");
+       t->add_flag("--deterministic", targs->deterministic,
+                   "bitwise reproducible backward (train.deterministic: fixed-order attention dK/dV sums, slower)");
        t->add_option("--optimizer", targs->optimizer, "adamw (the baseline's) or muon (Muon group + AdamW)")
            ->check(CLI::IsMember({"adamw", "muon"}))
            ->capture_default_str();

@@ -79,8 +79,9 @@ TrainConfig parse_train_config(const json& j, const std::string& where) {
     for (const auto& f : j["freeze"]) c.freeze.push_back(f.get<std::string>());
   }
   if (j.contains("train")) {
-    only_keys(j["train"], {"max_steps"}, where, "train");
+    only_keys(j["train"], {"max_steps", "deterministic"}, where, "train");
     get(j["train"], "max_steps", c.max_steps, where, "train");
+    get(j["train"], "deterministic", c.deterministic, where, "train");
   }
   TREX_CHECK(c.max_steps >= 1, "{}: train.max_steps must be >= 1", where);
   if (c.schedule.total_steps == 0) c.schedule.total_steps = c.max_steps;

@@ -53,6 +53,9 @@ struct TrainConfig {
   optim::ScheduleConfig schedule;
   std::vector<std::string> freeze;
   int64_t max_steps = 100;
+  // train.deterministic: bitwise reproducible gradients on the GPU (the sparse attention backward sums in a fixed
+  // order instead of with fp32 atomics; slower, docs/performance.md). The CPU is always deterministic.
+  bool deterministic = false;
   int64_t ckpt_every = 50, keep_last = 3;
   SpikeConfig spike;
   double peak_flops = 989.4e12;  // MFU denominator (H200 dense bf16, ../shared/bench convention)

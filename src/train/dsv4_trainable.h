@@ -17,6 +17,7 @@ namespace trex::train {
 struct Dsv4TrainOptions {
   double init_std = 0.02;
   double bias_update_speed = 1e-3;  // gamma_b (design §5); 0 disables the update
+  bool deterministic = false;       // GPU: bitwise reproducible backward (train.deterministic)
   dsv4::ModelOptions model;
 };
 

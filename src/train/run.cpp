@@ -95,6 +95,7 @@ void dsv4_model_setup(const TrainConfig& cfg, const data::Tokenizer& tok, dsv4::
   o.model.balance_alpha = m.value("balance_alpha", 1e-4);
   o.model.use_mtp = m.value("use_mtp", true);
   o.model.mtp_weight = cfg.schedule.mtp_weight;
+  o.deterministic = cfg.deterministic;
   *mc_out = mc;
   *opts_out = o;
 }

@@ -217,12 +217,15 @@ void attention_bwd(const Ctx& c, GpuBlock& b, const bf16* dout, float* da) {
   float* dkv = tmp.zeros<float>(N * hd);
   float* dcmp = E ? tmp.zeros<float>(E * hd) : nullptr;
   parts.next("core");
-  // Deterministic: dK + dV per key slot into the scratch, summed per key row in a fixed order (no atomics).
+  // GpuModelOptions::deterministic: dK + dV per key slot into the scratch, summed per key row in a fixed order;
+  // else fp32 atomics (the fast path).
   const cuda::SparseKeySets keys = key_sets(c, b);
   if (cuda::sparse_attention_fast_head_dim(hd)) {
-    float* scratch = tmp.take<float>(cuda::sparse_attention_bwd_scratch(N, E, H, hd, keys));
+    const auto order = c.deterministic ? cuda::SparseAttnBwdOrder::Deterministic : cuda::SparseAttnBwdOrder::Atomic;
+    float* scratch = tmp.take<float>(cuda::sparse_attention_bwd_scratch(N, E, H, hd, keys, cuda::SparseAttnKernel::Auto,
+                                                                        cuda::kSparseAttnPartialBudget, order));
     cuda::sparse_attention_bwd(s.q, s.kv, s.cmp, w.sink, N, E, H, hd, keys, s.o, s.lse, dO, dq, dkv, dcmp, w.g_sink,
-                               scratch);
+                               scratch, nullptr, cuda::SparseAttnKernel::Auto, cuda::kSparseAttnPartialBudget, order);
   } else {  // generic fallback (see the forward)
     float* scratch = tmp.take<float>(cuda::sparse_attention_generic_bwd_scratch(N, E, H, hd, keys));
     cuda::sparse_attention_generic_bwd(s.q, s.kv, s.cmp, w.sink, N, E, H, hd, keys, s.o, s.lse, dO, dq, dkv, dcmp,

@@ -206,6 +206,7 @@ struct Ctx {
   std::function<void(const char*, bool)> section;  // (name, begin) CUDA-event sections; may be empty
   comm::Communicator* ep = nullptr;  // expert-parallel group (GpuModelOptions::ep); null: all experts local
   bool grouped_experts = false;      // GpuModelOptions::moe_grouped_gemm
+  bool deterministic = false;        // GpuModelOptions::deterministic
   // GpuModelOptions::balanced_routing: the device table [N * topk] of forced expert ids (null: the router's own).
   const int32_t* balanced_sel = nullptr;
 };

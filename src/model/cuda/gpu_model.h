@@ -50,6 +50,11 @@ struct GpuModelOptions {
   // per-expert counts; on sm_90 wgmma + TMA at cuBLASLt's rate or better). Off: one cuBLASLt GEMM per expert after
   // one host read of the counts per layer (the comparison path: `trex bench train --moe-gemm per-expert`).
   bool moe_grouped_gemm = true;
+  // Bitwise reproducible gradients: the sparse attention backward sums each key row's dK + dV contributions in a
+  // fixed order (kernels/cuda/attention_sparse.h, SparseAttnBwdOrder::Deterministic) instead of with fp32 atomics.
+  // Every other kernel of the step is deterministic already. Costs attention backward time (the partials' memory
+  // traffic; docs/performance.md), so it is off unless a run asks for it (config `deterministic: true`).
+  bool deterministic = false;
   // The sequence-wise balance loss (design §5, dsv4::ModelOptions::balance_alpha): added to forward()'s loss, its
   // gradient to the router scores in backward(). 0 = off. One GPU, whole-model steps (not with dp / ep / stages).
   double balance_alpha = 0.0;

@@ -61,6 +61,7 @@ Ctx GpuModel::Impl::ctx() {
   c.section = [this](const char* n, bool b) { section(n, b); };
   c.ep = opts.ep;
   c.grouped_experts = opts.moe_grouped_gemm;
+  c.deterministic = opts.deterministic;
   return c;
 }
 
