@@ -39,7 +39,7 @@ struct ParallelConfig {
 struct TrainConfig {
   std::string where;            // the config file, for error messages
   uint64_t seed = 1234;
-  std::string device = "cpu";  // cpu, or cuda: one GPU (train/gpu_trainable.h); `trex train --device` overrides
+  std::string device = "cpu";  // cpu, or cuda (train/cuda/gpu_mesh_engine.h); `trex train --device` overrides
   // model
   std::string model_type = "dsv4";  // dsv4 | toy
   nlohmann::json model;             // the model section as written

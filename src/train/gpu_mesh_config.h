@@ -1,5 +1,5 @@
-// What `trex train --device cuda` runs on several GPUs (the GPU mesh engine, train/cuda/gpu_mesh_engine.h), checked
-// on the config alone before anything is built, so an unsupported layout is refused with what is missing.
+// What `trex train --device cuda` runs (the GPU mesh engine, train/cuda/gpu_mesh_engine.h, one GPU included),
+// checked on the config before anything is built, so an unsupported layout is refused with what is missing.
 #pragma once
 #include <string>
 

@@ -4,8 +4,8 @@
 //   - dp = D (ZeRO-1 inside the model: gradients reduce-scattered by bucket, owners update, bf16 all-gather), with
 //     ep = E folded into it (the MoE's dispatch / combine over the mesh's EP group; every rank keeps all experts);
 //   - pp = P: one process per stage, the 1F1B schedule of gpu_pipeline.h over two direction communicators.
-// `trex train --device cuda` (one GPU, train/gpu_trainable.h) and `trex bench train` run this step; the bench
-// only times it on random tokens.
+// `trex bench train` runs this step on random tokens and times it (`trex train --device cuda` runs the same model
+// and optimiser through train/cuda/gpu_mesh_engine.h).
 #pragma once
 #include <cstdint>
 #include <functional>
