@@ -66,6 +66,10 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
     a.pp = pp, a.vpp = vpp, a.ep = ep, a.dp = dp, a.muon = muon, a.freeze = freeze;
     return a;
   };
+  auto recompute = [](GpuLayoutAsk a) {
+    a.recompute = true;
+    return a;
+  };
   const std::vector<Case> cases = {
       {"parallel: {dp: 2}\n", "", "", 2, ask(1, 1, 1, 2, false, false)},
       {"parallel: {dp: 4}\n", "", "", 4, ask(1, 1, 1, 4, false, false)},
@@ -77,6 +81,8 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
       {"parallel: {dp: 2}\n", "{kind: muon}", "", 2, ask(1, 1, 1, 2, true, false)},
       {"parallel: {dp: 1}\n", "{kind: muon}", "", 1, ask(1, 1, 1, 1, true, false)},
       {"freeze: [router]\nparallel: {dp: 2}\n", "", "", 2, ask(1, 1, 1, 2, false, true)},
+      {"recompute: full\nparallel: {dp: 2}\n", "", "", 2, recompute(ask(1, 1, 1, 2, false, false))},
+      {"recompute: selective\nparallel: {dp: 2}\n", "", "", 2, recompute(ask(1, 1, 1, 2, false, false))},
   };
   for (const Case& c : cases) {
     const TrainConfig cfg = c.optimizer[0] ? config(c.parallel, c.optimizer) : config(c.parallel);
@@ -87,5 +93,5 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
   }
   GpuLayoutAsk tp;
   tp.tp = 8, tp.recompute = true;
-  EXPECT_EQ(gpu_layout_gaps(tp), "tensor parallelism; activation recomputation");
+  EXPECT_EQ(gpu_layout_gaps(tp), "tensor parallelism");  // recomputation runs on the GPU
 }

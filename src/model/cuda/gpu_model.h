@@ -19,7 +19,9 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "model/cuda/activation_plan.h"
 #include "model/dsv4/config.h"
+#include "model/dsv4/recompute.h"
 #include "model/dsv4/seq_layout.h"
 #include "model/dsv4/weights.h"
 
@@ -63,6 +65,13 @@ struct GpuModelOptions {
   // Micro-batches whose saved activations can be held at once (forward_stage done, backward_stage pending);
   // micro-batch m uses slot m % stage_slots. 1F1B on pipeline rank r of P needs P - r.
   int stage_slots = 1;
+  // Activation recomputation (model/dsv4/recompute.h), whole model and stage steps alike. none: every block's
+  // activations stay until its backward. selective: the cheap, large ones (normed sub-layer inputs, the mid
+  // stream, the attention's normed / rotated queries, key and output) are rebuilt before the block's backward.
+  // full: a block keeps its input stream and its router / indexer selections, and its forward re-runs right
+  // before its backward (one block's activations live at a time). The gradients are none's: the same kernels on
+  // the same inputs and selections.
+  dsv4::Recompute recompute = dsv4::Recompute::None;
   // False: inference only (the serving engine): no gradient arena is allocated, and anything that would write or
   // read gradients (backward, a HeadMode::LossAndGrad forward, stage steps, zero_grads, grad) is an error.
   bool gradients = true;
@@ -156,6 +165,17 @@ class GpuModel {
   std::vector<float> final_normed() const;              // [N, d] of the last forward
   std::vector<int64_t> csa_selection(int64_t l) const;  // [N * index_topk] global entries used by layer l
   std::vector<int32_t> router_selection(int64_t l) const;
+
+  // Activation memory. activation_plan: what a training forward of this layout keeps (kept) and the largest one
+  // block's activations recomputation rebuilds at a time (block_scratch), by the table of activation_plan.h (no
+  // allocation). activation_bytes: the same as held now, read from the pools: kept after a forward (the streams,
+  // head activations and every block's saved activations), block_peak the largest block's dropped activations
+  // seen so far (0 with recompute none).
+  struct ActivationBytes {
+    int64_t kept = 0, block_peak = 0;
+  };
+  ActivationBytes activation_bytes() const;
+  ActivationPlan activation_plan(const dsv4::SeqLayout& layout) const;
 
   // Data-parallel shard state by tensor (gpu_shard_state_cuda.cpp): what a ZeRO-1 run's trainer needs for clipping,
   // gradient accumulation and checkpoints of the official names. A `shard` is an fp32 device array in the master's

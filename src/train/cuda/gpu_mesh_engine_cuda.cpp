@@ -105,6 +105,7 @@ GpuMeshEngine::GpuMeshEngine(const TrainConfig& cfg, const dsv4::ModelConfig& mc
   if (s.mesh.spec.ep > 1) go.ep = s.mesh.ep_group.get();
   go.balance_alpha = s.D > 1 ? 0.0 : o.model.balance_alpha;  // check_gpu_mesh_config: 0 under dp
   go.balance_hash_layers = o.model.balance_hash_layers;
+  go.recompute = o.recompute;
   s.gpu = std::make_unique<dsv4gpu::GpuModel>(gpu_cfg, go);
   s.opt = std::make_unique<dsv4gpu::GpuOptimizer>(*s.gpu);
   for (const auto& p : s.gpu->impl().params) s.params.push_back({p.name, p.shape, optim::dsv4_param_group(p.name, p.shape)});

@@ -146,6 +146,7 @@ class GpuDsv4Trainable final : public Trainable {
                where, e == cudaSuccess ? std::string("none found") : std::string(cudaGetErrorString(e)));
     dsv4gpu::GpuModelOptions go;
     go.balance_alpha = opts.model.balance_alpha, go.balance_hash_layers = opts.model.balance_hash_layers;
+    go.recompute = opts.recompute;
     eng_ = std::make_unique<GpuStepEngine>(cfg_, GpuLayout{}, go);
     gpu_ = &eng_->model();
     const auto& table = host.model().params();
