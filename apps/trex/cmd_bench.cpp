@@ -146,6 +146,11 @@ const bool registered = trex::cli::register_command(
        t->add_option("--mode", targs->mode, "planner workload for the prediction: cpt or sft")->capture_default_str();
        t->add_option("--hardware", targs->hardware, "planner hardware profile")->capture_default_str();
        t->add_option("--impl", targs->impl, "planner implementation profile")->capture_default_str();
+       t->add_option("--recompute", targs->recompute,
+                     "activation recomputation: none, selective (cheap large activations rebuilt before each "
+                     "block's backward) or full (each block's forward re-run before its backward)")
+           ->check(CLI::IsMember({"none", "selective", "full"}))
+           ->capture_default_str();
        t->add_option("--mesh", targs->mesh, "multi-GPU layout under mpirun/srun/torchrun, e.g. dp=2 (ZeRO-1), ep=2 (experts sharded, folded in DP), pp=2,micro_batches=8,stage_layers=3+1 (1F1B)");
        t->callback([=] {
          TREX_CHECK(*tdev == "cuda", "bench train: --device {} unsupported (only cuda)", *tdev);

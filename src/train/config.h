@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/dsv4/recompute.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "parallel/mesh.h"
@@ -40,6 +41,9 @@ struct TrainConfig {
   std::string where;            // the config file, for error messages
   uint64_t seed = 1234;
   std::string device = "cpu";  // cpu, or cuda (train/cuda/gpu_mesh_engine.h); `trex train --device` overrides
+  // Activation recomputation (`recompute: none | selective | full`, model/dsv4/recompute.h): the GPU model's
+  // (dsv4gpu::GpuModelOptions::recompute); the CPU model runs none only.
+  dsv4::Recompute recompute = dsv4::Recompute::None;
   // model
   std::string model_type = "dsv4";  // dsv4 | toy
   nlohmann::json model;             // the model section as written

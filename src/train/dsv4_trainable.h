@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/dsv4/model.h"
+#include "model/dsv4/recompute.h"
 #include "train/trainable.h"
 
 namespace trex::train {
@@ -19,6 +20,8 @@ struct Dsv4TrainOptions {
   double bias_update_speed = 1e-3;  // gamma_b (design §5); 0 disables the update
   bool deterministic = false;       // GPU: bitwise reproducible backward (train.deterministic)
   dsv4::ModelOptions model;
+  // The GPU trainers' activation recomputation (TrainConfig::recompute); the CPU model runs none only.
+  dsv4::Recompute recompute = dsv4::Recompute::None;
 };
 
 class Dsv4Trainable : public Trainable {

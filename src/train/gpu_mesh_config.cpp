@@ -33,7 +33,6 @@ std::string gpu_layout_gaps(const GpuLayoutAsk& a) {
   need(a.pp > 1, "pipeline stages under trex train (bench train only)");
   need(a.vpp > 1, "interleaved stages");
   need(a.ep > 1, "expert parallelism under trex train (each expert written by its owner)");
-  need(a.recompute, "activation recomputation");
   need(a.optimizer_offload, "optimizer offload");
   need(a.fully_sharded, "fully sharded dense weights");
   need(a.dp > 1 && 64 % a.dp != 0, "data parallelism whose degree does not divide 64 (the ZeRO-1 bucket slicing)");

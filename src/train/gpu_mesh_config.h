@@ -11,7 +11,7 @@ namespace trex::train {
 // to say whether it runs it.
 struct GpuLayoutAsk {
   int64_t tp = 1, pp = 1, vpp = 1, ep = 1, etp = 1, cp = 1, dp = 1;
-  bool recompute = false;       // activation recomputation (selective or full)
+  bool recompute = false;       // activation recomputation (selective or full): runs (GpuModelOptions::recompute)
   bool optimizer_offload = false;
   bool fully_sharded = false;   // ZeRO-3 / FSDP dense weights
   bool muon = false;

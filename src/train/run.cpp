@@ -95,6 +95,7 @@ void dsv4_model_setup(const TrainConfig& cfg, const data::Tokenizer& tok, dsv4::
   o.model.use_mtp = m.value("use_mtp", true);
   o.model.mtp_weight = cfg.schedule.mtp_weight;
   o.deterministic = cfg.deterministic;
+  o.recompute = cfg.recompute;
   *mc_out = mc;
   *opts_out = o;
 }
@@ -177,6 +178,10 @@ TrainResult run_training(const fs::path& config, const fs::path& out_dir, const 
     TREX_CHECK(why.empty(), "{}: device cuda: {}", config.string(), why);
     return run_gpu_mesh_training(cfg, config, out_dir, opts);
   }
+  // The CPU model keeps every activation (its backend does not recompute).
+  TREX_CHECK(cfg.device == "cuda" || cfg.recompute == dsv4::Recompute::None,
+             "{}: recompute: {} is implemented on the GPU only (device cuda); the CPU model keeps every activation: "
+             "use recompute: none with device cpu", config.string(), dsv4::to_string(cfg.recompute));
   // Several processes, or a parallel section: this rank's MeshEngine under the Trainer (distributed_run.cpp).
   if (distributed) return run_distributed_training(cfg, config, out_dir, opts);
   data::Tokenizer tok = data::Tokenizer::load(cfg.tokenizer);

@@ -71,6 +71,10 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
     return a;
   };
   const char* mtp = "{type: dsv4, balance_alpha: 0, dsv4: {num_nextn_predict_layers: 1}}";
+  auto recompute = [](GpuLayoutAsk a) {
+    a.recompute = true;
+    return a;
+  };
   const std::vector<Case> cases = {
       {"parallel: {dp: 2}\n", "", "", 2, ask(1, 1, 1, 2, false, false)},
       {"parallel: {dp: 4}\n", "", "", 4, ask(1, 1, 1, 4, false, false)},
@@ -85,6 +89,8 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
       {"freeze: [router]\nparallel: {dp: 4}\n", "{kind: muon}", mtp, 4, ask(1, 1, 1, 4, true, true, true)},
       {"parallel: {dp: 4, ep: 2}\n", "", mtp, 4, ask(1, 1, 2, 4, false, false, true)},
       {"", "{kind: muon}", mtp, 1, ask(1, 1, 1, 1, true, false, true)},
+      {"recompute: full\nparallel: {dp: 2}\n", "", "", 2, recompute(ask(1, 1, 1, 2, false, false))},
+      {"recompute: selective\nparallel: {dp: 2}\n", "", "", 2, recompute(ask(1, 1, 1, 2, false, false))},
   };
   for (const Case& c : cases) {
     const TrainConfig cfg = config(c.parallel, c.optimizer[0] ? c.optimizer : "{kind: adamw}",
@@ -96,5 +102,5 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
   }
   GpuLayoutAsk tp;
   tp.tp = 8, tp.recompute = true;
-  EXPECT_EQ(gpu_layout_gaps(tp), "tensor parallelism; activation recomputation");
+  EXPECT_EQ(gpu_layout_gaps(tp), "tensor parallelism");  // recomputation runs on the GPU
 }

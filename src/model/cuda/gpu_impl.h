@@ -185,6 +185,9 @@ struct GpuModel::Impl {
   std::unique_ptr<CudaBackend> backend;
   std::unique_ptr<dsv4::BlockProgram> program;
   int64_t program_slot = 0;  // of the call in progress (SlotScope sets a pipeline slot's)
+  // The largest one block's dropped activations (keep + redo) seen when recomputation released them: the scratch
+  // a full / selective recomputation needs on top of what stays (GpuModel::activation_bytes).
+  int64_t act_block_peak = 0;
   bool mtp() const { return mtp_block != nullptr; }
 };
 

@@ -19,7 +19,9 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "model/cuda/activation_plan.h"
 #include "model/dsv4/config.h"
+#include "model/dsv4/recompute.h"
 #include "model/dsv4/seq_layout.h"
 #include "model/dsv4/weights.h"
 
@@ -76,6 +78,13 @@ struct GpuModelOptions {
   // i's k-th expert is (i K + k) mod E, so every expert gets N K / E rows and every expert-parallel peer the
   // balanced share; the weights still come from the router's scores. Off: the router's own top-k.
   bool balanced_routing = false;
+  // Activation recomputation (model/dsv4/recompute.h), whole model and stage steps alike. none: every block's
+  // activations stay until its backward. selective: the cheap, large ones (normed sub-layer inputs, the mid
+  // stream, the attention's normed / rotated queries, key and output) are rebuilt before the block's backward.
+  // full: a block keeps its input stream and its router / indexer selections, and its forward re-runs right
+  // before its backward (one block's activations live at a time). The gradients are none's: the same kernels on
+  // the same inputs and selections.
+  dsv4::Recompute recompute = dsv4::Recompute::None;
   // False: inference only (the serving engine): no gradient arena is allocated, and anything that would write or
   // read gradients (backward, a HeadMode::LossAndGrad forward, stage steps, zero_grads, grad) is an error.
   bool gradients = true;
@@ -191,6 +200,17 @@ class GpuModel {
   std::vector<int32_t> router_selection(int64_t l) const;  // l == n_layers: the MTP block's
   // The MTP loss weight of the next forwards (the schedule's, StepControls::mtp_weight).
   void set_mtp_weight(double w);
+
+  // Activation memory. activation_plan: what a training forward of this layout keeps (kept) and the largest one
+  // block's activations recomputation rebuilds at a time (block_scratch), by the table of activation_plan.h (no
+  // allocation). activation_bytes: the same as held now, read from the pools: kept after a forward (the streams,
+  // head activations and every block's saved activations), block_peak the largest block's dropped activations
+  // seen so far (0 with recompute none).
+  struct ActivationBytes {
+    int64_t kept = 0, block_peak = 0;
+  };
+  ActivationBytes activation_bytes() const;
+  ActivationPlan activation_plan(const dsv4::SeqLayout& layout) const;
 
   // Data-parallel shard state by tensor (gpu_shard_state_cuda.cpp): what a ZeRO-1 run's trainer needs for clipping,
   // gradient accumulation and checkpoints of the official names. A `shard` is an fp32 device array in the master's

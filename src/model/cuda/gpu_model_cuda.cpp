@@ -26,6 +26,8 @@ void rmsnorm_bwd_full(const Ctx& c, bf16* dx, float* dw, const bf16* dy, const b
   cuda::rmsnorm_dw_reduce(dw, part.as<float>(), rows, d);
 }
 
+static_assert(cuda::kMhcMix == kPlanMhcMix, "activation_plan.h counts the mHC mixing row as kernels/cuda/mhc.h");
+
 GpuModel::Impl::Impl(const dsv4::ModelConfig& c, const GpuModelOptions& o) : cfg(c), opts(o) {}
 
 GpuModel::Impl::~Impl() {
@@ -62,6 +64,7 @@ Ctx GpuModel::Impl::ctx() {
   c.ep = opts.ep;
   c.grouped_experts = opts.moe_grouped_gemm;
   c.deterministic = opts.deterministic;
+  c.recompute = opts.recompute;
   return c;
 }
 
@@ -165,6 +168,7 @@ GpuModel::GpuModel(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts)
   dsv4::ProgramShape ps;
   ps.n_layers = m.l1 - m.l0, ps.embed = m.first_stage(), ps.head = m.last_stage(), ps.mtp = m.mtp();
   ps.vocab = cfg.vocab_size;
+  ps.replay = opts.recompute == dsv4::Recompute::Full;
   for (int64_t l = m.l0; l < m.l1; ++l) ps.balance.push_back(!m.blocks[size_t(l)]->hash || opts.balance_hash_layers);
   if (m.mtp()) ps.balance.push_back(1);  // the MTP block is score-routed
   m.program = std::make_unique<dsv4::BlockProgram>(*m.backend, std::move(ps));
@@ -383,8 +387,40 @@ void GpuModel::backward_stage(int64_t micro, const float* dx_out) {
   m.reduce_this_backward = true;
   m.forward_done = false;
   m.acts.clear(), m.out.clear();  // the slot's activations (and its sent output) are no longer needed
-  for (int64_t l = m.l0; l < m.l1; ++l) m.blocks[size_t(l)]->keep.clear();
-  if (m.mtp_block) m.mtp_block->keep.clear();
+  for (int64_t l = m.l0; l < m.l1; ++l) m.blocks[size_t(l)]->keep.clear(), m.blocks[size_t(l)]->redo.clear();
+  if (m.mtp_block) m.mtp_block->keep.clear(), m.mtp_block->redo.clear();
+}
+
+GpuModel::ActivationBytes GpuModel::activation_bytes() const {
+  const Impl& m = *impl_;
+  ActivationBytes a;
+  // The live batch state and every parked pipeline slot's.
+  a.kept = m.acts.bytes() + m.out.bytes();
+  for (int64_t l = m.l0; l < m.l1; ++l) {
+    const GpuBlock& b = *m.blocks[size_t(l)];
+    a.kept += b.keep.bytes() + b.redo.bytes() + b.picks.bytes();
+  }
+  if (m.mtp_block) a.kept += m.mtp_block->keep.bytes() + m.mtp_block->redo.bytes() + m.mtp_block->picks.bytes();
+  for (const Impl::Slot& z : m.slots) {
+    a.kept += z.acts.bytes() + z.out.bytes();
+    for (int64_t l = m.l0; l < m.l1; ++l) {
+      const BlockSaved& b = z.blocks[size_t(l)];
+      a.kept += b.keep.bytes() + b.redo.bytes() + b.picks.bytes();
+    }
+    a.kept += z.mtp.keep.bytes() + z.mtp.redo.bytes() + z.mtp.picks.bytes();
+  }
+  a.block_peak = m.act_block_peak;
+  return a;
+}
+
+ActivationPlan GpuModel::activation_plan(const dsv4::SeqLayout& layout) const {
+  const Impl& m = *impl_;
+  ActivationPlanShape s;
+  s.layer_begin = m.l0, s.layer_end = m.l1, s.mtp = m.mtp(), s.recompute = m.opts.recompute;
+  s.head_grad = true;  // a training forward (HeadMode::LossAndGrad)
+  s.balance = m.opts.balance_alpha != 0.0;
+  s.balance_hash_layers = m.opts.balance_hash_layers;
+  return plan_activations(m.cfg, layout, s);
 }
 
 const float* GpuModel::stage_input_grad(int64_t micro) const {

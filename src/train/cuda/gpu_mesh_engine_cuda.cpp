@@ -120,6 +120,7 @@ GpuMeshEngine::GpuMeshEngine(const TrainConfig& cfg, const dsv4::ModelConfig& mc
   go.balance_hash_layers = o.model.balance_hash_layers;
   go.deterministic = o.deterministic;
   go.mtp_weight = o.model.mtp_weight;  // then the schedule's, step by step (begin_step)
+  go.recompute = o.recompute;
   s.gpu = std::make_unique<dsv4gpu::GpuModel>(gpu_cfg, go);
   s.opt = std::make_unique<dsv4gpu::GpuOptimizer>(*s.gpu);
   // The freeze list as the CPU trainer applies it (optim::apply_freeze over the parameters and buffers: a pattern

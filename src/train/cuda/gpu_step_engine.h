@@ -78,6 +78,10 @@ class GpuStepEngine {
   // Measurement (outside the timed steps: they synchronise).
   void synchronize();
   void barrier();                            // the world's (no-op on one GPU)
+  // The activation table's peak of this rank's step (dsv4gpu::GpuModel::activation_plan, by the model's
+  // recompute mode): one micro-batch's kept activations times the micro-batches this stage holds at once (1F1B:
+  // min(P - stage, micro_batches); 1 without stages), plus one block's recomputation scratch.
+  int64_t planned_activation_bytes(const dsv4::SeqLayout& micro_batch) const;
   void reset_peak_memory();                  // the device pool's high-water mark
   uint64_t peak_memory_bytes() const;
   uint64_t device_used_bytes() const;        // total - free
