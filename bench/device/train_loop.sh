@@ -25,7 +25,7 @@ bench
 bench --recompute full
 bench --recompute selective
 bench --deterministic
-rm -rf $W && mkdir -p $W
+rm -rf $W && mkdir -p $W  # the runs write full checkpoints (flash-l4: ~38 GB each); the device disk holds one
 python3 - $W/corpus.jsonl <<'PYEOF'
 import json, random, sys
 rng = random.Random(7)
@@ -66,5 +66,6 @@ print("TRAIN recompute %s: steps %d-%d median %.0f tok/s, MFU %.4f; loss %.4f ->
       late[0]["step"], late[-1]["step"], statistics.median(r["tokens_per_s"] for r in late),
       statistics.median(r["mfu"] for r in late), m[0]["loss"], m[-1]["loss"]))
 PYEOF
+  rm -rf $W/run_$rc/checkpoints  # room for the next run's
   el
 done

@@ -217,7 +217,11 @@ TEST(GpuMeshEngine, TwoDataParallelRanksWithMuonMatchOneRank) {
     ASSERT_EQ(a.size(), b.size()) << name;
     double diff = 0, norm = 0;
     for (size_t i = 0; i < a.size(); ++i) diff += double(a[i] - b[i]) * (a[i] - b[i]), norm += double(a[i]) * a[i];
-    EXPECT_LT(std::sqrt(diff / norm), 1e-2) << name << ": dp=2 differs from one rank";
+    // Six steps of Newton-Schulz (bf16 GEMMs; its quintic multiplies small singular directions by ~3.4 per
+    // iteration) magnify the reduction-order differences of the dp=2 gradients to 1-2% of the value (measured on
+    // the H200: 1.0e-2 .. 1.8e-2 with every loss within 2e-4); a matrix orthogonalised from the wrong slices or
+    // left out moves by its whole update (tens of percent).
+    EXPECT_LT(std::sqrt(diff / norm), 3e-2) << name << ": dp=2 differs from one rank";
   }
 }
 
