@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/dsv4/model.h"
+#include "model/dsv4/recompute.h"
 #include "train/trainable.h"
 
 namespace trex::train {
@@ -17,7 +18,10 @@ namespace trex::train {
 struct Dsv4TrainOptions {
   double init_std = 0.02;
   double bias_update_speed = 1e-3;  // gamma_b (design §5); 0 disables the update
+  bool deterministic = false;       // GPU: bitwise reproducible backward (train.deterministic)
   dsv4::ModelOptions model;
+  // The GPU trainers' activation recomputation (TrainConfig::recompute); the CPU model runs none only.
+  dsv4::Recompute recompute = dsv4::Recompute::None;
 };
 
 class Dsv4Trainable : public Trainable {

@@ -51,7 +51,8 @@ struct Reference {
 };
 
 BwdOut run_case(const Case& cs, SparseAttnKernel kernel,
-                int64_t partial_budget = trex::cuda::kSparseAttnPartialBudget, Reference* cached = nullptr) {
+                int64_t partial_budget = trex::cuda::kSparseAttnPartialBudget, Reference* cached = nullptr,
+                trex::cuda::SparseAttnBwdOrder order = trex::cuda::SparseAttnBwdOrder::Deterministic) {
   const int64_t N = cs.N, H = cs.H, c = cs.c, E = cs.E;
   std::mt19937 g(cs.seed);
   // Two packed documents; the window stays inside its document.
@@ -116,18 +117,19 @@ BwdOut run_case(const Case& cs, SparseAttnKernel kernel,
   auto g_o = poisoned<uint16_t>(N * H * c), g_lse = poisoned<float>(N * H),
        g_dq = poisoned<uint16_t>(N * H * c);
   auto g_dkv = zeroed<float>(N * c), g_dcmp = zeroed<float>(E * c), g_dsink = zeroed<float>(H);
-  auto scratch = poisoned<float>(trex::cuda::sparse_attention_bwd_scratch(N, E, H, c, gk, kernel, partial_budget));
+  auto scratch = poisoned<float>(trex::cuda::sparse_attention_bwd_scratch(N, E, H, c, gk, kernel, partial_budget, order));
   trex::cuda::sparse_attention_fwd(d_q.as<bf16>(), d_kv.as<bf16>(), d_cmp.as<bf16>(), d_sink.as<float>(), N,
                                    H, c, gk, g_o.as<bf16>(), g_lse.as<float>(), nullptr, kernel);
   trex::cuda::sparse_attention_bwd(d_q.as<bf16>(), d_kv.as<bf16>(), d_cmp.as<bf16>(), d_sink.as<float>(), N,
                                    E, H, c, gk, g_o.as<bf16>(), g_lse.as<float>(), d_do.as<bf16>(),
                                    g_dq.as<bf16>(), g_dkv.as<float>(), g_dcmp.as<float>(),
-                                   g_dsink.as<float>(), scratch.as<float>(), nullptr, kernel, partial_budget);
+                                   g_dsink.as<float>(), scratch.as<float>(), nullptr, kernel, partial_budget, order);
   TREX_CUDA(cudaDeviceSynchronize());
   const std::string what = std::string(cs.csa ? "CSA" : "HCA") + " c=" + std::to_string(c) +
                            " H=" + std::to_string(H) +
                            (kernel == SparseAttnKernel::CudaCore ? " (CUDA cores)" : " (tensor cores)") +
-                           (partial_budget < trex::cuda::kSparseAttnPartialBudget ? " (chunked)" : "");
+                           (partial_budget < trex::cuda::kSparseAttnPartialBudget ? " (chunked)" : "") +
+                           (order == trex::cuda::SparseAttnBwdOrder::Atomic ? " (atomic order)" : "");
   BwdOut out{g_dq.to_host<uint16_t>(), g_dkv.to_host<float>(), g_dcmp.to_host<float>(), g_dsink.to_host<float>()};
   EXPECT_LT(rel_err(to_f32(g_o.to_host<uint16_t>()), o), 1e-2) << what;
   EXPECT_LT(rel_err(g_lse.to_host<float>(), lse), 1e-5) << what;
@@ -157,8 +159,12 @@ void run_twice(const Case& cs, SparseAttnKernel kernel, int64_t partial_budget, 
 
 }  // namespace
 
+// Both kernel families against the CPU; the tensor-core one in both summation orders of the backward (the fixed
+// order and the atomic fast path the model runs unless asked to be deterministic).
 void run_both(const Case& cs) {
   run_case(cs, SparseAttnKernel::TensorCore);
+  run_case(cs, SparseAttnKernel::TensorCore, trex::cuda::kSparseAttnPartialBudget, nullptr,
+           trex::cuda::SparseAttnBwdOrder::Atomic);
   run_case(cs, SparseAttnKernel::CudaCore);
 }
 

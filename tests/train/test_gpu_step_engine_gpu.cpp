@@ -49,6 +49,7 @@ TEST(GpuStepEngine, ParsesTheBenchLayouts) {
 TEST(GpuStepEngine, OneGpuStepIsTheModelsStep) {
   const dsv4::ModelConfig cfg = trex::testing::tiny_gpu_config("tiny");
   dsv4gpu::GpuModelOptions mo;
+  mo.deterministic = true;  // bit-for-bit comparisons (the default atomic attention backward is not reproducible)
   train::GpuStepEngine engine(cfg, train::GpuLayout{}, mo);
   engine.model().init_random(3);
   dsv4gpu::GpuModel ref(cfg, mo);
@@ -96,6 +97,7 @@ TEST(GpuStepEngine, OneGpuStepIsTheModelsStep) {
 TEST(GpuStepEngine, TwoIdenticalModelsStepAlike) {
   const dsv4::ModelConfig cfg = trex::testing::tiny_gpu_config("tiny");
   dsv4gpu::GpuModelOptions mo;
+  mo.deterministic = true;
   dsv4gpu::GpuModel m1(cfg, mo), m2(cfg, mo);
   dsv4gpu::GpuOptimizer o1(m1), o2(m2);
   m1.init_random(3), m2.init_random(3);

@@ -410,8 +410,10 @@ dkv_reduce::Units bwd_units(int64_t N, int64_t E, int64_t H, int64_t c, const Sp
 }  // namespace
 
 int64_t sparse_attention_bwd_scratch(int64_t N, int64_t E, int64_t H, int64_t c, const SparseKeySets& keys,
-                                     SparseAttnKernel kernel, int64_t partial_budget) {
+                                     SparseAttnKernel kernel, int64_t partial_budget, SparseAttnBwdOrder order) {
   if (N == 0) return 1;
+  if (order == SparseAttnBwdOrder::Atomic && kernel != SparseAttnKernel::CudaCore && mma_attn::supported(c))
+    return N * H;  // the sink partials only
   const dkv_reduce::Plan p = dkv_reduce::make_plan(bwd_units(N, E, H, c, keys, kernel), partial_budget);
   return int64_t((p.bytes + sizeof(float) - 1) / sizeof(float));
 }
@@ -419,10 +421,17 @@ int64_t sparse_attention_bwd_scratch(int64_t N, int64_t E, int64_t H, int64_t c,
 void sparse_attention_bwd(const bf16* q, const bf16* kv, const bf16* cmp, const float* sink, int64_t N,
                           int64_t E, int64_t H, int64_t c, const SparseKeySets& keys, const bf16* o,
                           const float* lse, const bf16* do_, bf16* dq, float* dkv, float* dcmp, float* dsink,
-                          float* scratch, cudaStream_t s, SparseAttnKernel kernel, int64_t partial_budget) {
+                          float* scratch, cudaStream_t s, SparseAttnKernel kernel, int64_t partial_budget,
+                          SparseAttnBwdOrder order) {
   if (N == 0) return;
   check_args(N, H, c, keys);
   TREX_CHECK(E == 0 || dcmp, "sparse attention bwd (CUDA): {} compressed entries but dcmp is null", E);
+  if (order == SparseAttnBwdOrder::Atomic && kernel != SparseAttnKernel::CudaCore && mma_attn::supported(c)) {
+    mma_attn::bwd_atomic(q, kv, cmp, sink, N, H, c, keys, o, lse, do_, dq, dkv, dcmp, scratch, s);
+    dsink_reduce_kernel<<<unsigned(H), kThreads, 0, s>>>(dsink, scratch, N, H);
+    TREX_CUDA_LAUNCHED();
+    return;
+  }
   const dkv_reduce::Plan plan = dkv_reduce::make_plan(bwd_units(N, E, H, c, keys, kernel), partial_budget);
   float* sink_part = dkv_reduce::sink_part(plan, scratch);
   const bool tensor = kernel != SparseAttnKernel::CudaCore && mma_attn::supported(c);

@@ -34,4 +34,10 @@ void bwd(const bf16* q, const bf16* kv, const bf16* cmp, const float* sink, int6
          const SparseKeySets& keys, const bf16* o, const float* lse, const bf16* do_, bf16* dq, float* dsink_part,
          const dkv_reduce::PartOut& po, int64_t n_units, cudaStream_t s);
 
+// The same kernels over every query with 16-byte fp32 atomic adds into dkv / dcmp instead of the stored rows
+// (SparseAttnBwdOrder::Atomic): no partials and no reduction pass, rounding order not reproducible.
+void bwd_atomic(const bf16* q, const bf16* kv, const bf16* cmp, const float* sink, int64_t N, int64_t H, int64_t c,
+                const SparseKeySets& keys, const bf16* o, const float* lse, const bf16* do_, bf16* dq, float* dkv,
+                float* dcmp, float* dsink_part, cudaStream_t s);
+
 }  // namespace trex::cuda::mma_attn

@@ -26,6 +26,8 @@ void rmsnorm_bwd_full(const Ctx& c, bf16* dx, float* dw, const bf16* dy, const b
   cuda::rmsnorm_dw_reduce(dw, part.as<float>(), rows, d);
 }
 
+static_assert(cuda::kMhcMix == kPlanMhcMix, "activation_plan.h counts the mHC mixing row as kernels/cuda/mhc.h");
+
 GpuModel::Impl::Impl(const dsv4::ModelConfig& c, const GpuModelOptions& o) : cfg(c), opts(o) {}
 
 GpuModel::Impl::~Impl() {
@@ -61,6 +63,8 @@ Ctx GpuModel::Impl::ctx() {
   c.section = [this](const char* n, bool b) { section(n, b); };
   c.ep = opts.ep;
   c.grouped_experts = opts.moe_grouped_gemm;
+  c.deterministic = opts.deterministic;
+  c.recompute = opts.recompute;
   return c;
 }
 
@@ -164,6 +168,7 @@ GpuModel::GpuModel(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts)
   dsv4::ProgramShape ps;
   ps.n_layers = m.l1 - m.l0, ps.embed = m.first_stage(), ps.head = m.last_stage(), ps.mtp = m.mtp();
   ps.vocab = cfg.vocab_size;
+  ps.replay = opts.recompute == dsv4::Recompute::Full;
   for (int64_t l = m.l0; l < m.l1; ++l) ps.balance.push_back(!m.blocks[size_t(l)]->hash || opts.balance_hash_layers);
   if (m.mtp()) ps.balance.push_back(1);  // the MTP block is score-routed
   m.program = std::make_unique<dsv4::BlockProgram>(*m.backend, std::move(ps));
@@ -211,11 +216,18 @@ double GpuModel::forward_impl(const int32_t* ids, const int32_t* labels, const d
   TREX_CHECK(m.first_stage() || x_in, "GPU model stage [{}, {}): forward needs the incoming stream x_in", m.l0,
              m.l1);
   TREX_CHECK(!m.last_stage() || labels, "GPU model: the forward needs labels");
+  // The balance loss is sequence-wise: each rank's rows are its own, so data parallelism needs only each
+  // micro-batch's share of the step (1 / M, given by begin_step) in a stage step; a forward() over a DP batch
+  // would need its rows' mean over every rank instead (not done: the trainer runs stage steps under DP).
   const bool balance = m.opts.balance_alpha != 0.0;
-  TREX_CHECK(!balance || (!m.step_mode && m.dp_size == 1 && !m.opts.ep),
-             "GPU model: the balance loss (balance_alpha {}) runs on one GPU in whole-model steps only (not with data "
-             "/ expert parallelism or pipeline stages)",
+  TREX_CHECK(!balance || (!m.opts.ep && m.first_stage() && m.last_stage() &&
+                          (m.step_mode ? m.step_micro_batches > 0 : m.dp_size == 1)),
+             "GPU model: the balance loss (balance_alpha {}) runs in whole-model steps only: forward() on one GPU, or "
+             "stage steps whose begin_step gives the step's micro-batches (not with expert parallelism or pipeline "
+             "stages)",
              m.opts.balance_alpha);
+  const double balance_alpha =
+      m.step_mode && balance ? m.opts.balance_alpha / double(m.step_micro_batches) : m.opts.balance_alpha;
   m.backend->set_forward(inject, head);
   bf16* x_out = nullptr;
   if (!m.last_stage()) {  // the stream X[l1] for the next stage, written in place by the last block
@@ -227,7 +239,7 @@ double GpuModel::forward_impl(const int32_t* ids, const int32_t* labels, const d
   mb.slot = m.program_slot, mb.ids = ids, mb.labels = labels, mb.layout = &layout, mb.x_in = x_in, mb.x_out = x_out;
   // loss_scale 1: the heads' means are over the step's / DP batch's targets (Impl::head_normaliser), so the
   // micro-batches' and ranks' gradients sum to the step's.
-  mb.loss_scale = 1.0, mb.mtp_weight = m.opts.mtp_weight, mb.balance_alpha = m.opts.balance_alpha;
+  mb.loss_scale = 1.0, mb.mtp_weight = m.opts.mtp_weight, mb.balance_alpha = balance_alpha;
   const dsv4::LossParts& lp = m.program->forward(mb);
   m.forward_done = true;
   if (!m.last_stage()) return 0.0;
@@ -325,9 +337,12 @@ int slot_of(const GpuModel::Impl& m, int64_t micro) {
 }
 }  // namespace
 
-void GpuModel::begin_step(int64_t step_targets, int64_t step_mtp_targets, int64_t reduce_micro) {
+void GpuModel::begin_step(int64_t step_targets, int64_t step_mtp_targets, int64_t step_micro_batches,
+                          int64_t reduce_micro) {
   TREX_CHECK(step_targets >= 0, "GPU model: step targets {} must be >= 0", step_targets);
+  TREX_CHECK(step_micro_batches >= 0, "GPU model: step micro-batches {} must be >= 0", step_micro_batches);
   TREX_CHECK(reduce_micro >= -1, "GPU model: begin_step reduce_micro {} must be >= -1", reduce_micro);
+  impl_->step_micro_batches = step_micro_batches;
   impl_->reduce_micro = reduce_micro;
   TREX_CHECK(!impl_->mtp() || step_mtp_targets >= 0,
              "GPU model: with the MTP module begin_step needs the step's MTP targets (got {})", step_mtp_targets);
@@ -372,8 +387,40 @@ void GpuModel::backward_stage(int64_t micro, const float* dx_out) {
   m.reduce_this_backward = true;
   m.forward_done = false;
   m.acts.clear(), m.out.clear();  // the slot's activations (and its sent output) are no longer needed
-  for (int64_t l = m.l0; l < m.l1; ++l) m.blocks[size_t(l)]->keep.clear();
-  if (m.mtp_block) m.mtp_block->keep.clear();
+  for (int64_t l = m.l0; l < m.l1; ++l) m.blocks[size_t(l)]->keep.clear(), m.blocks[size_t(l)]->redo.clear();
+  if (m.mtp_block) m.mtp_block->keep.clear(), m.mtp_block->redo.clear();
+}
+
+GpuModel::ActivationBytes GpuModel::activation_bytes() const {
+  const Impl& m = *impl_;
+  ActivationBytes a;
+  // The live batch state and every parked pipeline slot's.
+  a.kept = m.acts.bytes() + m.out.bytes();
+  for (int64_t l = m.l0; l < m.l1; ++l) {
+    const GpuBlock& b = *m.blocks[size_t(l)];
+    a.kept += b.keep.bytes() + b.redo.bytes() + b.picks.bytes();
+  }
+  if (m.mtp_block) a.kept += m.mtp_block->keep.bytes() + m.mtp_block->redo.bytes() + m.mtp_block->picks.bytes();
+  for (const Impl::Slot& z : m.slots) {
+    a.kept += z.acts.bytes() + z.out.bytes();
+    for (int64_t l = m.l0; l < m.l1; ++l) {
+      const BlockSaved& b = z.blocks[size_t(l)];
+      a.kept += b.keep.bytes() + b.redo.bytes() + b.picks.bytes();
+    }
+    a.kept += z.mtp.keep.bytes() + z.mtp.redo.bytes() + z.mtp.picks.bytes();
+  }
+  a.block_peak = m.act_block_peak;
+  return a;
+}
+
+ActivationPlan GpuModel::activation_plan(const dsv4::SeqLayout& layout) const {
+  const Impl& m = *impl_;
+  ActivationPlanShape s;
+  s.layer_begin = m.l0, s.layer_end = m.l1, s.mtp = m.mtp(), s.recompute = m.opts.recompute;
+  s.head_grad = true;  // a training forward (HeadMode::LossAndGrad)
+  s.balance = m.opts.balance_alpha != 0.0;
+  s.balance_hash_layers = m.opts.balance_hash_layers;
+  return plan_activations(m.cfg, layout, s);
 }
 
 const float* GpuModel::stage_input_grad(int64_t micro) const {
@@ -412,11 +459,16 @@ std::vector<int64_t> GpuModel::csa_selection(int64_t l) const {
 
 std::vector<int32_t> GpuModel::router_selection(int64_t l) const {
   const Impl& m = *impl_;
-  TREX_CHECK(l >= 0 && l < m.cfg.n_layers && m.blocks[size_t(l)], "GPU model: no layer {} (on this stage)", l);
+  const bool mtp = l == m.cfg.n_layers && m.mtp_block;
+  TREX_CHECK(mtp || (l >= 0 && l < m.cfg.n_layers && m.blocks[size_t(l)]), "GPU model: no layer {} (on this stage)",
+             l);
+  const GpuBlock& b = mtp ? *m.mtp_block : *m.blocks[size_t(l)];
   std::vector<int32_t> v(size_t(m.lay.N * m.cfg.topk));
-  TREX_CUDA(cudaMemcpy(v.data(), m.blocks[size_t(l)]->mo.sel, v.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  TREX_CUDA(cudaMemcpy(v.data(), b.mo.sel, v.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
   return v;
 }
+
+void GpuModel::set_mtp_weight(double w) { impl_->opts.mtp_weight = w; }
 
 std::map<std::string, double> GpuModel::section_ms() {
   Impl& m = *impl_;

@@ -52,7 +52,7 @@ double EmulatedRank::step(const cuda::AdamWStep& a) {
     loss = pipe_->step(ids_.data(), labels_.data(), mb);
   } else {  // one stage: the micro-batches in order, gradients reduced in the last one's backward
     const int64_t n = p_.micro_batch_seqs * seq_, M = p_.micro_batches;
-    model_->begin_step(M * p_.micro_batch_seqs * (seq_ - 1), -1, M - 1);
+    model_->begin_step(M * p_.micro_batch_seqs * (seq_ - 1), -1, M, M - 1);
     for (int64_t m = 0; m < M; ++m) {
       loss += model_->forward_stage(m, ids_.data() + m * n, labels_.data() + m * n, mb, nullptr);
       model_->backward_stage(m, nullptr);

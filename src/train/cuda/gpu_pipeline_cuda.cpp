@@ -150,7 +150,7 @@ double GpuPipeline::step(const int32_t* ids, const int32_t* labels, const dsv4::
     targets = int64_t(std::llround(h));
   }
   // The gradients are reduced over DP in the step's last backward (1F1B ends with micro-batch M - 1 everywhere).
-  st.begin_step(targets, -1, p.M - 1);
+  st.begin_step(targets, -1, p.M, p.M - 1);
   const int64_t elems = st.stream_elems(layout);
   if (elems != p.elems) {  // (re)size the receive buffers; nothing is in flight between steps
     TREX_CUDA(cudaDeviceSynchronize());
