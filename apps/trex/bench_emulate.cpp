@@ -25,6 +25,10 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/lm_head_ce.h"
+#include "model/cuda/activation_plan.h"
+#include "model/dsv4/recompute.h"
+#include "model/dsv4/seq_layout.h"
 #include "train/cuda/emulated_rank.h"
 #endif
 
@@ -55,6 +59,7 @@ nlohmann::json planner_prediction(const TrainBenchArgs& a, const dsv4::ModelConf
   est.set_partition(p.spec.pp, 1, chunks);
   plan::Layout l;
   l.pp = p.spec.pp, l.dp = p.spec.dp, l.ep = p.spec.ep, l.mbs = p.micro_batch_seqs, l.zero = 1;
+  l.recompute = plan::parse_recompute(a.recompute);
   const plan::Estimate e = est.estimate(l, int64_t(p.world_size));
   nlohmann::json j;
   j["hardware"] = a.hardware, j["impl"] = a.impl;
@@ -79,6 +84,51 @@ nlohmann::json planner_prediction(const TrainBenchArgs& a, const dsv4::ModelConf
   return j;
 }
 
+#ifdef TREX_HAVE_CUDA
+namespace {
+// The rank's activation and workspace bytes before anything is allocated. Activations: the GPU model's activation
+// table (model/cuda/activation_plan.h, what its pools take request by request) per micro-batch slot, times the
+// micro-batches the 1F1B schedule holds at once on this stage, plus one block's recomputation scratch. Workspace
+// (the largest transient buffers, sized from the same shapes the code allocates): the backward's two fp32
+// gradient streams and the input gradient kept for the send, the pipeline's receive buffers and the emulation's
+// boundary tensors, the LM head's row-block logits (last stage), one MoE layer's backward temporaries.
+struct RankMemory {
+  dsv4gpu::ActivationPlan plan;
+  int64_t slots = 0, activations = 0;
+  int64_t grad_streams = 0, boundary = 0, lm_head = 0, moe_bwd = 0;
+  int64_t workspace() const { return grad_streams + boundary + lm_head + moe_bwd; }
+};
+
+RankMemory rank_memory(const dsv4::ModelConfig& cfg, const parallel::RankPartition& p, int64_t seq,
+                       const dsv4gpu::GpuModelOptions& o) {
+  RankMemory r;
+  const dsv4::SeqLayout mb = dsv4::SeqLayout::unpacked(p.micro_batch_seqs, seq);
+  dsv4gpu::ActivationPlanShape sh;
+  sh.layer_begin = p.layer_begin, sh.layer_end = p.layer_end, sh.mtp = false, sh.recompute = o.recompute;
+  sh.head_grad = true;
+  r.plan = dsv4gpu::plan_activations(cfg, mb, sh);
+  r.slots = p.in_flight;
+  r.activations = r.slots * r.plan.kept() + r.plan.block_scratch;
+  const int64_t N = mb.B * mb.T, stream = N * cfg.hc_mult * cfg.hidden;
+  r.grad_streams = 4 * stream * (p.embed ? 2 : 3);
+  if (p.spec.pp > 1) {
+    if (!p.embed) r.boundary += 2 * (2 * stream) + 2 * stream + 4 * stream;  // act receives + source, grad sink
+    if (!p.head) r.boundary += 2 * (4 * stream) + 4 * stream + 2 * stream;   // grad receives + source, act sink
+  }
+  if (p.head) {
+    cuda::LmHeadCeShape s{N, cfg.hidden, cfg.vocab_size, std::min(o.lm_chunk, cfg.vocab_size), o.lm_rows,
+                          o.lm_grad_rows};
+    r.lm_head = int64_t(cuda::lm_head_ce_fwd_grad_scratch_bytes(s));
+  }
+  // moe_bwd's temporaries with every routed row on this rank (the balanced exchange brings N K rows): bf16 rows of
+  // d (dye, the received and regrouped gradients, dxl) and of f / 2f (h, dh, dgu).
+  const int64_t rows = N * cfg.topk;
+  r.moe_bwd = 2 * rows * (4 * cfg.hidden + 4 * cfg.moe_inter);
+  return r;
+}
+}  // namespace
+#endif
+
 void bench_train_emulated(const TrainBenchArgs& a) {
   TREX_CHECK(!a.layout.empty(), "bench train --emulate-rank {}: give the layout (--layout pp=P,dp=D,ep=E)",
              a.emulate_rank);
@@ -100,19 +150,35 @@ void bench_train_emulated(const TrainBenchArgs& a) {
   parallel::EmulatedMesh sizing = parallel::make_emulated_mesh(p);
   dsv4gpu::GpuModelOptions base;
   base.timing = a.sections;
+  base.deterministic = a.deterministic;
+  base.recompute = dsv4::parse_recompute(a.recompute, "bench train --recompute");
   if (a.moe_gemm != "default") base.moe_grouped_gemm = a.moe_gemm == "grouped";
   const dsv4gpu::GpuModel::Footprint fp =
       dsv4gpu::GpuModel::footprint(cfg, train::EmulatedRank::model_options(p, sizing, base));
   const double fixed = double(fp.compute_bytes() + fp.grad_bytes() + fp.master_bytes() + fp.adamw_bytes());
+  const RankMemory rm = rank_memory(cfg, p, a.seq, base);
+  const double need = fixed + double(rm.activations) + double(rm.workspace());
   size_t free_b = 0, total_b = 0;
   TREX_CUDA(cudaMemGetInfo(&free_b, &total_b));
-  TREX_CHECK(fixed < double(free_b),
-             "bench train --emulate-rank {} ({}): the rank's parameters need {:.2f} GiB (bf16 weights {:.2f}, fp32 "
-             "gradients {:.2f}, fp32 master shard {:.2f}, AdamW moments {:.2f}; {} parameters) but the device has "
-             "{:.2f} GiB free of {:.2f}; the planner predicts {:.2f} GiB in all for this rank",
-             a.emulate_rank, a.layout, fixed / kGiB, fp.compute_bytes() / kGiB, fp.grad_bytes() / kGiB,
-             fp.master_bytes() / kGiB, fp.adamw_bytes() / kGiB, fp.n_params, double(free_b) / kGiB,
-             double(total_b) / kGiB, pm.total);
+  std::string per_layer;
+  for (size_t i = 0; i < rm.plan.blocks.size(); ++i)
+    per_layer += fmt::format("{}{}: {:.2f}", i ? ", " : "", p.layer_begin + int64_t(i),
+                             double(rm.plan.blocks[i].kept) / kGiB);
+  TREX_CHECK(need < double(free_b),
+             "bench train --emulate-rank {} ({}, recompute {}): the rank needs {:.2f} GiB but the device has {:.2f} "
+             "GiB free of {:.2f}: bf16 weights {:.2f}, fp32 gradients {:.2f}, fp32 master shard {:.2f}, AdamW moments "
+             "{:.2f} ({} parameters); activations {:.2f} = {} micro-batches in flight x {:.2f} per micro-batch "
+             "(streams {:.2f}, head {:.2f}, layers {}) + recomputation scratch {:.2f}; workspace {:.2f} (gradient "
+             "streams {:.2f}, pipeline boundary {:.2f}, LM head {:.2f}, MoE backward {:.2f}). The planner predicts "
+             "{:.2f} GiB of activations ({} in flight) and {:.2f} GiB in all for this rank; --recompute full or "
+             "selective, a smaller --micro-batch-seqs or more pipeline stages shrink the activations",
+             a.emulate_rank, a.layout, a.recompute, need / kGiB, double(free_b) / kGiB, double(total_b) / kGiB,
+             fp.compute_bytes() / kGiB, fp.grad_bytes() / kGiB, fp.master_bytes() / kGiB, fp.adamw_bytes() / kGiB,
+             fp.n_params, double(rm.activations) / kGiB, rm.slots, double(rm.plan.kept()) / kGiB,
+             double(rm.plan.streams) / kGiB, double(rm.plan.heads) / kGiB, per_layer,
+             double(rm.plan.block_scratch) / kGiB, double(rm.workspace()) / kGiB, double(rm.grad_streams) / kGiB,
+             double(rm.boundary) / kGiB, double(rm.lm_head) / kGiB, double(rm.moe_bwd) / kGiB,
+             pm.activations + pm.logits, pm.inflight, pm.total);
 
   train::EmulatedRank rank(cfg, p, a.seq, base, a.seed);
   cuda::AdamWStep opt;
@@ -161,6 +227,7 @@ void bench_train_emulated(const TrainBenchArgs& a) {
                     {"in_flight", p.in_flight}};
   j["mtp"] = had_mtp ? "left out (not on GPU pipeline stages yet)" : "none in config";
   j["seq"] = a.seq;
+  j["recompute"] = a.recompute;
   j["global_batch"] = a.batch;
   j["params"] = fp.n_params;
   j["step_s"] = std::round(dt * 1e4) / 1e4;
@@ -175,6 +242,9 @@ void bench_train_emulated(const TrainBenchArgs& a) {
                      {"grads", gib(double(fp.grad_bytes()))},
                      {"optimizer", gib(opt_bytes)},  // fp32 master shard + AdamW moments (the planner's split)
                      {"activations_and_workspace", gib(double(used_high) - fixed)},
+                     {"activations_planned", gib(double(rm.activations))},  // the table's, before allocating
+                     {"activations_per_micro_batch", gib(double(rm.plan.kept()))},
+                     {"workspace_estimated", gib(double(rm.workspace()))},
                      {"loopback_buffers", gib(double(rank.loopback_bytes()))},  // emulation only, outside the pool
                      {"pool_peak", gib(double(used_high))},
                      {"device_used", gib(double(total_b - free_b))}};

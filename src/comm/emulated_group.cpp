@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "comm/thread_group_device.h"
+#include "comm/uniform_fill.h"
 #include "core/error.h"
 
 namespace trex::comm {
@@ -52,19 +53,41 @@ void EmulatedGroup::check_peer(int peer, const char* op) const {
              rank_, size_, op, peer);
 }
 
-EmulatedGroup::Loop& EmulatedGroup::loop(size_t bytes, bool device) {
-  Loop& l = loops_[{bytes, device}];
+EmulatedGroup::Loop& EmulatedGroup::loop(size_t bytes, bool device, int kind) {
+  Loop& l = loops_[{bytes, device, kind}];
   if (!l.p) {
     l.device = device;
     l.p = device ? tg::alloc_device_zeroed(bytes) : std::calloc(bytes, 1);
     TREX_CHECK(l.p, "emulated group '{}': no memory for a {} byte loop-back buffer", name_, bytes);
+    if (kind == 1) {  // the receive source's tensor
+      const size_t es = elem_size(source_.type);
+      TREX_CHECK(bytes % es == 0, "emulated group '{}': a {} byte message is not a whole number of {} byte elements "
+                 "(the receive source's type)", name_, bytes, es);
+      const size_t n = bytes / es;
+      if (device) {
+        tg::fill_uniform_async(l.p, n, int(source_.type), source_.std, source_.seed, nullptr);
+      } else if (source_.type == ElemType::BF16) {
+        auto* q = static_cast<uint16_t*>(l.p);
+        for (size_t i = 0; i < n; ++i) q[i] = uniform_fill_bf16_bits(uniform_fill_value(source_.seed, i, source_.std));
+      } else {
+        auto* q = static_cast<float*>(l.p);
+        for (size_t i = 0; i < n; ++i) q[i] = uniform_fill_value(source_.seed, i, source_.std);
+      }
+    }
   }
   return l;
 }
 
+void EmulatedGroup::set_recv_source(ElemType type, float std, uint64_t seed) {
+  TREX_CHECK(type == ElemType::F32 || type == ElemType::BF16,
+             "emulated group '{}': the receive source is F32 or BF16, got element type {}", name_, int(type));
+  TREX_CHECK(loops_.empty(), "emulated group '{}': set the receive source before the first send / recv", name_);
+  source_ = Source{true, type, std, seed};
+}
+
 int64_t EmulatedGroup::loopback_bytes() const {
   int64_t n = 0;
-  for (const auto& [key, l] : loops_) n += int64_t(key.first);
+  for (const auto& [key, l] : loops_) n += int64_t(std::get<0>(key));
   return n;
 }
 
@@ -120,7 +143,7 @@ WorkPtr EmulatedGroup::send(const void* buf, size_t bytes, int peer, int) {
 WorkPtr EmulatedGroup::recv(void* buf, size_t bytes, int peer, int) {
   check_peer(peer, "recv");
   count("recv", bytes);
-  if (bytes > 0) copy(buf, loop(bytes, tg::is_device_pointer(buf)).p, bytes);
+  if (bytes > 0) copy(buf, loop(bytes, tg::is_device_pointer(buf), source_.on ? 1 : 0).p, bytes);
   return done();
 }
 

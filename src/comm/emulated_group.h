@@ -12,7 +12,11 @@
 //  - broadcast, barrier: nothing;
 //  - send: the bytes are copied into a loop-back buffer of that size (one per size, allocated on first use, zero
 //    at first); recv: copied out of it. A pipeline stage thus receives its own last output / input gradient as
-//    its neighbour's, at the boundary's size;
+//    its neighbour's, at the boundary's size. With a receive source (set_recv_source; the emulated rank's
+//    pipeline groups have one) recv instead copies a fixed deterministic random tensor of the message's size and
+//    send copies into a sink: every stage computes on realistic values (a zero stream entering a stage makes every
+//    RMS norm divide by sqrt(eps), the backward multiplies its gradient by 1 / sqrt(eps) per norm and overflows to
+//    inf / NaN within a few layers; a last stage never receives a forward tensor, so it would see zeros only);
 //  - split: a sub-group by a caller-given rule (the emulated mesh knows every rank's coordinates), else an error.
 // Host buffers are copied with memcpy, device buffers (any pointer on a device) with cudaMemcpyAsync on the legacy
 // default stream, in order with the compute; Work completes at once. Every call is counted (calls, bytes this
@@ -23,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 
 #include "comm/communicator.h"
 
@@ -57,6 +62,11 @@ class EmulatedGroup final : public Communicator {
   void barrier() override;
   std::unique_ptr<Communicator> split(int color, int key) override;
 
+  // recv returns comm::uniform_fill_value(seed, i, std) (uniform_fill.h) as elements of `type` (F32 or BF16), a
+  // fixed tensor per message size; send goes to a sink. Host buffers are filled on the host, device ones on the
+  // device, with the same values.
+  void set_recv_source(ElemType type, float std, uint64_t seed);
+
   // By operation name ("all_reduce", "all_gather", "reduce_scatter", "all_to_all_v", "broadcast", "send", "recv").
   const std::map<std::string, EmulatedOpStats>& stats() const { return stats_; }
   int64_t loopback_bytes() const;  // device / host memory held by the send / recv loop-back buffers
@@ -70,13 +80,20 @@ class EmulatedGroup final : public Communicator {
     void* p = nullptr;
     bool device = false;
   };
-  Loop& loop(size_t bytes, bool device);
+  // kind 0: the loop-back (or, with a receive source, the send sink); 1: the receive source's tensor.
+  Loop& loop(size_t bytes, bool device, int kind = 0);
+  struct Source {
+    bool on = false;
+    ElemType type = ElemType::F32;
+    float std = 1.f;
+    uint64_t seed = 0;
+  } source_;
 
   int rank_, size_;
   std::string name_;
   SplitRule split_;
   std::map<std::string, EmulatedOpStats> stats_;
-  std::map<std::pair<size_t, bool>, Loop> loops_;
+  std::map<std::tuple<size_t, bool, int>, Loop> loops_;
 };
 
 }  // namespace trex::comm

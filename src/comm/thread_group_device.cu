@@ -7,6 +7,7 @@
 #include <string>
 
 #include "comm/thread_group_device.h"
+#include "comm/uniform_fill.h"
 
 namespace trex::comm::tg {
 
@@ -59,6 +60,16 @@ void launch(int op, void* dst, const Sources& s, int n, size_t count, cudaStream
   if (op == 0) reduce_kernel<T, 0><<<blocks, threads, 0, st>>>(dst, s, n, count);
   else if (op == 1) reduce_kernel<T, 1><<<blocks, threads, 0, st>>>(dst, s, n, count);
   else reduce_kernel<T, 2><<<blocks, threads, 0, st>>>(dst, s, n, count);
+}
+
+__global__ void fill_uniform_kernel(void* p, size_t count, bool bf16, float scale, unsigned long long seed) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x) {
+    const float v = uniform_fill_value(seed, i, scale);
+    if (bf16)
+      static_cast<uint16_t*>(p)[i] = uniform_fill_bf16_bits(v);
+    else
+      static_cast<float*>(p)[i] = v;
+  }
 }
 
 }  // namespace
@@ -130,6 +141,17 @@ void* alloc_device_zeroed(size_t bytes) {
 
 void free_device(void* p) {
   if (p) cudaFree(p);
+}
+
+void fill_uniform_async(void* p, size_t count, int type, float scale, unsigned long long seed, void* stream) {
+  if (type != 0 && type != 5)
+    throw std::runtime_error("thread-group communicator: uniform fill of element type " + std::to_string(type) +
+                             " (F32 or BF16 only)");
+  if (count == 0) return;
+  const size_t want = (count + 255) / 256;
+  const unsigned blocks = unsigned(want < 8192 ? want : 8192);
+  fill_uniform_kernel<<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(p, count, type == 5, scale, seed);
+  check(cudaGetLastError(), "the uniform fill kernel launch");
 }
 
 void reduce_async(void* dst, const void* const* src, int n, size_t count, int type, int op, void* stream) {

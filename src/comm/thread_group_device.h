@@ -21,6 +21,9 @@ void copy_async(void* dst, const void* src, size_t bytes, void* stream);
 // Device memory of `bytes`, zeroed (the emulated group's loop-back buffers, emulated_group.h); free_device frees it.
 void* alloc_device_zeroed(size_t bytes);
 void free_device(void* p);
+// p[0, count) of type F32 (0) or BF16 (5) (the ElemType values) = comm::uniform_fill_value(seed, i, scale)
+// (uniform_fill.h), on `stream` (the emulated group's pipeline boundary tensors).
+void fill_uniform_async(void* p, size_t count, int type, float scale, unsigned long long seed, void* stream);
 // dst[i] = src[0][i] op src[1][i] op ... op src[n-1][i], left to right; dst may be one of the sources.
 // type / op: the ElemType / ReduceOp enumerators' values.
 void reduce_async(void* dst, const void* const* src, int n, size_t count, int type, int op, void* stream);

@@ -3,10 +3,13 @@
 // R sends in the real collective of that size).
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdint>
 #include <numeric>
 #include <vector>
 
 #include "comm/emulated_group.h"
+#include "comm/uniform_fill.h"
 #include "core/error.h"
 
 namespace {
@@ -83,6 +86,39 @@ TEST(EmulatedGroup, SendRecvLoopBackAtTheBoundarySize) {
   EXPECT_EQ(g.stats().at("recv").bytes, 48);
   EXPECT_THROW(g.send(y.data(), 16, 1, 0), trex::Error) << "a send to itself";
   EXPECT_THROW(g.recv(x.data(), 16, 3, 0), trex::Error) << "a peer outside the group";
+}
+
+// With a receive source (the emulated rank's pipeline groups) recv gives a fixed random tensor of the message
+// size whatever was sent: mean 0 and the requested standard deviation, not zeros and not the stage's own output.
+TEST(EmulatedGroup, RecvSourceGivesAFixedRandomTensor) {
+  EmulatedGroup g(1, 3, "pp.grad");
+  g.set_recv_source(ElemType::F32, 0.5f, 11);
+  const size_t n = 200000;
+  std::vector<float> x(n, 9.f), y(n, 3.f);
+  g.recv(x.data(), n * 4, 2, 0)->wait();
+  double sum = 0, sq = 0;
+  for (float v : x) sum += v, sq += double(v) * v;
+  const double mean = sum / double(n), sd = std::sqrt(sq / double(n) - mean * mean);
+  EXPECT_NEAR(mean, 0.0, 0.01);
+  EXPECT_NEAR(sd, 0.5, 0.005);
+  for (size_t i : {size_t(0), size_t(1), n - 1}) EXPECT_EQ(x[i], trex::comm::uniform_fill_value(11, i, 0.5f));
+  g.send(y.data(), n * 4, 0, 0)->wait();  // to the sink: the next receive is the same tensor
+  std::vector<float> x2(n, 0.f);
+  g.recv(x2.data(), n * 4, 2, 1)->wait();
+  EXPECT_EQ(x2, x);
+  EXPECT_EQ(g.loopback_bytes(), int64_t(2 * n * 4));  // the source and the sink
+  EXPECT_THROW(g.set_recv_source(ElemType::F32, 1.f, 1), trex::Error) << "after traffic";
+
+  EmulatedGroup a(1, 2, "pp.act");
+  a.set_recv_source(ElemType::BF16, 1.f, 5);
+  std::vector<uint16_t> b(6, 0);
+  a.recv(b.data(), 12, 0, 0)->wait();
+  for (size_t i = 0; i < b.size(); ++i) {
+    EXPECT_EQ(b[i], trex::comm::uniform_fill_bf16_bits(trex::comm::uniform_fill_value(5, i, 1.f)));
+    EXPECT_NE(b[i] & 0x7fff, 0) << "element " << i << " is zero";
+  }
+  EXPECT_THROW(a.recv(b.data(), 11, 0, 1), trex::Error) << "not whole bf16 elements";
+  EXPECT_THROW(EmulatedGroup(0, 2, "x").set_recv_source(ElemType::I32, 1.f, 1), trex::Error);
 }
 
 TEST(EmulatedGroup, SplitFollowsTheGivenRule) {

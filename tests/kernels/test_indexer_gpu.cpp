@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "gpu_test_util.h"
@@ -167,6 +168,37 @@ TEST(GpuIndexer, TopkTiesTakeLowerEntriesFirst) {
       const std::vector<int64_t> got(sel.begin() + i * k, sel.begin() + (i + 1) * k);
       ASSERT_EQ(got, want) << (kernel == IndexerKernel::CudaCore ? "CUDA cores" : "tensor cores") << ": query "
                            << i;
+    }
+  }
+}
+
+// NaN scores (non-finite indexer weights, as after an optimizer step on inf / NaN gradients) rank as -inf: every
+// query still gets exactly its min(k, visible) visible entries, here all tied, so the lowest ones in order, and -1
+// after them. Visible counts below k that are not powers of two are the case that leaked the sort's padding index
+// (0x7fffffff) into the selection, which the sparse attention then read far outside the keys.
+TEST(GpuIndexer, TopkNanScoresSelectVisibleEntriesOnly) {
+  const int64_t N = 300, NI = 64, CI = 128, E = 700, k = 64;
+  auto q = random_bf16(N * NI * CI, 51), keys = random_bf16(E * CI, 52);
+  std::vector<float> w(size_t(N * NI), std::nanf(""));
+  std::vector<int64_t> vb(N), ve(N);
+  for (int64_t i = 0; i < N; ++i) vb[i] = i % 5, ve[i] = vb[i] + std::min<int64_t>(E - 5, 1 + 3 * i);  // 1 .. 695
+  auto d_q = DeviceBuffer::from_host(q.bits), d_k = DeviceBuffer::from_host(keys.bits),
+       d_w = DeviceBuffer::from_host(w), d_vb = DeviceBuffer::from_host(vb), d_ve = DeviceBuffer::from_host(ve);
+  for (IndexerKernel kernel : {IndexerKernel::Auto, IndexerKernel::CudaCore}) {
+    auto d_sel = poisoned<int64_t>(N * k);
+    trex::cuda::IndexerTopkArgs a;
+    a.n_tok = N, a.n_heads = NI, a.head_dim = CI, a.k_sel = k, a.max_visible = E;
+    a.w_scale = 0.125f, a.vis_begin = d_vb.as<int64_t>(), a.vis_end = d_ve.as<int64_t>();
+    trex::cuda::indexer_topk(d_sel.as<int64_t>(), d_q.as<bf16>(), d_w.as<float>(), d_k.as<bf16>(), a, nullptr,
+                             kernel);
+    TREX_CUDA(cudaDeviceSynchronize());
+    const std::vector<int64_t> sel = d_sel.to_host<int64_t>();
+    for (int64_t i = 0; i < N; ++i) {
+      const int64_t take = std::min(k, ve[i] - vb[i]);
+      for (int64_t j = 0; j < k; ++j)
+        ASSERT_EQ(sel[size_t(i * k + j)], j < take ? vb[i] + j : -1)
+            << (kernel == IndexerKernel::CudaCore ? "CUDA cores" : "tensor cores") << ": query " << i << " slot "
+            << j << " (" << ve[i] - vb[i] << " visible)";
     }
   }
 }

@@ -142,3 +142,51 @@ TEST(EmulatedRankGpu, RunsAndAllocatesWhatThePlannerCounts) {
 }
 
 }  // namespace
+
+namespace {
+
+using namespace trex;
+
+// The tiny V4 with `layers` layers cycling sliding / CSA / HCA (the CSA layers' indexer top-k runs).
+dsv4::ModelConfig tiny_with_layers(int64_t layers) {
+  nlohmann::json j = trex::testing::tiny_gpu_config_json();
+  j["num_hidden_layers"] = layers;
+  j["compress_ratios"] = nlohmann::json::array();
+  for (int64_t l = 0; l < layers; ++l) j["compress_ratios"].push_back(std::vector<int>{0, 4, 16}[size_t(l % 3)]);
+  return dsv4::parse_model_config(j, "emulated last stage test");
+}
+
+// The last stage of a deep model: the boundary it receives is the emulated group's fixed random stream, so its
+// activations and gradients are those of real values. With the loop-back's zeros every RMS norm of the stage saw
+// a zero row (rstd = 1 / sqrt(eps)), the backward grew by that factor per norm and overflowed to inf / NaN, the
+// optimizer step wrote NaN weights, and the next step's CSA indexer top-k (NaN scores) selected entries outside
+// the keys: the illegal memory access of the released configs' last stages (V4-Flash pp=4: 10 layers).
+TEST(EmulatedRankGpu, LastStageOfADeepModelStaysFinite) {
+  if (trex::testing::n_devices() < 1) GTEST_SKIP() << "needs a GPU";
+  const dsv4::ModelConfig cfg = tiny_with_layers(12);
+  const parallel::MeshSpec spec = parallel::parse_mesh_spec("pp=2,dp=2,ep=2");
+  const int rank = 3;  // stage 1: layers [6, 12) and the head
+  const parallel::RankPartition p = parallel::rank_partition(spec, rank, cfg, kGlobalBatch);
+  ASSERT_TRUE(p.head);
+  ASSERT_EQ(p.layer_end - p.layer_begin, 6);
+  train::EmulatedRank r(cfg, p, kSeq, {}, 5);
+  cuda::AdamWStep a;
+  a.lr = 1e-3;
+  for (int s = 1; s <= 3; ++s) {
+    a.step = s;
+    const double loss = r.step(a);
+    TREX_CUDA(cudaDeviceSynchronize());
+    EXPECT_TRUE(std::isfinite(loss) && loss > 0) << "step " << s << ": loss " << loss;
+    const double gn = r.model().dp_grad_norm();
+    EXPECT_TRUE(std::isfinite(gn) && gn > 0) << "step " << s << ": gradient norm " << gn;
+  }
+  // The weights after the updates are finite.
+  int64_t checked = 0;
+  for (const std::string& n : r.model().param_names()) {
+    for (float v : r.model().value(n)) ASSERT_TRUE(std::isfinite(v)) << n;
+    ++checked;
+  }
+  EXPECT_GT(checked, 6 * 10);
+}
+
+}  // namespace

@@ -56,12 +56,17 @@ __device__ inline uint32_t score_key(float v) {
 }
 
 // The best min(k_sel, nv) of the scores sc[0, nv) (ties: the lower index), written best first to sel[t] as global
-// indices vb + s, the remaining slots -1. With more visible entries than k_sel, a radix select (four 8-bit
+// indices vb + s, the remaining slots -1. A NaN score (non-finite weights or inputs) ranks as -inf: NaN compares
+// false both ways, so left in place it breaks the sort network's order and lets a padding slot (index 0x7fffffff)
+// into the first min(k_sel, nv), i.e. an entry index far outside the keys for the attention to read. With more visible entries than k_sel, a radix select (four 8-bit
 // histogram passes, MSB first) finds the k_sel-th largest key T; every entry above T and the lowest-index entries
 // equal to T fill the k_sel candidates, which alone are sorted (KP entries instead of P). The result is the one a
 // full sort of the P scores gives.
-__device__ void select_topk(int64_t* sel, const float* sc, int P, int64_t t, int64_t vb, int nv, int64_t k_sel,
+__device__ void select_topk(int64_t* sel, float* sc, int P, int64_t t, int64_t vb, int nv, int64_t k_sel,
                             int* sel_smem) {
+  for (int s = threadIdx.x; s < nv; s += blockDim.x)
+    if (isnan(sc[s])) sc[s] = -INFINITY;
+  __syncthreads();
   const int KP = pow2_at_least(k_sel);
   int* hist = sel_smem;
   int* vars = hist + 256;
@@ -139,7 +144,7 @@ __device__ void select_topk(int64_t* sel, const float* sc, int P, int64_t t, int
   for (int s = take + tid; s < SP; s += nthr) bsc[s] = -INFINITY, bix[s] = 0x7fffffff;
   __syncthreads();
   bitonic_sort(bsc, bix, SP);
-  for (int s = tid; s < k_sel; s += nthr) sel[t * k_sel + s] = s < take ? vb + bix[s] : -1;
+  for (int s = tid; s < k_sel; s += nthr) sel[t * k_sel + s] = s < take && bix[s] < nv ? vb + bix[s] : -1;
 }
 
 // CUDA cores. Shared: q [NI][cI] bf16, w [NI] fp32, scores [P] fp32, index [P] int32 (P = power of two >= max visible).

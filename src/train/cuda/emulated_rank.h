@@ -3,7 +3,8 @@
 // dense shard), its 1F1B pipeline step with the stage's in-flight micro-batches, every collective and boundary
 // transfer replaced by local copies of the real sizes (comm/emulated_group.h), routing forced balanced
 // (GpuModelOptions::balanced_routing) so the expert exchange carries the balanced share. What the rank computes is
-// its real work; the values it receives are its own (the loop-back), which the timing does not depend on.
+// its real work; the boundary tensors it receives are fixed deterministic random ones at realistic scales
+// (EmulatedGroup::set_recv_source), which the timing does not depend on and which keep the values finite.
 #pragma once
 #include <cstdint>
 #include <map>

@@ -26,6 +26,13 @@ EmulatedRank::EmulatedRank(const dsv4::ModelConfig& cfg, const parallel::RankPar
   model_ = std::make_unique<dsv4gpu::GpuModel>(cfg, model_options(p, mesh_, base));
   opt_ = std::make_unique<dsv4gpu::GpuOptimizer>(*model_);
   model_->init_random(seed);
+  // The pipeline boundary: a fixed random stream (unit scale, as the RMS-normed streams) and a fixed random
+  // gradient at the scale of a mean loss over the step's targets (every DP rank's), not the loop-back's zeros or
+  // the stage's own output (comm/emulated_group.h says why zeros break the backward).
+  if (mesh_.act) mesh_.act->set_recv_source(comm::ElemType::BF16, 1.0f, seed + 101);
+  if (mesh_.grad)
+    mesh_.grad->set_recv_source(comm::ElemType::F32, float(1.0 / (double(p.spec.dp) * double(tokens_per_step()))),
+                                seed + 202);
   if (p.spec.pp > 1)
     pipe_ = std::make_unique<dsv4gpu::GpuPipeline>(*model_, *mesh_.act, *mesh_.grad, p.micro_batches);
   // This rank's tokens: random ids (the timing does not depend on them; routing is forced balanced).

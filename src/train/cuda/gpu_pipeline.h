@@ -45,6 +45,18 @@ class GpuPipeline {
   // normaliser counts every DP rank's targets, the returned loss is this rank's share (summed over the DP ranks
   // it is the step's), and the gradients are reduce-scattered over DP in the last micro-batch's backward.
   double step(const int32_t* ids, const int32_t* labels, const dsv4::SeqLayout& layout);
+  // The same over micro-batches that each have their own layout (packed documents: the Trainer's batches; every
+  // one the same token count, the boundary size) and their own loss normaliser (the last stage's head divides the
+  // micro-batch's CE sum by it; e.g. its own labelled targets x the step's micro-batches for a mean of micro-batch
+  // means). step_micro_batches: the micro-batches the step's loss is the mean of (GpuModel::begin_step). The
+  // normalisers are used as given (the caller sums them over DP when it wants a DP-wide mean).
+  struct MicroBatch {
+    const int32_t* ids = nullptr;
+    const int32_t* labels = nullptr;
+    const dsv4::SeqLayout* layout = nullptr;
+    int64_t normaliser = 0;
+  };
+  double step(const std::vector<MicroBatch>& micro, int64_t step_micro_batches);
   // The last stage's loss values summed over the pipeline group (every rank gets them): call it outside the
   // timed loop, it synchronises the ranks.
   std::vector<double> global_losses(const std::vector<double>& local);
@@ -60,6 +72,7 @@ class GpuPipeline {
   static std::vector<int64_t> one_f_one_b(int r, int P, int64_t M);
 
  private:
+  double run(const std::vector<MicroBatch>& micro, int64_t step_micro_batches);
   struct Impl;
   std::unique_ptr<Impl> impl_;
   int rank_ = 0, P_ = 1;

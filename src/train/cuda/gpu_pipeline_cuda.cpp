@@ -134,7 +134,6 @@ double GpuPipeline::step(const int32_t* ids, const int32_t* labels, const dsv4::
   Impl& p = *impl_;
   GpuModel& st = p.st;
   const int64_t n_mb = layout.B * layout.T, V = st.impl().cfg.vocab_size;
-  const bool first = p.r == 0, last = p.r == p.P - 1;
   // The loss normaliser: labelled targets of the whole step (with a DP group: of every DP rank's micro-batches).
   int64_t targets = 0;
   for (int64_t m = 0; m < p.M; ++m)
@@ -149,9 +148,34 @@ double GpuPipeline::step(const int32_t* ids, const int32_t* labels, const dsv4::
     TREX_CUDA(cudaMemcpy(&h, d.as<double>(), sizeof(double), cudaMemcpyDeviceToHost));
     targets = int64_t(std::llround(h));
   }
-  // The gradients are reduced over DP in the step's last backward (1F1B ends with micro-batch M - 1 everywhere).
-  st.begin_step(targets, -1, p.M, p.M - 1);
-  const int64_t elems = st.stream_elems(layout);
+  std::vector<MicroBatch> mbs(size_t(p.M));
+  for (int64_t m = 0; m < p.M; ++m) mbs[size_t(m)] = {ids + m * n_mb, labels + m * n_mb, &layout, targets};
+  return run(mbs, p.M);
+}
+
+double GpuPipeline::step(const std::vector<MicroBatch>& micro, int64_t step_micro_batches) {
+  Impl& p = *impl_;
+  TREX_CHECK(int64_t(micro.size()) == p.M, "pipeline rank {}: {} micro-batches for a pipeline of {}", p.r,
+             micro.size(), p.M);
+  for (size_t m = 0; m < micro.size(); ++m) {
+    const MicroBatch& b = micro[m];
+    TREX_CHECK(b.ids && b.labels && b.layout && b.normaliser >= 0,
+               "pipeline rank {}: micro-batch {} lacks its ids, labels, layout or normaliser", p.r, m);
+    TREX_CHECK(b.layout->B * b.layout->T == micro[0].layout->B * micro[0].layout->T,
+               "pipeline rank {}: micro-batch {} has {} tokens, micro-batch 0 {} (the boundary tensors are sized "
+               "once per step)", p.r, m, b.layout->B * b.layout->T, micro[0].layout->B * micro[0].layout->T);
+  }
+  return run(micro, step_micro_batches);
+}
+
+double GpuPipeline::run(const std::vector<MicroBatch>& micro, int64_t step_micro_batches) {
+  Impl& p = *impl_;
+  GpuModel& st = p.st;
+  const bool first = p.r == 0, last = p.r == p.P - 1;
+  // The gradients are reduced over DP in the step's last backward (1F1B ends with micro-batch M - 1 everywhere);
+  // each forward sets its micro-batch's normaliser (begin_step before it: the head reads it in the forward).
+  st.begin_step(micro[0].normaliser, -1, step_micro_batches, p.M - 1);
+  const int64_t elems = st.stream_elems(*micro[0].layout);
   if (elems != p.elems) {  // (re)size the receive buffers; nothing is in flight between steps
     TREX_CUDA(cudaDeviceSynchronize());
     for (int i = 0; i < 2; ++i) {
@@ -168,13 +192,13 @@ double GpuPipeline::step(const int32_t* ids, const int32_t* labels, const dsv4::
   for (int64_t op : one_f_one_b(p.r, p.P, p.M)) {
     const int64_t m = std::abs(op) - 1;
     const int s = int(m % p.slots);
-    const int32_t* mi = ids + m * n_mb;
-    const int32_t* ml = labels + m * n_mb;
+    const MicroBatch& b = micro[size_t(m)];
     if (op > 0) {  // forward of m
       if (!first) p.post_recv_act(m), p.wait_recv(p.recv_act_w[m % 2]);
       Impl::wait_send(p.send_act_w[size_t(s)]);  // the slot's previous output has left
+      st.begin_step(b.normaliser, -1, step_micro_batches, p.M - 1);
       auto e = p.begin_ev();
-      loss += st.forward_stage(m, mi, ml, layout, first ? nullptr : p.recv_act[m % 2].as<void>());
+      loss += st.forward_stage(m, b.ids, b.labels, *b.layout, first ? nullptr : p.recv_act[m % 2].as<void>());
       p.end_ev(e, p.fwd_ev);
       if (!last) p.send_act_w[size_t(s)] = p.act.send(st.stage_output(m), size_t(elems) * 2, p.r + 1, int(m));
     } else {  // backward of m
