@@ -16,7 +16,7 @@ std::string gpu_layout_gaps(const GpuLayoutAsk& a) {
   need(a.cp > 1, "context parallelism");
   need(a.pp > 1, "pipeline stages under trex train (bench train only)");
   need(a.vpp > 1, "interleaved stages");
-  need(a.ep > 1, "expert parallelism under trex train (each expert written by its owner)");
+  need(a.ep > 1 && a.dp % a.ep != 0, "expert parallelism whose degree does not divide dp (EP folds into DP)");
   need(a.recompute, "activation recomputation");
   need(a.optimizer_offload, "optimizer offload");
   need(a.fully_sharded, "fully sharded dense weights");
@@ -41,12 +41,10 @@ std::string check_gpu_mesh_config(const TrainConfig& cfg, int world_size) {
         "checkpoints, and pp combined with dp / ep in the GPU model. Use pp: 1 (dp / ep on the GPU) or device cpu",
         m.pp);
   if (m.vpp > 1) return fmt::format("interleaved stages (parallel.vpp={}) are not implemented on the GPU", m.vpp);
-  if (m.ep > 1)
-    return fmt::format(
-        "expert parallelism (parallel.ep={}) is not run by `trex train --device cuda` yet: each rank holds only its "
-        "own experts, and the GPU checkpoint writer gathers every tensor over the data-parallel group instead of "
-        "writing each expert (and its moments) from its owner. Use ep: 1 (dp on the GPU), or device cpu for ep",
-        m.ep);
+  if (m.ep > 1 && m.dp % m.ep != 0)
+    return fmt::format("parallel.ep={} does not divide parallel.dp={} (expert parallelism is folded into the "
+                       "data-parallel ranks: each group of ep consecutive DP ranks holds all the experts)",
+                       m.ep, m.dp);
   if (!cfg.freeze.empty())
     return "frozen parameters (freeze) are not implemented on the GPU; drop freeze or train with device cpu";
   if (m.dp > 1) {

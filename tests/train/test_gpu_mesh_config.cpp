@@ -1,5 +1,5 @@
-// What `trex train --device cuda` runs on several GPUs (train/gpu_mesh_config.h): dp (ZeRO-1) with AdamW is
-// accepted; every layout the GPU mesh engine does not run is refused on the config alone, naming the key to
+// What `trex train --device cuda` runs on several GPUs (train/gpu_mesh_config.h): dp (ZeRO-1) with AdamW, and
+// ep folded into it, are accepted; every layout the GPU mesh engine does not run is refused on the config alone, naming the key to
 // change and what is missing.
 #include <gtest/gtest.h>
 
@@ -29,9 +29,11 @@ void expect_refused(const TrainConfig& c, int world, const std::vector<std::stri
 
 }  // namespace
 
-TEST(GpuMeshConfig, AcceptsDataParallelWithAdamW) {
+TEST(GpuMeshConfig, AcceptsDataAndExpertParallelWithAdamW) {
   EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 2}\n"), 2), "");
   EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 4}\n"), 4), "");
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 2, ep: 2}\n"), 2), "");
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 4, ep: 2}\n"), 4), "");
   EXPECT_EQ(check_gpu_mesh_config(config(""), 4), "") << "no parallel section: plain data parallelism";
   // One rank: Muon and the balance loss run as on one GPU.
   EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 1}\n", "{kind: muon}", "{type: dsv4}"), 1), "");
@@ -41,7 +43,7 @@ TEST(GpuMeshConfig, RefusesWhatTheGpuMeshDoesNotRunNamingWhatIsMissing) {
   expect_refused(config("parallel: {pp: 2, dp: 1}\n"), 2, {"parallel.pp=2", "gpu_pipeline.h", "pp: 1"});
   expect_refused(config("parallel: {pp: 2, dp: 1, vpp: 2}\n"), 2, {"parallel.pp=2"});
   expect_refused(config("freeze: [router]\nparallel: {dp: 2}\n"), 2, {"freeze"});
-  expect_refused(config("parallel: {dp: 4, ep: 2}\n"), 4, {"parallel.ep=2", "owner", "ep: 1"});
+  expect_refused(config("parallel: {dp: 4, ep: 3}\n"), 4, {"parallel.ep=3", "parallel.dp=4", "does not divide"});
   expect_refused(config("parallel: {dp: 2}\n", "{kind: muon}"), 2, {"muon", "dp=2", "adamw"});
   expect_refused(config("parallel: {dp: 2}\n", "{kind: adamw, adamw: {decay_vectors: false}}"), 2,
                  {"decay_vectors"});
@@ -74,6 +76,9 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
       {"parallel: {pp: 2, dp: 1}\n", "", "", 2, ask(2, 1, 1, 1, false, false)},
       {"parallel: {pp: 2, dp: 1, vpp: 2}\n", "", "", 2, ask(2, 2, 1, 1, false, false)},
       {"parallel: {dp: 4, ep: 2}\n", "", "", 4, ask(1, 1, 2, 4, false, false)},
+      {"parallel: {dp: 2, ep: 2}\n", "", "", 2, ask(1, 1, 2, 2, false, false)},
+      {"parallel: {dp: 4, ep: 3}\n", "", "", 4, ask(1, 1, 3, 4, false, false)},
+      {"parallel: {dp: 8, ep: 4}\n", "{kind: muon}", "", 8, ask(1, 1, 4, 8, true, false)},
       {"parallel: {dp: 2}\n", "{kind: muon}", "", 2, ask(1, 1, 1, 2, true, false)},
       {"parallel: {dp: 1}\n", "{kind: muon}", "", 1, ask(1, 1, 1, 1, true, false)},
       {"freeze: [router]\nparallel: {dp: 2}\n", "", "", 2, ask(1, 1, 1, 2, false, true)},

@@ -131,8 +131,15 @@ GpuModel::GpuModel(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts)
   m.slots.resize(size_t(opts.stage_slots));
   for (auto& sl : m.slots) sl.blocks.resize(size_t(cfg.n_layers));
   m.declare_all();
-  m.shard_a = m.region_x + (m.region_a - m.region_x) / m.dp_size;
-  int64_t off = m.region_x;
+  m.x_shard = m.region_x, m.x_own = 0;
+  if (m.edp && m.edp->size() > 1) {  // the experts' ZeRO-1 over their replicas (region X is 512-aligned)
+    const int R = m.edp->size();
+    TREX_CHECK(m.region_x % (8 * R) == 0, "GPU model: region X ({} elements) does not split into {} aligned slices",
+               m.region_x, R);
+    m.x_shard = m.region_x / R, m.x_own = m.edp->rank() * m.x_shard;
+  }
+  m.shard_a = m.x_shard + (m.region_a - m.region_x) / m.dp_size;
+  int64_t off = m.x_shard;
   for (auto& b : m.buckets) b.shard_off = off, off += b.slice(m.dp_size);
   const size_t n = size_t(m.total), ns = size_t(m.shard_elems());  // ns == n on one GPU
   m.master = DevMem(ns * 4), m.compute = DevMem(n * 2);
@@ -242,6 +249,7 @@ void GpuModel::backward_impl(const float* dx_out) {
   TREX_CHECK(m.last_stage() || dx_out, "GPU model stage [{}, {}): backward needs the gradient dx_out of its output",
              m.l0, m.l1);
   m.grads_zero = false;  // gradients accumulate from here on (zero_grads() must clear them again)
+  m.experts_reduced = false;
   const int64_t n_blocks = m.l1 - m.l0;
   // dx_in: the gradient of x_in, kept (in grad_out) for the send to the previous stage.
   float* dx_in = nullptr;

@@ -5,7 +5,9 @@
 
 #include <chrono>
 #include <cmath>
+#include <algorithm>
 #include <deque>
+#include <set>
 
 #include "comm/nccl_communicator.h"
 #include "core/error.h"
@@ -16,6 +18,7 @@
 #include "model/cuda/gpu_model.h"
 #include "model/dsv4/checkpoint.h"
 #include "model/dsv4/moe.h"
+#include "model/dsv4/param_table.h"
 #include "optim/param_groups.h"
 #include "parallel/mesh.h"
 #include "train/cuda/gpu_optimizer.h"
@@ -30,10 +33,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Entry {  // a checkpointed tensor: name, shape, optimiser group
+struct Entry {  // a checkpointed tensor: name, shape, optimiser group; the routed expert (-1: dense)
   std::string name;
   Shape shape;
   optim::ParamGroup group;
+  int64_t expert = -1;
+  bool held = true;  // in this rank's partition (every dense tensor; under ep only the rank's own experts)
 };
 
 }  // namespace
@@ -94,8 +99,11 @@ GpuMeshEngine::GpuMeshEngine(const TrainConfig& cfg, const dsv4::ModelConfig& mc
              "{}: the MTP module is not implemented on the GPU; set model.use_mtp: false", s.who());
   dsv4::ModelConfig gpu_cfg = s.mc;
   gpu_cfg.n_mtp = 0;  // the host model declares no MTP tensors either (use_mtp false)
-  s.host = make_staged_communicator(world);
   parallel::MeshSpec spec = cfg.parallel.present ? cfg.parallel.mesh : parallel::MeshSpec{1, world.size(), 1, 1};
+  // Before anything is allocated: ep must divide dp and the routed experts (with the numbers).
+  const std::string bad = parallel::check_mesh(spec, world.size(), {int(s.mc.n_layers), int(s.mc.n_routed_experts)});
+  TREX_CHECK(bad.empty(), "{}: impossible parallel layout: {}", s.who(), bad);
+  s.host = make_staged_communicator(world);
   s.mesh = parallel::build_mesh(world, spec, {int(s.mc.n_layers), int(s.mc.n_routed_experts)});
   s.D = s.mesh.spec.dp;
   TREX_CHECK(cfg.grad_accum % s.D == 0, "{}: grad_accum {} is not a multiple of dp={}", s.who(), cfg.grad_accum, s.D);
@@ -107,7 +115,18 @@ GpuMeshEngine::GpuMeshEngine(const TrainConfig& cfg, const dsv4::ModelConfig& mc
   go.balance_hash_layers = o.model.balance_hash_layers;
   s.gpu = std::make_unique<dsv4gpu::GpuModel>(gpu_cfg, go);
   s.opt = std::make_unique<dsv4gpu::GpuOptimizer>(*s.gpu);
-  for (const auto& p : s.gpu->impl().params) s.params.push_back({p.name, p.shape, optim::dsv4_param_group(p.name, p.shape)});
+  // Every trained tensor of the model (the parameter table's order, the same on every rank), marked with whether
+  // this rank holds it: under ep a rank holds its own experts only.
+  {
+    std::set<std::string> mine;
+    for (const auto& n : s.gpu->param_names()) mine.insert(n);
+    for (const dsv4::ParamSpec& t : dsv4::param_table(gpu_cfg))
+      if (t.trained())
+        s.params.push_back({t.name, t.shape, optim::dsv4_param_group(t.name, t.shape), t.expert, mine.count(t.name) > 0});
+    TREX_CHECK(int64_t(mine.size()) == int64_t(std::count_if(s.params.begin(), s.params.end(),
+                                                             [](const Entry& e) { return e.held; })),
+               "{}: the GPU model holds tensors outside the parameter table", s.who());
+  }
   for (const auto& n : s.gpu->router_bias_names()) s.buffers.push_back({n, {s.mc.n_routed_experts}, optim::ParamGroup::Buffer});
 
   const bool lead_rank = world.rank() == 0;
@@ -132,6 +151,7 @@ GpuMeshEngine::GpuMeshEngine(const TrainConfig& cfg, const dsv4::ModelConfig& mc
     const CheckpointReader r(*last);
     std::vector<float> buf;
     for (const Entry& p : s.params) {
+      if (!p.held) continue;  // another expert-parallel rank's expert: never read here
       buf.assign(size_t(numel(p.shape)), 0.f);
       r.read_param(p.name, p.shape, buf.data());
       s.gpu->set_shard(p.name, buf);
@@ -156,7 +176,7 @@ std::string GpuMeshEngine::describe() const {
   const State& s = *s_;
   return fmt::format("DeepSeek-V4 on CUDA (hidden {}, {} layers, {} experts top-{}, vocab {}, {} parameters): GPU "
                      "mesh dp={} ep={}{}, {} micro-batches per DP rank",
-                     s.mc.hidden, s.mc.n_layers, s.mc.n_routed_experts, s.mc.topk, s.mc.vocab_size, s.gpu->n_params(),
+                     s.mc.hidden, s.mc.n_layers, s.mc.n_routed_experts, s.mc.topk, s.mc.vocab_size, n_trained(),
                      s.D, s.mesh.spec.ep, s.D > 1 ? " (ZeRO-1)" : "", s.cfg.grad_accum / s.D);
 }
 
@@ -269,13 +289,17 @@ void GpuMeshEngine::optimizer_step(double lr) {
 void GpuMeshEngine::save(const fs::path& root, const TrainState& st, int64_t keep_last, const FaultHook& fault) {
   State& s = *s_;
   const int R = s.world.rank(), W = s.world.size();
-  // Every tensor is gathered whole (collective, in model order on every rank) and written by one rank, round
-  // robin, so the files are of similar size; host memory: the tensors this rank writes.
+  // A dense tensor is gathered whole from its ZeRO-1 slices (collective over the DP group, in table order on
+  // every rank) and written by one rank, round robin, so the files are of similar size. A routed expert under ep
+  // is written (with its moments) by its owner, the edp-rank-0 holder of that expert, from its own copy: never
+  // sent to another rank. Host memory: the tensors this rank writes.
   std::deque<std::vector<float>> keep;
   std::vector<ShardedTensor> pt, ot;
-  for (size_t i = 0; i < s.params.size(); ++i) {
-    const Entry& p = s.params[i];
-    const bool mine = int(i % size_t(W)) == R;
+  size_t dense = 0;
+  for (const Entry& p : s.params) {
+    if (!p.held) continue;  // another expert-parallel rank's expert (its owner writes it)
+    const bool own_expert = p.expert >= 0 && s.mesh.spec.ep > 1;  // without ep an expert is a dense tensor
+    const bool mine = own_expert ? s.mesh.edp_rank == 0 : int(dense++ % size_t(W)) == R;
     std::vector<float> v = s.gpu->gather_shard(p.name);
     if (mine) {
       keep.push_back(std::move(v));
@@ -301,12 +325,13 @@ void GpuMeshEngine::save(const fs::path& root, const TrainState& st, int64_t kee
 }
 
 TrainState GpuMeshEngine::load(const fs::path& dir) {
-  // Either format, saved by any layout (tensors by official name): every rank reads each whole tensor and keeps
-  // its shard of it.
+  // Either format, saved by any layout (tensors by official name): every rank reads each whole tensor of its
+  // partition (the dense ones, and under ep its own experts only) and keeps its shard of it.
   State& s = *s_;
   const CheckpointReader r(dir);
   std::vector<float> buf;
   for (const Entry& p : s.params) {
+    if (!p.held) continue;
     buf.assign(size_t(numel(p.shape)), 0.f);
     r.read_param(p.name, p.shape, buf.data());
     s.gpu->set_shard(p.name, buf);
@@ -325,9 +350,21 @@ TrainState GpuMeshEngine::load(const fs::path& dir) {
 }
 
 std::vector<float> GpuMeshEngine::value(const std::string& name) {
-  for (const Entry& b : s_->buffers)
-    if (b.name == name) return s_->gpu->router_bias(name);
-  return s_->gpu->gather_shard(name);
+  State& s = *s_;
+  for (const Entry& b : s.buffers)
+    if (b.name == name) return s.gpu->router_bias(name);
+  auto it = std::find_if(s.params.begin(), s.params.end(), [&](const Entry& p) { return p.name == name; });
+  TREX_CHECK(it != s.params.end(), "{}: no parameter '{}'", s.who(), name);
+  if (it->expert < 0 || s.mesh.spec.ep == 1) return s.gpu->gather_shard(name);
+  // A routed expert under ep: its holders gather it (collective over its replicas), the edp-rank-0 holder
+  // contributes it to a sum over the world that every other rank enters with zeros (x + 0 is exact).
+  std::vector<double> sum(size_t(numel(it->shape)), 0.0);
+  if (it->held) {
+    const std::vector<float> v = s.gpu->gather_shard(name);
+    if (s.mesh.edp_rank == 0) std::copy(v.begin(), v.end(), sum.begin());
+  }
+  s.host->all_reduce(sum.data(), sum.size(), comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
+  return std::vector<float>(sum.begin(), sum.end());
 }
 
 std::vector<std::string> GpuMeshEngine::param_names() const {

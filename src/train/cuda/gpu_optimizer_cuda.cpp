@@ -71,14 +71,20 @@ void GpuOptimizer::adamw_step(const cuda::AdamWStep& a_in) {
     return;
   }
   // Gradients: every bucket's reduce-scatter, the region-R all-reduce and (expert parallel with replicas) the
-  // region-X all-reduce must have landed.
+  // region-X reduce-scatter must have landed.
   m.reduce_expert_grads();
   m.wait_grad_work();
   float* g = m.grads.as<float>();
   bf16* c = m.compute.as<bf16>();
-  // Region X (expert parallel): this rank's experts, held whole: updated in place like one GPU's arena.
-  if (m.region_x > 0)
-    cuda::adamw_step(m.master.as<float>(), g, adam_m.as<float>(), adam_v.as<float>(), c, m.region_x, a);
+  // Region X (expert parallel): this rank's slice of its experts (all of them without replicas); with replicas
+  // the updated bf16 slice is all-gathered over them, which the compute stream waits for at the end.
+  comm::WorkPtr expert_gather;
+  if (m.x_shard > 0) {
+    cuda::adamw_step(m.master.as<float>(), g + m.x_own, adam_m.as<float>(), adam_v.as<float>(), c + m.x_own, m.x_shard,
+                     a);
+    if (m.experts_sharded())
+      expert_gather = m.edp->all_gather(c + m.x_own, c, size_t(m.x_shard), comm::ElemType::BF16);
+  }
   // Region R first (replicated, read in fp32 by the next forward), then each bucket's own slice, whose
   // all-gather starts right away so it overlaps the remaining updates and the next forward's first layers.
   const int64_t nr = m.total - m.region_a;
@@ -93,6 +99,7 @@ void GpuOptimizer::adamw_step(const cuda::AdamWStep& a_in) {
                      adam_v.as<float>() + b.shard_off, c + own, n, a);
     m.gather_work[bi] = m.dp->all_gather(c + own, c + b.begin, size_t(n), comm::ElemType::BF16);
   }
+  if (expert_gather) m.stream_wait(*expert_gather);
   m.section("optimizer", false);
 }
 
@@ -202,6 +209,8 @@ void GpuOptimizer::set_state(const std::string& name, int which, const std::vect
   float* dst = (which == 0 ? impl_->m : impl_->v).as<float>() + p.offset;
   TREX_CUDA(cudaMemcpy(dst, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
 }
+
+int64_t GpuOptimizer::state_bytes() const { return int64_t(impl_->m.bytes() + impl_->v.bytes()); }
 
 float* GpuOptimizer::moment(int which) {
   TREX_CHECK(which == 0 || which == 1, "GPU optimizer moment: which {} (0 or 1)", which);
