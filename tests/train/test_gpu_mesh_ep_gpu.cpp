@@ -79,7 +79,7 @@ Dsv4TrainOptions train_options() {
 TrainConfig run_config(const std::string& parallel) {
   return parse_train_config(parse_yaml(R"(
 seed: 3
-model: {type: dsv4}
+model: {type: dsv4, balance_alpha: 0}
 data: {shards: x, tokenizer: y, seq_len: 64, batch_size: 2, grad_accum: 8}
 optimizer: {kind: adamw, clip_grad_norm: 1.0, adamw: {eps: 1.0e-8, decay_vectors: true}}
 schedule: {lr: 0.003, min_lr: 0.0003, warmup_steps: 2}
