@@ -93,8 +93,7 @@ void bench_attention(const json& cfg, int64_t T, int reps) {
                 topk = cfg.at("index_topk");
   auto q = rand_bf16(T * H * c, 1), kv = rand_bf16(T * c, 2), dout = rand_bf16(T * H * c, 3);
   auto sink = rand_f32(H, 4);
-  DeviceBuffer o(size_t(T * H * c) * 2), lse(size_t(T * H) * 4), dq(size_t(T * H * c) * 2),
-      scratch(size_t(cuda::sparse_attention_bwd_scratch(T, H)) * 4);
+  DeviceBuffer o(size_t(T * H * c) * 2), lse(size_t(T * H) * 4), dq(size_t(T * H * c) * 2);
   auto dkv = zeros(size_t(T * c) * 4), dsink = zeros(size_t(H) * 4);
   std::vector<int64_t> wb(static_cast<size_t>(T)), cb(static_cast<size_t>(T), 0), ce(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) wb[size_t(t)] = std::max<int64_t>(0, t - W + 1);
@@ -106,6 +105,7 @@ void bench_attention(const json& cfg, int64_t T, int reps) {
   for (const Variant& v : {Variant{"SWA", 0}, Variant{"CSA", 4}, Variant{"HCA", 128}}) {
     cuda::SparseKeySets keys;
     keys.win_begin = d_wb.as<int64_t>();
+    keys.max_win = W;
     int64_t E = v.ratio ? T / v.ratio : 0;
     double n_keys = 0;
     for (int64_t t = 0; t < T; ++t) n_keys += double(t - wb[size_t(t)] + 1);
@@ -136,6 +136,7 @@ void bench_attention(const json& cfg, int64_t T, int reps) {
     }
     auto cmp = rand_bf16(std::max<int64_t>(E, 1) * c, 5);
     auto dcmp = zeros(size_t(std::max<int64_t>(E, 1) * c) * 4);
+    DeviceBuffer scratch(size_t(cuda::sparse_attention_bwd_scratch(T, E, H, c, keys)) * 4);  // per key kind
     const double fwd_flop = 4.0 * double(H) * double(c) * n_keys;  // q.k and p.v
     double ms = median_ms(reps, [&] {
       cuda::sparse_attention_fwd(q.as<bf16>(), kv.as<bf16>(), cmp.as<bf16>(), sink.as<float>(), T, H, c, keys,

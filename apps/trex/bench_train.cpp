@@ -1,5 +1,6 @@
 #include "bench_train.h"
 #include "model/dsv4/config.h"
+#include "model/dsv4/recompute.h"
 #include "train/dsv4_trainable.h"
 
 #include <fmt/format.h>
@@ -94,7 +95,8 @@ void bench_train_pp(const TrainBenchArgs& a, const dsv4::ModelConfig& cfg, doubl
   const double st = double(a.steps);
   const std::vector<double> mine = {ps.fwd_ms / st, ps.bwd_ms / st, engine.optimizer_ms() / st,
                                     ps.recv_wait_ms / st, double(used_high) / double(1ull << 30),
-                                    double(model.n_params())};
+                                    double(model.n_params()),
+                                    double(engine.planned_activation_bytes(mb_layout)) / double(1ull << 30)};
   const size_t K = mine.size();
   const std::vector<double> all = engine.all_gather(mine);
   if (r != 0) return;
@@ -120,6 +122,7 @@ void bench_train_pp(const TrainBenchArgs& a, const dsv4::ModelConfig& cfg, doubl
     j["idle_ms"] = r2(step_ms - busy);
     j["bubble_measured"] = std::round((step_ms - busy) / step_ms * 1e4) / 1e4;  // stage idle / step
     j["peak_gib"] = std::round(v[4] * 10) / 10;
+    j["activations_planned_gib"] = std::round(v[6] * 100) / 100;  // the activation table (activation_plan.h)
     j["params"] = int64_t(v[5]);
     stages.push_back(j);
     lb += counts[size_t(s)];
@@ -133,6 +136,8 @@ void bench_train_pp(const TrainBenchArgs& a, const dsv4::ModelConfig& cfg, doubl
   j["micro_batches"] = M;
   j["optimizer"] = a.optimizer;
   j["moe_gemm"] = mo.moe_grouped_gemm ? "grouped" : "per-expert";
+  j["deterministic"] = mo.deterministic;
+  j["recompute"] = dsv4::to_string(mo.recompute);
   j["micro_batch_seqs"] = B_mb;
   j["params"] = int64_t(n_params);
   j["step_s"] = std::round(dt * 1e4) / 1e4;
@@ -181,7 +186,9 @@ void bench_train(const TrainBenchArgs& a) {
   const double flops_tok = model_flops_per_token(a.config, a.seq);
   dsv4gpu::GpuModelOptions mo;
   mo.timing = a.sections;
+  mo.deterministic = a.deterministic;
   if (a.moe_gemm != "default") mo.moe_grouped_gemm = a.moe_gemm == "grouped";
+  mo.recompute = dsv4::parse_recompute(a.recompute, "bench train --recompute");
   // Multi-GPU: the world NCCL communicator from the launcher, split into the layout's groups (the step engine).
   const train::GpuLayout layout = train::parse_gpu_layout(a.mesh);
   if (layout.mesh.pp > 1) {
@@ -230,6 +237,7 @@ void bench_train(const TrainBenchArgs& a) {
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / a.steps;
   const double exposed_ms = model.exposed_comm_ms() / a.steps;
   const uint64_t used_high = engine.peak_memory_bytes(), device_used = engine.device_used_bytes();
+  const int64_t planned_acts = engine.planned_activation_bytes(seq_layout);
   // Tokens of the whole job; TFLOP/s and MFU per GPU.
   const double tok_s = double(N) * dp / dt;
   const double tok_s_gpu = tok_s / world_size;
@@ -246,6 +254,8 @@ void bench_train(const TrainBenchArgs& a) {
   j["mesh"] = a.mesh.empty() ? "single" : a.mesh;
   j["optimizer"] = a.optimizer;
   j["moe_gemm"] = mo.moe_grouped_gemm ? "grouped" : "per-expert";
+  j["deterministic"] = mo.deterministic;
+  j["recompute"] = dsv4::to_string(mo.recompute);
   j["gpus"] = world_size;
   j["launcher"] = a.mesh.empty() ? "none" : comm::detect_launch_env().launcher;
   j["tokens_per_s"] = std::llround(tok_s);
@@ -255,6 +265,9 @@ void bench_train(const TrainBenchArgs& a) {
   j["mfu"] = std::round(tflops * 1e12 / kH200Bf16Peak * 1e4) / 1e4;
   j["peak_gib"] = std::round(double(used_high) / double(1ull << 30) * 10) / 10;  // stream-ordered pool high-water
   j["device_used_gib"] = std::round(double(device_used) / double(1ull << 30) * 10) / 10;
+  // The activation table's planned peak (kept + one block's recomputation scratch; activation_plan.h), part of
+  // peak_gib with the parameters, gradients, optimiser state and the ops' temporaries.
+  j["activations_planned_gib"] = std::round(double(planned_acts) / double(1ull << 30) * 100) / 100;
   j["gflop_per_token"] = std::round(flops_tok / 1e6) / 1e3;
   j["loss_first"] = first_loss;
   j["loss_last"] = last_loss;

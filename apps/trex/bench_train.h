@@ -12,6 +12,7 @@ struct TrainBenchArgs {
   int64_t seq = 4096, batch = 1;
   int steps = 5, warmup = 2;
   bool sections = false;  // add a per-section breakdown (CUDA events) to the JSON line
+  bool deterministic = false;  // GpuModelOptions::deterministic (the trainer's train.deterministic)
   // "adamw": the baseline's torch AdamW (lr 1e-5, eps 1e-8, weight decay 0.01) on every tensor; "muon": the run
   // optimiser's Muon on the Muon group (design §5 defaults) with that AdamW on the rest (one GPU or pipeline stages).
   std::string optimizer = "adamw";
@@ -19,6 +20,9 @@ struct TrainBenchArgs {
   // host synchronisation), "per-expert" (one cuBLASLt GEMM per expert after a host read of the counts), or
   // "default" (GpuModelOptions' default).
   std::string moe_gemm = "default";
+  // Activation recomputation of the GPU model: none | selective | full (GpuModelOptions::recompute). The JSON line
+  // gives the activation table's planned bytes (activations_planned_gib) beside the measured peak (peak_gib).
+  std::string recompute = "none";
   uint64_t seed = 1;
   // Multi-GPU layout, e.g. "dp=2" (data parallel, ZeRO-1), "pp=2,micro_batches=8", "ep=2"; empty = one GPU.
   // Pipeline: --batch sequences per step in micro_batches micro-batches (1F1B), "stage_layers=3+1" sets the layer
@@ -27,9 +31,17 @@ struct TrainBenchArgs {
   // trains on its own `batch` sequences of a global batch of D x batch (the same tokens one GPU gets with
   // --batch D x batch, so the losses compare).
   std::string mesh;
+  // Rank emulation (bench_emulate.cpp): rank `emulate_rank` of `layout` ("pp=P,dp=D,ep=E", parallel/mesh.h) alone
+  // on this GPU, --batch the layout's global batch in micro-batches of micro_batch_seqs sequences per DP rank;
+  // beside it the planner's prediction for that rank (hardware / impl profiles, `mode` cpt or sft).
+  int emulate_rank = -1;
+  std::string layout;
+  int64_t micro_batch_seqs = 1;
+  std::string mode = "sft", hardware = "nvidia-h200", impl = "trex-prior";
 };
 
 void bench_train(const TrainBenchArgs& a);
+void bench_train_emulated(const TrainBenchArgs& a);
 
 // Training FLOPs per token exactly as ../shared/bench/model_flops.py computes them from the config JSON.
 double model_flops_per_token(const std::string& config_json_path, int64_t seq);

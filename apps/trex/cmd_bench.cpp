@@ -127,6 +127,8 @@ const bool registered = trex::cli::register_command(
        t->add_option("--warmup", targs->warmup, "untimed warm-up steps")->capture_default_str();
        t->add_option("--device", *tdev, "cuda (the only backend of this benchmark)")->capture_default_str();
        t->add_flag("--sections", targs->sections, "per-section CUDA-event breakdown in the JSON line");
+       t->add_flag("--deterministic", targs->deterministic,
+                   "bitwise reproducible backward (train.deterministic: fixed-order attention dK/dV sums, slower)");
        t->add_option("--optimizer", targs->optimizer, "adamw (the baseline's) or muon (Muon group + AdamW)")
            ->check(CLI::IsMember({"adamw", "muon"}))
            ->capture_default_str();
@@ -135,10 +137,29 @@ const bool registered = trex::cli::register_command(
                      "expert after a host read of the counts) or default")
            ->check(CLI::IsMember({"default", "grouped", "per-expert"}))
            ->capture_default_str();
+       t->add_option("--emulate-rank", targs->emulate_rank,
+                     "run rank R of --layout alone on this GPU: its partition, its 1F1B step, collectives as local "
+                     "copies of the real sizes, balanced routing; --batch is the layout's global batch");
+       t->add_option("--layout", targs->layout, "the emulated layout, e.g. pp=4,dp=32,ep=32 (EP folded into DP)");
+       t->add_option("--micro-batch-seqs", targs->micro_batch_seqs, "sequences per micro-batch (emulation)")
+           ->capture_default_str();
+       t->add_option("--mode", targs->mode, "planner workload for the prediction: cpt or sft")->capture_default_str();
+       t->add_option("--hardware", targs->hardware, "planner hardware profile")->capture_default_str();
+       t->add_option("--impl", targs->impl, "planner implementation profile")->capture_default_str();
+       t->add_option("--recompute", targs->recompute,
+                     "activation recomputation: none, selective (cheap large activations rebuilt before each "
+                     "block's backward) or full (each block's forward re-run before its backward)")
+           ->check(CLI::IsMember({"none", "selective", "full"}))
+           ->capture_default_str();
        t->add_option("--mesh", targs->mesh, "multi-GPU layout under mpirun/srun/torchrun, e.g. dp=2 (ZeRO-1), ep=2 (experts sharded, folded in DP), pp=2,micro_batches=8,stage_layers=3+1 (1F1B)");
        t->callback([=] {
          TREX_CHECK(*tdev == "cuda", "bench train: --device {} unsupported (only cuda)", *tdev);
-         trex::bench::bench_train(*targs);
+         if (targs->emulate_rank >= 0 || !targs->layout.empty()) {
+           TREX_CHECK(targs->emulate_rank >= 0, "bench train: --layout goes with --emulate-rank R");
+           trex::bench::bench_train_emulated(*targs);
+         } else {
+           trex::bench::bench_train(*targs);
+         }
        });
      }});
 

@@ -6,8 +6,12 @@
 // dims; P in registers), v7 SplitDims32 (v6 with <= 32 heads per block), v8 = v4, v9 = v5, v10 = v3 with key
 // sources prefetched two tiles ahead, v11 = sm_90a wgmma (64 heads per block, two warpgroups), v12 = v11 with S
 // split over the warpgroups by dims; backward v2 Keys32, v5 MultiQuery, v6 SplitDims (16 heads per block), v7
-// SplitDims32 (32 heads per block when H > 16), v8 = v2 and v9 = v5 prefetched. Production: forward v11 (H > 32),
-// v6 (H <= 32); backward v8 (H > 32), v6 (CSA) and v9 (window / HCA) when H <= 32. ATTN_VARIANTS=2,6 runs only
+// SplitDims32 (32 heads per block when H > 16), v8 = v2 and v9 = v5 prefetched, v13 = the product's backward
+// dispatch with fp32 atomics (the product before its backward became deterministic). Production: forward v11
+// (H > 32), v6 (H <= 32); backward v8 (H > 32), v6 (CSA) and v9 (window / HCA) when H <= 32, each block storing its
+// dK + dV rows and a fixed-order reduction summing them (attention_dkv_reduce.h; the numbered backward versions use
+// atomics). "TIME ... prod ... bwd" vs "TIME ... v13 bwd" is the cost of determinism; prod's backward runs twice
+// more and must give the same bits ("prod bwd bitwise" line). ATTN_VARIANTS=2,6 runs only
 // those; ATTN_V1=0 skips v1 (and the whole-problem prod vs v1 check).
 // Cases at N tokens, H heads, head dim c:
 //   sliding  window of 128 rows only;
@@ -91,6 +95,12 @@ float bf(uint16_t b) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
+}
+std::vector<uint16_t> download_bits(const bf16* p, int64_t n) {
+  return download(reinterpret_cast<const uint16_t*>(p), n);
+}
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 std::vector<float> bf_vec(const bf16* p, int64_t n) {
   std::vector<uint16_t> b = download(reinterpret_cast<const uint16_t*>(p), n);
@@ -235,13 +245,17 @@ void run_case(const Problem& p, int reps) {
   int64_t* d_sel = p.sel.empty() ? nullptr : upload(p.sel);
   trex::cuda::SparseKeySets ks;
   ks.win_begin = d_wb, ks.cmp_begin = d_cb, ks.cmp_end = d_ce, ks.cmp_sel = d_sel, ks.k_sel = p.k_sel;
+  ks.max_win = 128;  // make_problem's window
 
   const SparseAttnKernel versions[2] = {SparseAttnKernel::CudaCore, SparseAttnKernel::TensorCore};
   Outputs out[2];
-  for (auto& x : out) {
+  for (int v = 0; v < 2; ++v) {
+    Outputs& x = out[v];
     x.o = dalloc<bf16>(N * H * c), x.dq = dalloc<bf16>(N * H * c), x.lse = dalloc<float>(N * H);
     x.dkv = dalloc<float>(N * c), x.dcmp = dalloc<float>(E * c), x.dsink = dalloc<float>(H);
-    x.scratch = dalloc<float>(trex::cuda::sparse_attention_bwd_scratch(N, H));
+    const int64_t scratch = trex::cuda::sparse_attention_bwd_scratch(N, E, H, c, ks, versions[v]);
+    x.scratch = dalloc<float>(scratch);
+    if (v == 1) std::printf("INFO %s prod bwd scratch %.1f MiB\n", p.name.c_str(), double(scratch) * 4 / (1 << 20));
   }
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
@@ -286,6 +300,29 @@ void run_case(const Problem& p, int reps) {
     CK(cudaFree(dsink_t));
     std::printf("TIME %s %s fwd %.3f ms = %.1f TFLOP/s | bwd %.3f ms = %.1f TFLOP/s\n", p.name.c_str(),
                 v == 0 ? "v1" : "prod", ms_f, fwd_flop / (ms_f * 1e-3) / 1e12, ms_b, bwd_flop / (ms_b * 1e-3) / 1e12);
+    // Determinism: two more backwards into fresh zeroed outputs give the first one's bits.
+    {
+      const std::vector<uint16_t> dq0 = download_bits(x.dq, N * H * c);
+      const std::vector<float> dkv0 = download(x.dkv, N * c), dcmp0 = download(x.dcmp, E * c),
+                               dsink0 = download(x.dsink, H);
+      bool same = true;
+      for (int r = 0; r < 2; ++r) {
+        float *a = dalloc<float>(N * c), *b = dalloc<float>(E * c), *d = dalloc<float>(H);
+        bf16* g = dalloc<bf16>(N * H * c);
+        CK(cudaMemset(a, 0, size_t(N * c) * 4));
+        if (E) CK(cudaMemset(b, 0, size_t(E * c) * 4));
+        CK(cudaMemset(d, 0, size_t(H) * 4));
+        trex::cuda::sparse_attention_bwd(q, kv, cmp, d_sink, N, E, H, c, ks, x.o, x.lse, dout, g, a, b, d, x.scratch,
+                                         nullptr, versions[v]);
+        CK(cudaDeviceSynchronize());
+        same = same && download_bits(g, N * H * c) == dq0 && same_bits(download(a, N * c), dkv0) &&
+               same_bits(download(b, E * c), dcmp0) && same_bits(download(d, H), dsink0);
+        for (void* ptr : {(void*)a, (void*)b, (void*)d, (void*)g}) CK(cudaFree(ptr));
+      }
+      if (!same) ++g_failures;
+      std::printf("%s %s %s bwd bitwise identical over 3 runs (dq, dkv, dcmp, dsink)\n", same ? "PASS" : "FAIL",
+                  p.name.c_str(), v == 0 ? "v1" : "prod");
+    }
   }
 
   // Reference on sampled queries (first, last, spread).
@@ -369,7 +406,7 @@ void run_case(const Problem& p, int reps) {
     BwdTiling tiling;
   } bwd_variants[] = {{2, BwdTiling::Keys32}, {5, BwdTiling::MultiQuery}, {6, BwdTiling::SplitDims},
                       {7, BwdTiling::SplitDims32}, {8, BwdTiling::Keys32Prefetch},
-                      {9, BwdTiling::MultiQueryPrefetch}};
+                      {9, BwdTiling::MultiQueryPrefetch}, {13, BwdTiling::AtomicProd}};
   const std::vector<float> prod_dkv = download(out[1].dkv, N * c), prod_dcmp = download(out[1].dcmp, E * c),
                            prod_dsink = download(out[1].dsink, H);
   for (const auto& bv : bwd_variants) {
@@ -397,6 +434,18 @@ void run_case(const Problem& p, int reps) {
     check(tag + "vs prod (all) dkv", rel_l2(dkv_once, prod_dkv), 1e-2);
     if (E) check(tag + "vs prod (all) dcmp", rel_l2(dcmp_once, prod_dcmp), 1e-2);
     check(tag + "vs prod dsink", rel_l2(dsink5, prod_dsink), 1e-2);
+    if (bv.v == 13) {  // the atomic backward: how often two runs differ (informational)
+      CK(cudaMemset(dkv5, 0, size_t(N * c) * 4));
+      if (E) CK(cudaMemset(dcmp5, 0, size_t(E * c) * 4));
+      bwd5();
+      CK(cudaDeviceSynchronize());
+      const std::vector<float> dkv_2 = download(dkv5, N * c), dcmp_2 = download(dcmp5, E * c);
+      int64_t diff = 0;
+      for (size_t k = 0; k < dkv_2.size(); ++k) diff += std::memcmp(&dkv_2[k], &dkv_once[k], 4) != 0;
+      for (size_t k = 0; k < dcmp_2.size(); ++k) diff += std::memcmp(&dcmp_2[k], &dcmp_once[k], 4) != 0;
+      std::printf("INFO %s v13 (atomic) bwd: %lld of %zu dkv + dcmp elements differ between two runs\n",
+                  p.name.c_str(), (long long)diff, dkv_2.size() + dcmp_2.size());
+    }
     for (void* ptr : {(void*)dq5, (void*)dkv5, (void*)dcmp5, (void*)part5}) CK(cudaFree(ptr));
   }
 

@@ -340,6 +340,11 @@ void fwd(const bf16* q, const bf16* kv, const bf16* cmp, const float* sink, int6
 void bwd(const bf16* q, const bf16* kv, const bf16* cmp, const float* sink, int64_t N, int64_t H, int64_t c,
          const SparseKeySets& keys, const bf16* o, const float* lse, const bf16* do_, bf16* dq, float* dkv,
          float* dcmp, float* dsink_part, cudaStream_t s, BwdTiling tiling) {
+  if (tiling == BwdTiling::AtomicProd) {
+    const BwdTiling t = H > 32 ? BwdTiling::Keys32Prefetch : keys.cmp_sel ? BwdTiling::SplitDims
+                                                                          : BwdTiling::MultiQueryPrefetch;
+    return bwd(q, kv, cmp, sink, N, H, c, keys, o, lse, do_, dq, dkv, dcmp, dsink_part, s, t);
+  }
   if (tiling == BwdTiling::SplitDims || (tiling == BwdTiling::SplitDims32 && H <= 16)) {
     if (c == 256) return launch_sd_bwd<256, 1>(q, kv, cmp, sink, N, H, keys, o, lse, do_, dq, dkv, dcmp, dsink_part, s);
     return launch_sd_bwd<512, 1>(q, kv, cmp, sink, N, H, keys, o, lse, do_, dq, dkv, dcmp, dsink_part, s);

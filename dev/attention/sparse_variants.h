@@ -28,8 +28,11 @@ void fwd(const bf16* q, const bf16* kv, const bf16* cmp, const float* sink, int6
 // SplitDims = one query x 16 heads per block, 4 warps each owning c / 4 dims (v6); SplitDims32 = 32 heads per
 // block when H > 16 (8 warps; P, dS through shared memory for the sum over the heads; v7); Keys32Prefetch (v8),
 // MultiQueryPrefetch (v9) = v2, v5 with key sources prefetched two tiles ahead. The product runs v8 for H > 32,
-// v6 for CSA and v9 for window / HCA keys when H <= 32.
-enum class BwdTiling { Keys32, MultiQuery, SplitDims, Keys32Prefetch, MultiQueryPrefetch, SplitDims32 };
+// v6 for CSA and v9 for window / HCA keys when H <= 32, deterministically (each block stores its dK + dV rows, a
+// fixed-order reduction sums them: attention_dkv_reduce.h). Every tiling here adds dK + dV to dkv / dcmp with fp32
+// atomics instead (run-to-run rounding differences); AtomicProd (v13) = the product's dispatch that way, the
+// product's backward before it became deterministic.
+enum class BwdTiling { Keys32, MultiQuery, SplitDims, Keys32Prefetch, MultiQueryPrefetch, SplitDims32, AtomicProd };
 void bwd(const bf16* q, const bf16* kv, const bf16* cmp, const float* sink, int64_t N, int64_t H, int64_t c,
          const SparseKeySets& keys, const bf16* o, const float* lse, const bf16* do_, bf16* dq, float* dkv,
          float* dcmp, float* dsink_part, cudaStream_t s, BwdTiling tiling);

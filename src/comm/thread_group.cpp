@@ -28,6 +28,8 @@ void destroy_event(void*) {}
 bool event_done(void*) { return true; }
 void stream_wait_event(void*, void*) {}
 void copy_async(void*, const void*, size_t, void*) { create_stream(); }
+void* alloc_device_zeroed(size_t) { return create_stream(); }
+void free_device(void*) {}
 void reduce_async(void*, const void* const*, int, size_t, int, int, void*) { create_stream(); }
 }  // namespace trex::comm::tg
 #endif

@@ -121,6 +121,17 @@ void copy_async(void* dst, const void* src, size_t bytes, void* stream) {
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)), "cudaMemcpyAsync");
 }
 
+void* alloc_device_zeroed(size_t bytes) {
+  void* p = nullptr;
+  check(cudaMalloc(&p, bytes), "cudaMalloc");
+  check(cudaMemset(p, 0, bytes), "cudaMemset");
+  return p;
+}
+
+void free_device(void* p) {
+  if (p) cudaFree(p);
+}
+
 void reduce_async(void* dst, const void* const* src, int n, size_t count, int type, int op, void* stream) {
   if (count == 0) return;
   if (n < 1 || n > kMaxReduceRanks)

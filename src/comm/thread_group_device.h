@@ -18,6 +18,9 @@ void destroy_event(void* ev);
 bool event_done(void* ev);                   // throws if the device reported an error
 void stream_wait_event(void* stream, void* ev);
 void copy_async(void* dst, const void* src, size_t bytes, void* stream);
+// Device memory of `bytes`, zeroed (the emulated group's loop-back buffers, emulated_group.h); free_device frees it.
+void* alloc_device_zeroed(size_t bytes);
+void free_device(void* p);
 // dst[i] = src[0][i] op src[1][i] op ... op src[n-1][i], left to right; dst may be one of the sources.
 // type / op: the ElemType / ReduceOp enumerators' values.
 void reduce_async(void* dst, const void* const* src, int n, size_t count, int type, int op, void* stream);

@@ -89,6 +89,21 @@ std::vector<std::vector<int64_t>> Estimator::partition(int64_t pp, int64_t vpp) 
   return chunks;
 }
 
+void Estimator::set_partition(int64_t pp, int64_t vpp, std::vector<std::vector<int64_t>> chunks) {
+  const int64_t n = math_->n_blocks(w_.mtp);
+  TREX_CHECK(int64_t(chunks.size()) == pp * vpp, "planner: {} chunks given for pp={} x vpp={}", chunks.size(), pp,
+             vpp);
+  int64_t next = 0;
+  for (const auto& c : chunks)
+    for (int64_t b : c) {
+      TREX_CHECK(b == next, "planner: the given chunks must cover blocks 0..{} in order (block {} where {} was due)",
+                 n - 1, b, next);
+      ++next;
+    }
+  TREX_CHECK(next == n, "planner: the given chunks cover {} of the {} blocks", next, n);
+  partitions_[{pp, vpp}] = std::move(chunks);
+}
+
 Estimate Estimator::estimate(Layout l, int64_t devices) const {
   Estimate est;
   est.reason = check_layout(m_, hw_, w_, devices, l);
@@ -201,6 +216,7 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
     const double hidden_ep = std::min(ovl_ep * t.ep, 0.9 * t.compute);
     const double exposed = t.tp * (1 - ovl_tp) + (t.ep - hidden_ep) + t.cp * (1 - ovl_tp);
     stage_mb[size_t(s)] = t.compute + exposed;
+    est.stage_compute.push_back(double(mb) * stage_mb[size_t(s)]);
     if (stage_mb[size_t(s)] > t_mb) t_mb = stage_mb[size_t(s)], slow = s;
   }
   const StageTime& ts = st[size_t(slow)];
@@ -309,6 +325,8 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
     mem.fixed = ip.fixed_gib;
     mem.total = mem.weights + mem.grads + mem.optimizer + mem.activations + mem.logits + mem.comm_buffers +
                 mem.swap_buffers + mem.fixed;
+    mem.capacity = hw_.hbm_gib - hw_.reserved_gib;
+    est.stage_mem.push_back(mem);
     if (s == 0 || mem.total > worst.total) {
       worst = mem;
       worst_dense_params = dense;

@@ -47,6 +47,10 @@ struct Estimate {
   double mfu = 0, mfu_6n = 0;  // project convention and 6N convention, against the BF16 dense peak
   double model_tflops_per_device = 0;
   std::vector<int64_t> stage_blocks;  // blocks per pipeline stage (all its virtual chunks)
+  // Per pipeline stage (mem above is the worst of these): memory per rank, and the stage's compute of the step's
+  // micro-batches with its exposed TP / EP / CP communication (seconds; no bubble, DP or optimizer).
+  std::vector<MemoryBreakdown> stage_mem;
+  std::vector<double> stage_compute;
 };
 
 class Estimator {
@@ -62,6 +66,9 @@ class Estimator {
   // Blocks (indices into ModelMath, the MTP block last) of each of pp x vpp virtual stages: contiguous,
   // balanced by forward cost with the LM head on the last and the embedding on the first stage.
   std::vector<std::vector<int64_t>> partition(int64_t pp, int64_t vpp) const;
+  // Uses these chunks (pp x vpp lists of blocks, as partition() returns them) instead of the balanced split: the
+  // trainer's own stage layers (rank emulation compares one rank of that partition with its prediction).
+  void set_partition(int64_t pp, int64_t vpp, std::vector<std::vector<int64_t>> chunks);
   // Saved-activation elements per token of block b under a recomputation policy (before TP/CP split).
   double activation_elems(int64_t b, Recompute rc) const;
 

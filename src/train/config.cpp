@@ -34,9 +34,13 @@ TrainConfig parse_train_config(const json& j, const std::string& where) {
   c.where = where;
   c.raw = j;
   only_keys(j, {"seed", "device", "model", "data", "optimizer", "schedule", "freeze", "train", "checkpoint", "spike",
-             "logging", "parallel"},
+             "logging", "parallel", "recompute"},
             where, "top level");
   get(j, "seed", c.seed, where, "top");
+  if (j.contains("recompute")) {
+    TREX_CHECK(j["recompute"].is_string(), "{}: recompute must be none, selective or full", where);
+    c.recompute = dsv4::parse_recompute(j["recompute"].get<std::string>(), where + ": recompute");
+  }
   get(j, "device", c.device, where, "top");
   TREX_CHECK(c.device == "cpu" || c.device == "cuda", "{}: device '{}' (expected cpu or cuda)", where, c.device);
   TREX_CHECK(j.contains("model"), "{}: missing 'model' section", where);
@@ -79,8 +83,9 @@ TrainConfig parse_train_config(const json& j, const std::string& where) {
     for (const auto& f : j["freeze"]) c.freeze.push_back(f.get<std::string>());
   }
   if (j.contains("train")) {
-    only_keys(j["train"], {"max_steps"}, where, "train");
+    only_keys(j["train"], {"max_steps", "deterministic"}, where, "train");
     get(j["train"], "max_steps", c.max_steps, where, "train");
+    get(j["train"], "deterministic", c.deterministic, where, "train");
   }
   TREX_CHECK(c.max_steps >= 1, "{}: train.max_steps must be >= 1", where);
   if (c.schedule.total_steps == 0) c.schedule.total_steps = c.max_steps;

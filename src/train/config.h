@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/dsv4/recompute.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "parallel/mesh.h"
@@ -39,7 +40,10 @@ struct ParallelConfig {
 struct TrainConfig {
   std::string where;            // the config file, for error messages
   uint64_t seed = 1234;
-  std::string device = "cpu";  // cpu, or cuda: one GPU (train/gpu_trainable.h); `trex train --device` overrides
+  std::string device = "cpu";  // cpu, or cuda (train/cuda/gpu_mesh_engine.h); `trex train --device` overrides
+  // Activation recomputation (`recompute: none | selective | full`, model/dsv4/recompute.h): the GPU model's
+  // (dsv4gpu::GpuModelOptions::recompute); the CPU model runs none only.
+  dsv4::Recompute recompute = dsv4::Recompute::None;
   // model
   std::string model_type = "dsv4";  // dsv4 | toy
   nlohmann::json model;             // the model section as written
@@ -53,6 +57,9 @@ struct TrainConfig {
   optim::ScheduleConfig schedule;
   std::vector<std::string> freeze;
   int64_t max_steps = 100;
+  // train.deterministic: bitwise reproducible gradients on the GPU (the sparse attention backward sums in a fixed
+  // order instead of with fp32 atomics; slower, docs/performance.md). The CPU is always deterministic.
+  bool deterministic = false;
   int64_t ckpt_every = 50, keep_last = 3;
   SpikeConfig spike;
   double peak_flops = 989.4e12;  // MFU denominator (H200 dense bf16, ../shared/bench convention)

@@ -155,6 +155,13 @@ void Dsv4Trainable::after_optimizer_step() {
 }
 
 double dsv4_flops_per_token(const dsv4::ModelConfig& c, int64_t seq) {
+  return dsv4_stage_flops_per_token(c, seq, 0, c.n_layers, true);
+}
+
+double dsv4_stage_flops_per_token(const dsv4::ModelConfig& c, int64_t seq, int64_t layer_begin, int64_t layer_end,
+                                  bool head) {
+  TREX_CHECK(0 <= layer_begin && layer_begin <= layer_end && layer_end <= c.n_layers,
+             "FLOPs of layers [{}, {}) outside the model's {} layers", layer_begin, layer_end, c.n_layers);
   const double d = double(c.hidden), nh = double(c.n_heads), hd = double(c.head_dim), qr = double(c.q_lora_rank);
   const double g = double(c.o_groups), dg = double(c.o_lora_rank), E = double(c.n_routed_experts), K = double(c.topk);
   const double f = double(c.moe_inter), ns = double(c.n_shared_experts), hc = double(c.hc_mult), V = double(c.vocab_size);
@@ -187,8 +194,8 @@ double dsv4_flops_per_token(const dsv4::ModelConfig& c, int64_t seq) {
       keys += wbar + vis / double(seq);
     }
   };
-  for (int64_t l = 0; l < c.n_layers; ++l) layer(c.compress_ratio[size_t(l)]);
-  p_mm += hc * hc * d + V * d;
+  for (int64_t l = layer_begin; l < layer_end; ++l) layer(c.compress_ratio[size_t(l)]);
+  if (head) p_mm += hc * hc * d + V * d;  // hc_head and the LM head
   return 3 * (2 * p_mm + 4 * nh * hd * keys + idx);
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/dsv4/model.h"
+#include "model/dsv4/recompute.h"
 #include "train/trainable.h"
 
 namespace trex::train {
@@ -17,7 +18,10 @@ namespace trex::train {
 struct Dsv4TrainOptions {
   double init_std = 0.02;
   double bias_update_speed = 1e-3;  // gamma_b (design §5); 0 disables the update
+  bool deterministic = false;       // GPU: bitwise reproducible backward (train.deterministic)
   dsv4::ModelOptions model;
+  // The GPU trainers' activation recomputation (TrainConfig::recompute); the CPU model runs none only.
+  dsv4::Recompute recompute = dsv4::Recompute::None;
 };
 
 class Dsv4Trainable : public Trainable {
@@ -61,5 +65,9 @@ std::vector<optim::ParamRef> dsv4_param_refs(dsv4::ParamTable<float>& table);
 // The ../shared/bench convention (model_flops.py): 3 x forward matmul FLOPs of the weights one token
 // touches (activated experts only, LM head included) + core attention over the keys each position sees.
 double dsv4_flops_per_token(const dsv4::ModelConfig& cfg, int64_t seq_len);
+// The same convention for one pipeline stage's share: main layers [layer_begin, layer_end), plus hc_head and the LM
+// head when `head` (the embedding has no matmul). The stages of a partition sum to dsv4_flops_per_token.
+double dsv4_stage_flops_per_token(const dsv4::ModelConfig& cfg, int64_t seq_len, int64_t layer_begin,
+                                  int64_t layer_end, bool head);
 
 }  // namespace trex::train

@@ -4,7 +4,23 @@
 
 #include <vector>
 
+#include "model/dsv4/config.h"
+
 namespace trex::train {
+
+namespace {
+// Whether the run trains the MTP module: model.use_mtp (default true) and a model config with it (inline, or the
+// config.json it names; an unreadable one is left to the model's own error).
+bool trains_mtp(const TrainConfig& cfg) {
+  if (!cfg.model.value("use_mtp", true)) return false;
+  try {
+    if (cfg.model.contains("dsv4")) return cfg.model["dsv4"].value("num_nextn_predict_layers", int64_t(0)) > 0;
+    if (cfg.model.contains("config")) return dsv4::load_model_config(cfg.model["config"].get<std::string>()).n_mtp > 0;
+  } catch (const std::exception&) {
+  }
+  return false;
+}
+}  // namespace
 
 std::string gpu_layout_gaps(const GpuLayoutAsk& a) {
   std::vector<std::string> gaps;
@@ -17,13 +33,10 @@ std::string gpu_layout_gaps(const GpuLayoutAsk& a) {
   need(a.pp > 1, "pipeline stages under trex train (bench train only)");
   need(a.vpp > 1, "interleaved stages");
   need(a.ep > 1 && a.dp % a.ep != 0, "expert parallelism whose degree does not divide dp (EP folds into DP)");
-  need(a.recompute, "activation recomputation");
   need(a.optimizer_offload, "optimizer offload");
   need(a.fully_sharded, "fully sharded dense weights");
   need(a.dp > 1 && 64 % a.dp != 0, "data parallelism whose degree does not divide 64 (the ZeRO-1 bucket slicing)");
-  need(a.muon && a.dp > 1, "Muon under data parallelism");
-  need(a.freeze, "freeze (the SFT recipe's frozen router)");
-  need(a.mtp, "the MTP module in the GPU trainer");
+  need(a.mtp && a.ep > 1, "the MTP module under expert parallelism (its block's experts are not placed)");
   std::string out;
   for (const auto& g : gaps) out += (out.empty() ? "" : "; ") + g;
   return out;
@@ -38,31 +51,27 @@ std::string check_gpu_mesh_config(const TrainConfig& cfg, int world_size) {
         "pipeline stages (parallel.pp={}) are not run by `trex train --device cuda` yet: the GPU 1F1B pipeline "
         "(train/cuda/gpu_pipeline.h) runs only in `trex bench train` on random tokens; missing under the trainer: "
         "its step's target normaliser and loss, the stage-shared embedding's gradient, per-stage sharded "
-        "checkpoints, and pp combined with dp / ep in the GPU model. Use pp: 1 (dp / ep on the GPU) or device cpu",
+        "checkpoints, and the engine driving the GPU model's stages (GpuModel combines a stage with dp / ep, "
+        "GpuPipeline runs 1F1B over a DP group). Use pp: 1 (dp / ep on the GPU) or device cpu",
         m.pp);
   if (m.vpp > 1) return fmt::format("interleaved stages (parallel.vpp={}) are not implemented on the GPU", m.vpp);
   if (m.ep > 1 && m.dp % m.ep != 0)
     return fmt::format("parallel.ep={} does not divide parallel.dp={} (expert parallelism is folded into the "
                        "data-parallel ranks: each group of ep consecutive DP ranks holds all the experts)",
                        m.ep, m.dp);
-  if (!cfg.freeze.empty())
-    return "frozen parameters (freeze) are not implemented on the GPU; drop freeze or train with device cpu";
-  if (m.dp > 1) {
-    if (64 % m.dp != 0)
-      return fmt::format("parallel.dp={} must divide 64 on the GPU (the ZeRO-1 bucket slicing)", m.dp);
-    if (cfg.optimizer.kind != "adamw" || !cfg.optimizer.adamw.decay_vectors)
-      return fmt::format(
-          "optimizer kind {}{} is not implemented on the GPU under data parallelism (dp={}): a rank's ZeRO-1 shard "
-          "is a flat slice of the parameter arena, while Muon orthogonalises whole matrices; use optimizer kind "
-          "adamw with decay_vectors true, dp: 1, or device cpu",
-          cfg.optimizer.kind, cfg.optimizer.kind == "adamw" ? " with decay_vectors false" : "", m.dp);
-    const double alpha = cfg.model.value("balance_alpha", 1e-4);
-    if (alpha != 0)
-      return fmt::format(
-          "the sequence-wise balance loss (model.balance_alpha={}) is not implemented on the GPU under data "
-          "parallelism (dp={}); set model.balance_alpha: 0 (the router-bias update still balances the experts)",
-          alpha, m.dp);
-  }
+  if (m.dp > 1 && 64 % m.dp != 0)
+    return fmt::format("parallel.dp={} must divide 64 on the GPU (the ZeRO-1 bucket slicing)", m.dp);
+  // Under expert parallelism the GPU model places the main layers' experts only, and its balance loss does not
+  // run in the expert exchange.
+  if (m.ep > 1 && trains_mtp(cfg))
+    return fmt::format("the MTP module (model.use_mtp) with expert parallelism (parallel.ep={}) is not implemented "
+                       "on the GPU (the MTP block's experts are not placed); set model.use_mtp: false or ep: 1",
+                       m.ep);
+  const double alpha = cfg.model.value("balance_alpha", 1e-4);
+  if (m.ep > 1 && alpha != 0)
+    return fmt::format("the sequence-wise balance loss (model.balance_alpha={}) is not implemented on the GPU with "
+                       "expert parallelism (parallel.ep={}); set model.balance_alpha: 0 or ep: 1",
+                       alpha, m.ep);
   return {};
 }
 

@@ -1,5 +1,5 @@
-// What `trex train --device cuda` runs on several GPUs (the GPU mesh engine, train/cuda/gpu_mesh_engine.h), checked
-// on the config alone before anything is built, so an unsupported layout is refused with what is missing.
+// What `trex train --device cuda` runs (the GPU mesh engine, train/cuda/gpu_mesh_engine.h, one GPU included),
+// checked on the config before anything is built, so an unsupported layout is refused with what is missing.
 #pragma once
 #include <string>
 
@@ -11,7 +11,7 @@ namespace trex::train {
 // to say whether it runs it.
 struct GpuLayoutAsk {
   int64_t tp = 1, pp = 1, vpp = 1, ep = 1, etp = 1, cp = 1, dp = 1;
-  bool recompute = false;       // activation recomputation (selective or full)
+  bool recompute = false;       // activation recomputation (selective or full): runs (GpuModelOptions::recompute)
   bool optimizer_offload = false;
   bool fully_sharded = false;   // ZeRO-3 / FSDP dense weights
   bool muon = false;

@@ -1,6 +1,6 @@
-// The step engine of one process: a Trainable (the CPU models, or the GPU model behind train/gpu_trainable.h)
-// runs the step's micro-batches one after another and its ParamUpdater (the host optimiser, or the GPU's)
-// scales, clips, updates and writes the one-process checkpoint format.
+// The step engine of one process on the CPU: a Trainable (the CPU models) runs the step's micro-batches one after
+// another and its ParamUpdater (the host optimiser) scales, clips, updates and writes the one-process checkpoint
+// format. (GPU runs, one GPU included, use train/cuda/gpu_mesh_engine.h.)
 #pragma once
 #include <memory>
 #include <string>

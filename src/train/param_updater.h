@@ -1,8 +1,8 @@
 // How the training loop updates and persists a model's parameters, wherever they live. The host updater keeps
 // fp32 values, gradients and the optimiser state in host memory (optim::Optimizer over Trainable::params(), the
-// native checkpoint of state_checkpoint.h); a model that keeps all of it on an accelerator (the GPU model,
-// train/gpu_trainable.h) brings its own updater with the same checkpoint format, so a run can move between the
-// CPU and a GPU and `trex export-hf` reads either.
+// native checkpoint of state_checkpoint.h); a model that keeps all of it elsewhere may bring its own updater with
+// the same checkpoint format. (The GPU trainer is a step engine of its own, train/cuda/gpu_mesh_engine.h, whose
+// checkpoints share the tensor names, so a run moves between the CPU and a GPU and `trex export-hf` reads either.)
 #pragma once
 #include <cstdint>
 #include <filesystem>

@@ -17,7 +17,6 @@
 #include "train/dsv4_trainable.h"
 #include "train/cuda/gpu_mesh_engine.h"
 #include "train/gpu_mesh_config.h"
-#include "train/gpu_trainable.h"
 #include "train/sharded_checkpoint.h"
 #include "train/toy_model.h"
 #include "train/yaml.h"
@@ -95,6 +94,8 @@ void dsv4_model_setup(const TrainConfig& cfg, const data::Tokenizer& tok, dsv4::
   o.model.balance_alpha = m.value("balance_alpha", 1e-4);
   o.model.use_mtp = m.value("use_mtp", true);
   o.model.mtp_weight = cfg.schedule.mtp_weight;
+  o.deterministic = cfg.deterministic;
+  o.recompute = cfg.recompute;
   *mc_out = mc;
   *opts_out = o;
 }
@@ -166,37 +167,28 @@ TrainResult run_training(const fs::path& config, const fs::path& out_dir, const 
     cfg.device = opts.device;
   }
   const bool distributed = comm::detect_launch_env().world_size > 1 || cfg.parallel.present;
-  if (cfg.device == "cuda" && distributed) {
-    // The GPU mesh engine (train/cuda/gpu_mesh_engine.h): refused before anything is built when the layout is one
-    // it does not run.
+  if (cfg.device == "cuda") {
+    // Every GPU run goes through the GPU mesh engine (train/cuda/gpu_mesh_engine.h; one GPU is a mesh of one
+    // rank), refused before anything is built when the layout is one it does not run.
     const int world = comm::detect_launch_env().world_size;
     const std::string why = check_gpu_mesh_config(cfg, world);
-    TREX_CHECK(why.empty(), "{}: device cuda with {} (world size {}) is not supported: {}", config.string(),
-               cfg.parallel.present ? "a parallel section" : "several processes", world, why);
-    return run_gpu_mesh_training(cfg, config, out_dir, opts);
-  }
-  // One GPU starting from a released checkpoint: the mesh engine of one rank streams the tensors straight to the
-  // GPU (GpuModel::load_checkpoint) instead of building the fp32 host model first; its step is the local engine's.
-  if (cfg.device == "cuda" && cfg.model_type == "dsv4" && cfg.model.contains("init_from")) {
-    const std::string why = check_gpu_mesh_config(cfg, 1);
+    if (!why.empty() && distributed)
+      fail("{}: device cuda with {} (world size {}) is not supported: {}", config.string(),
+           cfg.parallel.present ? "a parallel section" : "several processes", world, why);
     TREX_CHECK(why.empty(), "{}: device cuda: {}", config.string(), why);
     return run_gpu_mesh_training(cfg, config, out_dir, opts);
   }
+  // The CPU model keeps every activation (its backend does not recompute).
+  TREX_CHECK(cfg.device == "cuda" || cfg.recompute == dsv4::Recompute::None,
+             "{}: recompute: {} is implemented on the GPU only (device cuda); the CPU model keeps every activation: "
+             "use recompute: none with device cpu", config.string(), dsv4::to_string(cfg.recompute));
   // Several processes, or a parallel section: this rank's MeshEngine under the Trainer (distributed_run.cpp).
   if (distributed) return run_distributed_training(cfg, config, out_dir, opts);
-  TREX_CHECK(cfg.device == "cpu" || cfg.model_type == "dsv4", "{}: device cuda trains model type dsv4 only (not {})",
-             config.string(), cfg.model_type);
   data::Tokenizer tok = data::Tokenizer::load(cfg.tokenizer);
   const fs::path shards = prepare_run(cfg, config, out_dir, opts, tok);
   data::ShardDataset ds(shards);
   check_dataset(cfg, config, shards, ds, tok);
   auto model = make_model(cfg, tok);
-  if (cfg.device == "cuda") {  // the host model initialises (or loads) the weights, then hands them to the GPU
-    dsv4::ModelConfig mc;
-    Dsv4TrainOptions o;
-    dsv4_model_setup(cfg, tok, &mc, &o);
-    model = make_gpu_dsv4_trainable(dynamic_cast<Dsv4Trainable&>(*model), o, config.string());
-  }
   TrainerOptions to;
   to.stop_at = opts.max_steps;
   to.show_progress = opts.show_progress;

@@ -74,6 +74,7 @@ void run_generic(const GenericCase& cs) {
   DeviceBuffer d_sel = cs.csa ? DeviceBuffer::from_host(sel) : DeviceBuffer();
   trex::cuda::SparseKeySets gk;
   gk.win_begin = d_wb.as<int64_t>();
+  gk.max_win = cs.window;
   if (cs.csa) {
     gk.cmp_sel = d_sel.as<int64_t>();
     gk.k_sel = cs.k_sel;
@@ -84,7 +85,7 @@ void run_generic(const GenericCase& cs) {
   auto g_o = poisoned<uint16_t>(N * H * c), g_lse = poisoned<float>(N * H),
        g_dq = poisoned<uint16_t>(N * H * c);
   auto g_dkv = zeroed<float>(N * c), g_dcmp = zeroed<float>(E * c), g_dsink = zeroed<float>(H);
-  auto scratch = poisoned<float>(trex::cuda::sparse_attention_generic_bwd_scratch(N, H));
+  auto scratch = poisoned<float>(trex::cuda::sparse_attention_generic_bwd_scratch(N, E, H, c, gk));
   trex::cuda::sparse_attention_generic_fwd(d_q.as<bf16>(), d_kv.as<bf16>(), d_cmp.as<bf16>(),
                                            d_sink.as<float>(), N, H, c, gk, g_o.as<bf16>(),
                                            g_lse.as<float>());

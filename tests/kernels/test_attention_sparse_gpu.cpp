@@ -11,10 +11,16 @@
 // The other tilings of those kernels are checked by the dev/attention benchmark (bench/device/attn.sh).
 // Tolerances (relative L2): o, dq 1e-2 (bf16 outputs: 2^-9 rounding, fp32 sums in another order);
 // lse 1e-5 (fp32); dkv, dcmp, dsink 1e-2 (fp32 sums over bf16 o, whose rounding enters D = dO . O).
+// The backward is bitwise deterministic (attention_dkv_reduce.h): the same call twice gives the same bits of dq,
+// dkv, dcmp and dsink, checked on key sets where many queries share each key row and entry, with the queries in one
+// chunk and in many.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
+#include <string>
 
+#include "core/error.h"
 #include "gpu_test_util.h"
 #include "kernels/cpu/attention_sparse.h"
 #include "kernels/cuda/attention_sparse.h"
@@ -33,7 +39,20 @@ struct Case {
 
 using trex::cuda::SparseAttnKernel;
 
-void run_case(const Case& cs, SparseAttnKernel kernel) {
+// The GPU backward's outputs (bit patterns), for the determinism checks.
+struct BwdOut {
+  std::vector<uint16_t> dq;
+  std::vector<float> dkv, dcmp, dsink;
+};
+
+// The CPU reference's outputs of one case, computed once per case (the determinism test runs each case 8 times).
+struct Reference {
+  std::vector<float> o, lse, dq, dkv, dcmp, dsink;
+};
+
+BwdOut run_case(const Case& cs, SparseAttnKernel kernel,
+                int64_t partial_budget = trex::cuda::kSparseAttnPartialBudget, Reference* cached = nullptr,
+                trex::cuda::SparseAttnBwdOrder order = trex::cuda::SparseAttnBwdOrder::Deterministic) {
   const int64_t N = cs.N, H = cs.H, c = cs.c, E = cs.E;
   std::mt19937 g(cs.seed);
   // Two packed documents; the window stays inside its document.
@@ -66,13 +85,19 @@ void run_case(const Case& cs, SparseAttnKernel kernel) {
     ck.cmp_begin = cmp_begin.data();
     ck.cmp_end = cmp_end.data();
   }
-  std::vector<float> o(N * H * c), lse(N * H), dq(N * H * c), dkv(N * c, 0.f), dcmp(E * c, 0.f),
-      dsink(H, 0.f);
-  trex::cpu::sparse_attention_fwd(q.values.data(), kv.values.data(), cmp.values.data(), sink.data(), N, H, c,
-                                  ck, o.data(), lse.data());
-  trex::cpu::sparse_attention_bwd(q.values.data(), kv.values.data(), cmp.values.data(), sink.data(), N, E, H,
-                                  c, ck, o.data(), lse.data(), dout.values.data(), dq.data(), dkv.data(),
-                                  dcmp.data(), dsink.data());
+  Reference local;
+  Reference& ref = cached ? *cached : local;
+  if (ref.o.empty()) {
+    ref.o.resize(N * H * c), ref.lse.resize(N * H), ref.dq.resize(N * H * c);
+    ref.dkv.assign(N * c, 0.f), ref.dcmp.assign(E * c, 0.f), ref.dsink.assign(H, 0.f);
+    trex::cpu::sparse_attention_fwd(q.values.data(), kv.values.data(), cmp.values.data(), sink.data(), N, H, c,
+                                    ck, ref.o.data(), ref.lse.data());
+    trex::cpu::sparse_attention_bwd(q.values.data(), kv.values.data(), cmp.values.data(), sink.data(), N, E, H,
+                                    c, ck, ref.o.data(), ref.lse.data(), dout.values.data(), ref.dq.data(),
+                                    ref.dkv.data(), ref.dcmp.data(), ref.dsink.data());
+  }
+  const std::vector<float>&o = ref.o, &lse = ref.lse, &dq = ref.dq, &dkv = ref.dkv, &dcmp = ref.dcmp,
+                          &dsink = ref.dsink;
 
   auto d_q = DeviceBuffer::from_host(q.bits), d_kv = DeviceBuffer::from_host(kv.bits),
        d_cmp = DeviceBuffer::from_host(cmp.bits), d_do = DeviceBuffer::from_host(dout.bits),
@@ -81,6 +106,7 @@ void run_case(const Case& cs, SparseAttnKernel kernel) {
   DeviceBuffer d_sel = cs.csa ? DeviceBuffer::from_host(sel) : DeviceBuffer();
   trex::cuda::SparseKeySets gk;
   gk.win_begin = d_wb.as<int64_t>();
+  gk.max_win = cs.window;
   if (cs.csa) {
     gk.cmp_sel = d_sel.as<int64_t>();
     gk.k_sel = cs.k_sel;
@@ -91,29 +117,54 @@ void run_case(const Case& cs, SparseAttnKernel kernel) {
   auto g_o = poisoned<uint16_t>(N * H * c), g_lse = poisoned<float>(N * H),
        g_dq = poisoned<uint16_t>(N * H * c);
   auto g_dkv = zeroed<float>(N * c), g_dcmp = zeroed<float>(E * c), g_dsink = zeroed<float>(H);
-  auto scratch = poisoned<float>(trex::cuda::sparse_attention_bwd_scratch(N, H));
+  auto scratch = poisoned<float>(trex::cuda::sparse_attention_bwd_scratch(N, E, H, c, gk, kernel, partial_budget, order));
   trex::cuda::sparse_attention_fwd(d_q.as<bf16>(), d_kv.as<bf16>(), d_cmp.as<bf16>(), d_sink.as<float>(), N,
                                    H, c, gk, g_o.as<bf16>(), g_lse.as<float>(), nullptr, kernel);
   trex::cuda::sparse_attention_bwd(d_q.as<bf16>(), d_kv.as<bf16>(), d_cmp.as<bf16>(), d_sink.as<float>(), N,
                                    E, H, c, gk, g_o.as<bf16>(), g_lse.as<float>(), d_do.as<bf16>(),
                                    g_dq.as<bf16>(), g_dkv.as<float>(), g_dcmp.as<float>(),
-                                   g_dsink.as<float>(), scratch.as<float>(), nullptr, kernel);
+                                   g_dsink.as<float>(), scratch.as<float>(), nullptr, kernel, partial_budget, order);
   TREX_CUDA(cudaDeviceSynchronize());
   const std::string what = std::string(cs.csa ? "CSA" : "HCA") + " c=" + std::to_string(c) +
                            " H=" + std::to_string(H) +
-                           (kernel == SparseAttnKernel::CudaCore ? " (CUDA cores)" : " (tensor cores)");
+                           (kernel == SparseAttnKernel::CudaCore ? " (CUDA cores)" : " (tensor cores)") +
+                           (partial_budget < trex::cuda::kSparseAttnPartialBudget ? " (chunked)" : "") +
+                           (order == trex::cuda::SparseAttnBwdOrder::Atomic ? " (atomic order)" : "");
+  BwdOut out{g_dq.to_host<uint16_t>(), g_dkv.to_host<float>(), g_dcmp.to_host<float>(), g_dsink.to_host<float>()};
   EXPECT_LT(rel_err(to_f32(g_o.to_host<uint16_t>()), o), 1e-2) << what;
   EXPECT_LT(rel_err(g_lse.to_host<float>(), lse), 1e-5) << what;
-  EXPECT_LT(rel_err(to_f32(g_dq.to_host<uint16_t>()), dq), 1e-2) << what;
-  EXPECT_LT(rel_err(g_dkv.to_host<float>(), dkv), 1e-2) << what;
-  EXPECT_LT(rel_err(g_dcmp.to_host<float>(), dcmp), 1e-2) << what;
-  EXPECT_LT(rel_err(g_dsink.to_host<float>(), dsink), 1e-2) << what;
+  EXPECT_LT(rel_err(to_f32(out.dq), dq), 1e-2) << what;
+  EXPECT_LT(rel_err(out.dkv, dkv), 1e-2) << what;
+  EXPECT_LT(rel_err(out.dcmp, dcmp), 1e-2) << what;
+  EXPECT_LT(rel_err(out.dsink, dsink), 1e-2) << what;
+  return out;
+}
+
+// Two runs of the same backward: every output bit for bit (memcmp, so -0 / +0 and NaN payloads count too).
+void expect_same_bits(const BwdOut& a, const BwdOut& b, const std::string& what) {
+  auto same = [](const auto& x, const auto& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0;
+  };
+  EXPECT_TRUE(same(a.dq, b.dq)) << what << ": dq differs between two runs";
+  EXPECT_TRUE(same(a.dkv, b.dkv)) << what << ": dkv differs between two runs";
+  EXPECT_TRUE(same(a.dcmp, b.dcmp)) << what << ": dcmp differs between two runs";
+  EXPECT_TRUE(same(a.dsink, b.dsink)) << what << ": dsink differs between two runs";
+}
+
+void run_twice(const Case& cs, SparseAttnKernel kernel, int64_t partial_budget, Reference* ref,
+               const std::string& what) {
+  const BwdOut a = run_case(cs, kernel, partial_budget, ref), b = run_case(cs, kernel, partial_budget, ref);
+  expect_same_bits(a, b, what);
 }
 
 }  // namespace
 
+// Both kernel families against the CPU; the tensor-core one in both summation orders of the backward (the fixed
+// order and the atomic fast path the model runs unless asked to be deterministic).
 void run_both(const Case& cs) {
   run_case(cs, SparseAttnKernel::TensorCore);
+  run_case(cs, SparseAttnKernel::TensorCore, trex::cuda::kSparseAttnPartialBudget, nullptr,
+           trex::cuda::SparseAttnBwdOrder::Atomic);
   run_case(cs, SparseAttnKernel::CudaCore);
 }
 
@@ -156,4 +207,34 @@ TEST(GpuSparseAttention, PaddedHeadBlocksMatchCpu) {
 TEST(GpuSparseAttention, HeadDim256AndTwoHeadBlocksMatchCpu) {
   run_both({/*N=*/90, /*H=*/32, /*c=*/256, /*E=*/30, /*window=*/48, /*k_sel=*/40, true, 101});
   run_both({/*N=*/60, /*H=*/128, /*c=*/256, /*E=*/20, /*window=*/40, /*k_sel=*/0, false, 111});
+}
+
+// Determinism where the atomics used to collide most: 16 compressed entries that every query selects 12 of (most
+// entries are in most queries' lists, some twice), a 96-row window over 200 queries (each kv row is in 96 lists),
+// HCA ranges over all entries. Every kernel the dispatch picks: 64 heads (one 64-head block per query), 16 heads
+// (split dims for CSA, 4-query blocks for window / HCA), 24 heads (2-query blocks), CUDA cores; c = 512 and 256.
+// Each twice with the default chunking (all queries in one chunk) and twice with a 2 MiB partial budget (many
+// chunks, each reduced before the next): the same bits each time, and the reference's values.
+TEST(GpuSparseAttention, BackwardIsBitwiseDeterministic) {
+  const int64_t small = int64_t(2) << 20;
+  for (const Case& cs : {Case{200, 64, 512, 16, 96, 12, true, 201}, Case{200, 64, 512, 16, 96, 0, false, 202},
+                         Case{200, 16, 512, 16, 96, 12, true, 203}, Case{200, 16, 256, 16, 96, 0, false, 204},
+                         Case{150, 24, 512, 16, 64, 0, false, 205}}) {
+    Reference ref;
+    for (const SparseAttnKernel k : {SparseAttnKernel::TensorCore, SparseAttnKernel::CudaCore}) {
+      const std::string what = std::string(cs.csa ? "CSA" : "HCA") + " H=" + std::to_string(cs.H) + " c=" +
+                               std::to_string(cs.c) + (k == SparseAttnKernel::CudaCore ? " CUDA cores" : " tensor cores");
+      run_twice(cs, k, trex::cuda::kSparseAttnPartialBudget, &ref, what + ", one chunk");
+      run_twice(cs, k, small, &ref, what + ", 2 MiB chunks");
+    }
+  }
+}
+
+// A query whose window is longer than SparseKeySets.max_win would overflow the per-slot scratch: the size query
+// refuses key sets without max_win.
+TEST(GpuSparseAttention, BackwardScratchNeedsTheWindowBound) {
+  trex::cuda::SparseKeySets k;
+  EXPECT_THROW(trex::cuda::sparse_attention_bwd_scratch(64, 0, 16, 512, k), trex::Error);
+  k.max_win = 16;
+  EXPECT_GT(trex::cuda::sparse_attention_bwd_scratch(64, 0, 16, 512, k), 64 * 16);
 }

@@ -49,7 +49,7 @@ class Recorder final : public Backend {
   void attention_fwd(const Pass&, int64_t b) override { add("attn " + std::to_string(b)); }
   void attention_bwd(const Pass&, int64_t b) override { add("attn_bwd " + std::to_string(b)); }
   void attention_cached(const Pass&, int64_t b) override { add("attn_cached " + std::to_string(b)); }
-  void moe_fwd(const Pass&, int64_t b) override { add("moe " + std::to_string(b)); }
+  void moe_fwd(const Pass& p, int64_t b) override { add((p.replay ? "moe replay " : "moe ") + std::to_string(b)); }
   void moe_bwd(const Pass&, int64_t b) override { add("moe_bwd " + std::to_string(b)); }
   void balance_fwd(const Pass&, int64_t b, double, double scale) override {
     add("balance " + std::to_string(b) + " x" + std::to_string(int(scale * 4)));
@@ -72,6 +72,7 @@ class Recorder final : public Backend {
   void mtp_input_bwd(const Pass&, const int32_t*, Stream m, Stream d, Stream dm, bool acc) override {
     add("mtp_in_bwd " + name(m) + " " + name(d) + (acc ? " +" : " =") + name(dm));
   }
+  void release_block(const Pass&, int64_t b) override { add("release " + std::to_string(b)); }
   LossParts losses(const Pass&) override { return loss; }
   std::unique_ptr<SequenceCaches> new_caches() const override { return nullptr; }
   LossParts loss;
@@ -127,6 +128,54 @@ TEST(BlockProgram, TrainingForwardAndBackwardOfTheWholeModelWithMtp) {
   want.push_back("embed_bwd dA");
   EXPECT_EQ(be.log, want);
   EXPECT_EQ(ready, (std::vector<int64_t>{2, trex::dsv4::kHeadReady, 1, 0, -1}));
+}
+
+// Full recomputation: each block is released after its forward; in the backward its forward re-runs (replay: the
+// saved selections, the balance gradient again at the forward's scale, no last expand) right before its backward,
+// which is followed by another release. The losses are the forward's alone (the replay adds nothing).
+TEST(BlockProgram, FullRecomputationReplaysEachBlockBeforeItsBackward) {
+  Recorder be;
+  trex::dsv4::ProgramShape shape;
+  shape.n_layers = 2, shape.mtp = true, shape.vocab = 10, shape.balance = {1, 0, 1}, shape.replay = true;
+  trex::dsv4::BlockProgram prog(be, shape);
+  const std::vector<int32_t> ids{1, 2, 3, 4}, labels{1, 2, 3, 4};
+  const trex::dsv4::SeqLayout layout = trex::dsv4::SeqLayout::unpacked(1, 4);
+  trex::dsv4::MicroBatch mb;
+  mb.ids = ids.data(), mb.labels = labels.data(), mb.layout = &layout;
+  mb.loss_scale = 0.5, mb.mtp_weight = 0.25, mb.balance_alpha = 1e-4;
+  const double total = prog.forward(mb).total;
+  EXPECT_DOUBLE_EQ(total, 3.0 + 0.25 * 2.0 + 1.0);
+  std::vector<std::string> want{"begin train", "embed X0"};
+  append(want, block_fwd(0, "X0", "X1", true, false));
+  want.push_back("release 0");
+  append(want, block_fwd(1, "X1", "X2", false, false));
+  want.push_back("release 1");
+  append(want, {"head X2", "mtp_in X2>MtpIn"});
+  append(want, block_fwd(2, "MtpIn", "MtpOut", true, false));
+  append(want, {"release 2", "mtp_head MtpOut"});
+  EXPECT_EQ(be.log, want);
+
+  // A replay: the block's forward without its last expand, the MoE told it replays.
+  auto replay = [](int b, const std::string& in, bool balance) {
+    std::vector<std::string> v = block_fwd(b, in, "-", balance, false);
+    v.pop_back();  // the ffn expand
+    v[4] = "moe replay " + std::to_string(b);
+    return v;
+  };
+  be.log.clear();
+  prog.backward(0, nullptr, nullptr);
+  want = {"mtp_head_bwd MtpOut =dMtpOut w12"};
+  append(want, replay(2, "MtpIn", true));
+  append(want, block_bwd(2, "MtpIn", "dMtpOut", "dMtpIn"));
+  append(want, {"release 2", "mtp_in_bwd X2 dMtpIn =dA", "head_bwd X2 +dA w50"});
+  append(want, replay(1, "X1", false));
+  append(want, block_bwd(1, "X1", "dA", "dB"));
+  want.push_back("release 1");
+  append(want, replay(0, "X0", true));
+  append(want, block_bwd(0, "X0", "dB", "dA"));
+  append(want, {"release 0", "embed_bwd dA"});
+  EXPECT_EQ(be.log, want);
+  EXPECT_DOUBLE_EQ(prog.losses(0).total, total);
 }
 
 TEST(BlockProgram, MiddlePipelineStageTakesAndGivesStreams) {

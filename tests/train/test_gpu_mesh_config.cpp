@@ -1,6 +1,6 @@
-// What `trex train --device cuda` runs on several GPUs (train/gpu_mesh_config.h): dp (ZeRO-1) with AdamW, and
-// ep folded into it, are accepted; every layout the GPU mesh engine does not run is refused on the config alone, naming the key to
-// change and what is missing.
+// What `trex train --device cuda` runs (train/gpu_mesh_config.h): one GPU and dp (ZeRO-1) with the V4 recipe
+// (AdamW or Muon, the balance loss, freeze, MTP), and ep folded into dp, are accepted; every layout the GPU mesh engine does not run is
+// refused on the config alone, naming the key to change and what is missing.
 #include <gtest/gtest.h>
 
 #include "train/config.h"
@@ -29,28 +29,33 @@ void expect_refused(const TrainConfig& c, int world, const std::vector<std::stri
 
 }  // namespace
 
-TEST(GpuMeshConfig, AcceptsDataAndExpertParallelWithAdamW) {
+TEST(GpuMeshConfig, AcceptsOneGpuAndDataParallelWithTheV4Recipe) {
   EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 2}\n"), 2), "");
   EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 4}\n"), 4), "");
-  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 2, ep: 2}\n"), 2), "");
-  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 4, ep: 2}\n"), 4), "");
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 2, ep: 2}\n"), 2), "") << "ep = dp";
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 4, ep: 2}\n"), 4), "") << "dp = 2 x ep = 2";
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 8, ep: 2}\n"), 8), "") << "dp = 4 x ep = 2";
   EXPECT_EQ(check_gpu_mesh_config(config(""), 4), "") << "no parallel section: plain data parallelism";
-  // One rank: Muon and the balance loss run as on one GPU.
-  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 1}\n", "{kind: muon}", "{type: dsv4}"), 1), "");
+  EXPECT_EQ(check_gpu_mesh_config(config(""), 1), "") << "one GPU";
+  // One rank and dp: Muon (whole matrices under ZeRO-1), AdamW without decay on vectors, the balance loss, the
+  // frozen router, the MTP module.
+  const std::string mtp = "{type: dsv4, use_mtp: true, dsv4: {num_nextn_predict_layers: 1}}";
+  for (int dp : {1, 2, 4}) {
+    const std::string par = "parallel: {dp: " + std::to_string(dp) + "}\n";
+    EXPECT_EQ(check_gpu_mesh_config(config(par, "{kind: muon}", "{type: dsv4}"), dp), "") << dp;
+    EXPECT_EQ(check_gpu_mesh_config(config(par, "{kind: adamw, adamw: {decay_vectors: false}}"), dp), "") << dp;
+    EXPECT_EQ(check_gpu_mesh_config(config("freeze: [\"layers.*.ffn.gate.weight\"]\n" + par), dp), "") << dp;
+    EXPECT_EQ(check_gpu_mesh_config(config(par, "{kind: muon}", mtp), dp), "") << dp;
+  }
 }
 
 TEST(GpuMeshConfig, RefusesWhatTheGpuMeshDoesNotRunNamingWhatIsMissing) {
   expect_refused(config("parallel: {pp: 2, dp: 1}\n"), 2, {"parallel.pp=2", "gpu_pipeline.h", "pp: 1"});
   expect_refused(config("parallel: {pp: 2, dp: 1, vpp: 2}\n"), 2, {"parallel.pp=2"});
-  expect_refused(config("freeze: [router]\nparallel: {dp: 2}\n"), 2, {"freeze"});
   expect_refused(config("parallel: {dp: 4, ep: 3}\n"), 4, {"parallel.ep=3", "parallel.dp=4", "does not divide"});
-  expect_refused(config("parallel: {dp: 2}\n", "{kind: muon}"), 2, {"muon", "dp=2", "adamw"});
-  expect_refused(config("parallel: {dp: 2}\n", "{kind: adamw, adamw: {decay_vectors: false}}"), 2,
-                 {"decay_vectors"});
-  expect_refused(config("parallel: {dp: 2}\n", "{kind: adamw}", "{type: dsv4}"), 2,
-                 {"model.balance_alpha", "dp=2"});
-  expect_refused(config("", "{kind: adamw}", "{type: dsv4}"), 2, {"model.balance_alpha"});
+  expect_refused(config("parallel: {dp: 3}\n"), 3, {"parallel.dp=3", "64"});
   expect_refused(config("parallel: {dp: 2}\n", "{kind: adamw}", "{type: toy}"), 2, {"dsv4 only", "toy"});
+  expect_refused(config("", "{kind: adamw}", "{type: toy}"), 1, {"dsv4 only", "toy"});
 }
 
 // The planner's report of what the GPU trainer runs (gpu_layout_gaps) and the trainer's own refusals
@@ -59,13 +64,18 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
   struct Case {
     const char* parallel;
     const char* optimizer;
-    const char* freeze;
+    const char* model;
     int world;
     GpuLayoutAsk ask;
   };
-  auto ask = [](int64_t pp, int64_t vpp, int64_t ep, int64_t dp, bool muon, bool freeze) {
+  auto ask = [](int64_t pp, int64_t vpp, int64_t ep, int64_t dp, bool muon, bool freeze, bool mtp = false) {
     GpuLayoutAsk a;
-    a.pp = pp, a.vpp = vpp, a.ep = ep, a.dp = dp, a.muon = muon, a.freeze = freeze;
+    a.pp = pp, a.vpp = vpp, a.ep = ep, a.dp = dp, a.muon = muon, a.freeze = freeze, a.mtp = mtp;
+    return a;
+  };
+  const char* mtp = "{type: dsv4, balance_alpha: 0, dsv4: {num_nextn_predict_layers: 1}}";
+  auto recompute = [](GpuLayoutAsk a) {
+    a.recompute = true;
     return a;
   };
   const std::vector<Case> cases = {
@@ -78,13 +88,18 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
       {"parallel: {dp: 4, ep: 2}\n", "", "", 4, ask(1, 1, 2, 4, false, false)},
       {"parallel: {dp: 2, ep: 2}\n", "", "", 2, ask(1, 1, 2, 2, false, false)},
       {"parallel: {dp: 4, ep: 3}\n", "", "", 4, ask(1, 1, 3, 4, false, false)},
-      {"parallel: {dp: 8, ep: 4}\n", "{kind: muon}", "", 8, ask(1, 1, 4, 8, true, false)},
       {"parallel: {dp: 2}\n", "{kind: muon}", "", 2, ask(1, 1, 1, 2, true, false)},
       {"parallel: {dp: 1}\n", "{kind: muon}", "", 1, ask(1, 1, 1, 1, true, false)},
       {"freeze: [router]\nparallel: {dp: 2}\n", "", "", 2, ask(1, 1, 1, 2, false, true)},
+      {"freeze: [router]\nparallel: {dp: 4}\n", "{kind: muon}", mtp, 4, ask(1, 1, 1, 4, true, true, true)},
+      {"parallel: {dp: 4, ep: 2}\n", "", mtp, 4, ask(1, 1, 2, 4, false, false, true)},
+      {"", "{kind: muon}", mtp, 1, ask(1, 1, 1, 1, true, false, true)},
+      {"recompute: full\nparallel: {dp: 2}\n", "", "", 2, recompute(ask(1, 1, 1, 2, false, false))},
+      {"recompute: selective\nparallel: {dp: 2}\n", "", "", 2, recompute(ask(1, 1, 1, 2, false, false))},
   };
   for (const Case& c : cases) {
-    const TrainConfig cfg = c.optimizer[0] ? config(c.parallel, c.optimizer) : config(c.parallel);
+    const TrainConfig cfg = config(c.parallel, c.optimizer[0] ? c.optimizer : "{kind: adamw}",
+                                   c.model[0] ? c.model : "{type: dsv4, balance_alpha: 0}");
     const bool refused = !check_gpu_mesh_config(cfg, c.world).empty();
     EXPECT_EQ(refused, !gpu_layout_gaps(c.ask).empty()) << c.parallel << c.optimizer << ": trainer says '"
                                                          << check_gpu_mesh_config(cfg, c.world) << "', planner '"
@@ -92,5 +107,5 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
   }
   GpuLayoutAsk tp;
   tp.tp = 8, tp.recompute = true;
-  EXPECT_EQ(gpu_layout_gaps(tp), "tensor parallelism; activation recomputation");
+  EXPECT_EQ(gpu_layout_gaps(tp), "tensor parallelism");  // recomputation runs on the GPU
 }

@@ -1,14 +1,18 @@
-// The GPU mesh engine (train/cuda/gpu_mesh_engine.h) on one rank (pp = dp = ep = 1, a parallel section) under the
-// Trainer equals the one-GPU local engine (train/gpu_trainable.h) of the same config: every step's loss, gradient
-// norm and target count (the same kernels in the same order: only the GPU backward's atomic-order noise differs),
-// and its sharded checkpoint resumes: a run stopped at step 3 and continued by a fresh engine gives the
-// uninterrupted run's step-4..6 losses.
-// Several ranks need a communicator of several ranks on device buffers (NCCL refuses two ranks on one GPU): the
-// dp / ep tests of this engine run over the thread-group communicator (issue 17).
+// The GPU mesh engine (train/cuda/gpu_mesh_engine.h) under the Trainer, with several ranks as threads on one GPU
+// (the thread-group communicator: NCCL refuses two ranks on one device):
+//  - one rank resumes from its sharded checkpoint: a run stopped at step 3 and continued by a fresh engine gives
+//    the uninterrupted run's step-4..6 losses (its agreement with the CPU trainer: test_gpu_trainer_gpu.cpp);
+//  - dp = 2 (ZeRO-1) gives the one-rank run of the same global batch: every step's loss, gradient norm and target
+//    count (bf16 rounding and reduction order only), with AdamW; with the V4 SFT recipe (MTP, the router frozen:
+//    its tensors bit-unchanged on every rank, gradient accumulation over 2 micro-batches per rank); with Muon
+//    (matrices cut between the ranks' ZeRO-1 slices orthogonalised whole: the final weights too); and with the
+//    sequence-wise balance loss at a weight large enough that a wrong share per micro-batch would show.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,7 +23,7 @@
 #include "train/config.h"
 #include "train/cuda/gpu_mesh_engine.h"
 #include "train/dsv4_trainable.h"
-#include "train/gpu_trainable.h"
+#include "optim/param_groups.h"
 #include "train/metrics.h"
 #include "train/tiny_gpu_config.h"
 #include "train/trainer.h"
@@ -45,8 +49,8 @@ Data& dat() {
   return d;
 }
 
-dsv4::ModelConfig model_config() {
-  dsv4::ModelConfig c = trex::testing::tiny_gpu_config("tiny GPU mesh config");
+dsv4::ModelConfig model_config(int64_t n_mtp = 0) {
+  dsv4::ModelConfig c = trex::testing::tiny_gpu_config("tiny GPU mesh config", n_mtp);
   c.vocab_size = std::max<int64_t>(c.vocab_size, (dat().tok.vocab_size() + 63) / 64 * 64);
   return c;
 }
@@ -59,12 +63,14 @@ Dsv4TrainOptions train_options() {
   return o;
 }
 
-TrainConfig run_config(const std::string& extra = "") {
+// Muon with AdamW without decay on vectors unless `optimizer` says otherwise (a YAML mapping).
+const char* kMuon = "{kind: muon, clip_grad_norm: 1.0, adamw: {eps: 1.0e-8, decay_vectors: false}}";
+TrainConfig run_config(const std::string& extra = "", int64_t grad_accum = 2, const std::string& optimizer = kMuon) {
   return parse_train_config(parse_yaml(R"(
 seed: 3
 model: {type: dsv4}
-data: {shards: x, tokenizer: y, seq_len: 64, batch_size: 2, grad_accum: 2}
-optimizer: {kind: muon, clip_grad_norm: 1.0, adamw: {eps: 1.0e-8, decay_vectors: false}}
+data: {shards: x, tokenizer: y, seq_len: 64, batch_size: 2, grad_accum: )" + std::to_string(grad_accum) + R"(}
+optimizer: )" + optimizer + R"(
 schedule: {lr: 0.003, min_lr: 0.0003, warmup_steps: 2}
 train: {max_steps: 6}
 checkpoint: {every: 3, keep_last: 2}
@@ -81,36 +87,71 @@ TrainerOptions quiet(int64_t stop = -1) {
 
 TrainResult train_mesh(const fs::path& out, int64_t stop = -1) {
   const TrainConfig cfg = run_config("parallel: {pp: 1, dp: 1, ep: 1}\n");
-  auto world = comm::make_local_communicator();
-  GpuMeshEngine engine(cfg, model_config(), train_options(), *world);
+  auto world = comm::make_thread_group(1, 120.0);
+  GpuMeshEngine engine(cfg, model_config(), train_options(), *world[0]);
   return Trainer(cfg, out, engine, *dat().ds, 1, quiet(stop)).run();
+}
+
+// A run of `ranks` data-parallel ranks as threads (one: the one-GPU engine). values: tensor name -> its final
+// value (rank 0's; gathered collectively on every rank).
+void train_ranks(const TrainConfig& cfg, int64_t n_mtp, const Dsv4TrainOptions& o, int ranks, const fs::path& out,
+                 std::map<std::string, std::vector<float>>* values = nullptr) {
+  auto group = comm::make_thread_group(ranks, 120.0);
+  std::vector<std::string> errors(static_cast<size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        GpuMeshEngine engine(cfg, model_config(n_mtp), o, *group[size_t(r)]);
+        Trainer(cfg, out, engine, *dat().ds, 1, quiet()).run();
+        if (values)
+          for (auto& [name, v] : *values) {
+            std::vector<float> got = engine.value(name);
+            if (r == 0) v = std::move(got);
+          }
+      } catch (const std::exception& e) {
+        errors[size_t(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < ranks; ++r) {
+    ASSERT_TRUE(errors[size_t(r)].empty()) << "rank " << r << ": " << errors[size_t(r)];
+  }
+}
+
+// dp=1 and dp=2 of the config with `extra` (e.g. a freeze line): every step's loss, norm and targets.
+void expect_dp2_matches_one_rank(const std::string& name, const std::string& optimizer, const std::string& extra,
+                                 int64_t n_mtp, const Dsv4TrainOptions& o, int64_t grad_accum = 2,
+                                 std::map<std::string, std::vector<float>>* one_values = nullptr,
+                                 std::map<std::string, std::vector<float>>* two_values = nullptr) {
+  const fs::path one = dat().dir / (name + "_dp1"), two = dat().dir / (name + "_dp2");
+  train_ranks(run_config(extra + "parallel: {pp: 1, dp: 1, ep: 1}\n", grad_accum, optimizer), n_mtp, o, 1, one,
+              one_values);
+  train_ranks(run_config(extra + "parallel: {pp: 1, dp: 2, ep: 1}\n", grad_accum, optimizer), n_mtp, o, 2, two,
+              two_values);
+  const auto m1 = read_jsonl(one / "metrics.jsonl"), m2 = read_jsonl(two / "metrics.jsonl");
+  ASSERT_EQ(m1.size(), 6u);
+  ASSERT_EQ(m2.size(), 6u);
+  for (size_t i = 0; i < m1.size(); ++i) {
+    const double a = m1[i]["loss"].get<double>(), b = m2[i]["loss"].get<double>();
+    const double ga = m1[i]["grad_norm"].get<double>(), gb = m2[i]["grad_norm"].get<double>();
+    std::printf("  %s step %zu: loss dp=1 %.6f dp=2 %.6f; grad norm %.5f / %.5f\n", name.c_str(), i + 1, a, b, ga, gb);
+    EXPECT_LT(std::abs(a - b) / a, 5e-3) << name << " step " << i + 1;
+    EXPECT_LT(std::abs(ga - gb) / ga, 5e-2) << name << " step " << i + 1;
+    EXPECT_EQ(m1[i]["targets"], m2[i]["targets"]) << name << " step " << i + 1 << ": the global batch differs";
+  }
+  EXPECT_TRUE(fs::exists(two / "checkpoints" / "step_00000006" / "manifest.json"));
 }
 
 }  // namespace
 
-TEST(GpuMeshEngine, OneRankEqualsTheLocalEngineAndResumesFromItsShardedCheckpoint) {
-  ASSERT_TRUE(gpu_training_built());
-  const fs::path local = dat().dir / "local", mesh = dat().dir / "mesh", resumed = dat().dir / "mesh_resumed";
-  {
-    const TrainConfig cfg = run_config();
-    Dsv4Trainable host(model_config(), train_options(), cfg.seed);  // make_model's seed
-    auto gpu = make_gpu_dsv4_trainable(host, train_options(), "test");
-    Trainer(cfg, local, *gpu, *dat().ds, 1, quiet()).run();
-  }
+TEST(GpuMeshEngine, OneRankResumesFromItsShardedCheckpoint) {
+  const fs::path mesh = dat().dir / "mesh", resumed = dat().dir / "mesh_resumed";
   const TrainResult rm = train_mesh(mesh);
   EXPECT_EQ(rm.end_step, 6);
-  const auto ml = read_jsonl(local / "metrics.jsonl"), mm = read_jsonl(mesh / "metrics.jsonl");
-  ASSERT_EQ(ml.size(), 6u);
+  EXPECT_LT(rm.last_loss, rm.first_loss) << "the loss does not fall";
+  const auto mm = read_jsonl(mesh / "metrics.jsonl");
   ASSERT_EQ(mm.size(), 6u);
-  for (size_t i = 0; i < ml.size(); ++i) {
-    const double a = ml[i]["loss"].get<double>(), b = mm[i]["loss"].get<double>();
-    const double ga = ml[i]["grad_norm"].get<double>(), gb = mm[i]["grad_norm"].get<double>();
-    std::printf("  step %zu: loss local %.6f mesh %.6f; grad norm local %.5f mesh %.5f\n", i + 1, a, b, ga, gb);
-    EXPECT_LT(std::abs(a - b) / a, 1e-3) << "step " << i + 1;
-    EXPECT_LT(std::abs(ga - gb) / ga, 1e-2) << "step " << i + 1;
-    EXPECT_EQ(ml[i]["targets"], mm[i]["targets"]) << "step " << i + 1 << ": the data order differs";
-    EXPECT_EQ(ml[i]["tokens"], mm[i]["tokens"]) << "step " << i + 1;
-  }
   // The mesh writes the sharded manifest format.
   EXPECT_TRUE(fs::exists(mesh / "checkpoints" / "step_00000006" / "manifest.json"));
 
@@ -126,50 +167,62 @@ TEST(GpuMeshEngine, OneRankEqualsTheLocalEngineAndResumesFromItsShardedCheckpoin
   }
 }
 
-// dp = 2 (ZeRO-1) as two threads on one GPU over the thread-group communicator (NCCL refuses two ranks on one
-// device): the same Trainer loop, each rank its half of every step's micro-batches, gives the one-rank run's
-// per-step losses, gradient norms and target counts for the same global batch (bf16 rounding and reduction order
-// only), and writes one sharded checkpoint that the one-rank engine resumes.
 TEST(GpuMeshEngine, TwoDataParallelRanksAsThreadsMatchOneRank) {
-  ASSERT_TRUE(gpu_training_built());
-  const std::string adamw =
-      "optimizer: {kind: adamw, clip_grad_norm: 1.0, adamw: {eps: 1.0e-8, decay_vectors: true}}\n";
   Dsv4TrainOptions o = train_options();
-  o.model.balance_alpha = 0.0;  // not under dp on the GPU
-  const fs::path one = dat().dir / "dp1", two = dat().dir / "dp2";
+  o.model.balance_alpha = 0.0;
+  expect_dp2_matches_one_rank("adamw", "{kind: adamw, clip_grad_norm: 1.0, adamw: {eps: 1.0e-8, decay_vectors: true}}",
+                              "", 0, o);
+}
+
+TEST(GpuMeshEngine, TwoDataParallelRanksWithMtpAndFrozenRouterMatchOneRank) {
+  Dsv4TrainOptions o = train_options();
+  o.model.use_mtp = true;
+  const char* pattern = "*.ffn.gate.weight";
+  std::map<std::string, std::vector<float>> init, one, two;
   {
-    const TrainConfig cfg = run_config(adamw + "parallel: {pp: 1, dp: 1, ep: 1}\n");
-    auto world = comm::make_local_communicator();
-    GpuMeshEngine engine(cfg, model_config(), o, *world);
-    Trainer(cfg, one, engine, *dat().ds, 1, quiet()).run();
+    Dsv4Trainable host(model_config(1), o, run_config().seed);
+    auto& t = host.model().params();
+    for (const auto& e : t.entries())
+      if (optim::glob_match(pattern, e.name)) init[e.name].assign(t.value(e.name), t.value(e.name) + e.numel);
   }
+  ASSERT_FALSE(init.empty());
+  one = init, two = init;
+  // AdamW without decay on vectors (the recipe's), 2 micro-batches per rank (accumulation across reduce-scatters).
+  expect_dp2_matches_one_rank("recipe", "{kind: adamw, clip_grad_norm: 1.0, adamw: {eps: 1.0e-8, decay_vectors: false}}",
+                              std::string("freeze: [\"") + pattern + "\"]\n", 1, o, 4, &one, &two);
+  for (const auto& [name, v] : init) {
+    EXPECT_TRUE(one[name].size() == v.size() && std::memcmp(one[name].data(), v.data(), v.size() * 4) == 0)
+        << "dp=1: frozen " << name << " moved";
+    EXPECT_TRUE(two[name].size() == v.size() && std::memcmp(two[name].data(), v.data(), v.size() * 4) == 0)
+        << "dp=2: frozen " << name << " moved";
+  }
+}
+
+TEST(GpuMeshEngine, TwoDataParallelRanksWithMuonMatchOneRank) {
+  Dsv4TrainOptions o = train_options();
+  o.model.balance_alpha = 0.0;
+  // Every Muon matrix of the model: its final value under dp=2 (orthogonalised whole though cut between the ranks'
+  // slices) against one rank's.
+  std::map<std::string, std::vector<float>> one, two;
   {
-    const TrainConfig cfg = run_config(adamw + "parallel: {pp: 1, dp: 2, ep: 1}\n");
-    auto ranks = comm::make_thread_group(2, 120.0);
-    std::string errors[2];
-    std::vector<std::thread> threads;
-    for (int r = 0; r < 2; ++r)
-      threads.emplace_back([&, r] {
-        try {
-          GpuMeshEngine engine(cfg, model_config(), o, *ranks[size_t(r)]);
-          Trainer(cfg, two, engine, *dat().ds, 1, quiet()).run();
-        } catch (const std::exception& e) {
-          errors[r] = e.what();
-        }
-      });
-    for (auto& t : threads) t.join();
-    ASSERT_TRUE(errors[0].empty() && errors[1].empty()) << "rank 0: " << errors[0] << "\nrank 1: " << errors[1];
+    Dsv4Trainable host(model_config(), o, run_config().seed);
+    for (const auto& e : host.model().params().entries())
+      if (optim::dsv4_param_group(e.name, e.shape) == optim::ParamGroup::Muon) one[e.name] = {};
   }
-  const auto m1 = read_jsonl(one / "metrics.jsonl"), m2 = read_jsonl(two / "metrics.jsonl");
-  ASSERT_EQ(m1.size(), 6u);
-  ASSERT_EQ(m2.size(), 6u);
-  for (size_t i = 0; i < m1.size(); ++i) {
-    const double a = m1[i]["loss"].get<double>(), b = m2[i]["loss"].get<double>();
-    const double ga = m1[i]["grad_norm"].get<double>(), gb = m2[i]["grad_norm"].get<double>();
-    std::printf("  step %zu: loss dp=1 %.6f dp=2 %.6f; grad norm %.5f / %.5f\n", i + 1, a, b, ga, gb);
-    EXPECT_LT(std::abs(a - b) / a, 5e-3) << "step " << i + 1;
-    EXPECT_LT(std::abs(ga - gb) / ga, 5e-2) << "step " << i + 1;
-    EXPECT_EQ(m1[i]["targets"], m2[i]["targets"]) << "step " << i + 1 << ": the global batch differs";
+  ASSERT_FALSE(one.empty());
+  two = one;
+  expect_dp2_matches_one_rank("muon", kMuon, "", 0, o, 2, &one, &two);
+  for (const auto& [name, a] : one) {
+    const std::vector<float>& b = two[name];
+    ASSERT_EQ(a.size(), b.size()) << name;
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < a.size(); ++i) diff += double(a[i] - b[i]) * (a[i] - b[i]), norm += double(a[i]) * a[i];
+    EXPECT_LT(std::sqrt(diff / norm), 1e-2) << name << ": dp=2 differs from one rank";
   }
-  EXPECT_TRUE(fs::exists(two / "checkpoints" / "step_00000006" / "manifest.json"));
+}
+
+TEST(GpuMeshEngine, TwoDataParallelRanksWithTheBalanceLossMatchOneRank) {
+  Dsv4TrainOptions o = train_options();
+  o.model.balance_alpha = 0.05;  // large: a micro-batch's balance share counted twice would move the loss by ~1%
+  expect_dp2_matches_one_rank("balance", "{kind: adamw, clip_grad_norm: 1.0, adamw: {eps: 1.0e-8}}", "", 0, o);
 }

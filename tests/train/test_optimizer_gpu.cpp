@@ -1,13 +1,20 @@
 // The GPU model's optimiser step (GpuOptimizer::step) against the CPU optimiser (optim::Optimizer, the run's
 // definition) on the tiny V4 config: the same weights and, per step, the same random gradients on both sides;
 // after three steps every tensor's change (w - w0) must match. Muon's Newton-Schulz runs in bf16 products on the
-// GPU (fp32 on the CPU), so its tensors match to about a percent; AdamW tensors to fp32 rounding.
+// GPU (fp32 on the CPU), so its tensors match to about a percent; AdamW tensors to fp32 rounding. Under ZeRO-1
+// (two ranks as threads on one GPU) the same steps equal one GPU's, Muon matrices cut between the ranks' slices
+// included, and frozen tensors keep their weights and moments.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <set>
 #include <random>
+#include <thread>
+
+#include "comm/thread_group.h"
 
 #include "model/dsv4/model.h"
 #include "optim/optimizer.h"
@@ -160,6 +167,108 @@ TEST(OptimizerGpu, GradScaleFoldEqualsScalingTheGradientsFirst) {
   grad_scale_fold_is_exact(oc);  // Muon + AdamW groups
   oc.kind = "adamw";
   grad_scale_fold_is_exact(oc);  // the flat AdamW pass
+}
+
+// Three Muon steps (AdamW without vector decay for the rest) from the same weights and gradients on one GPU and
+// on two ZeRO-1 ranks, with the router gates and the embedding frozen (the embedding's bucket wholly frozen), the
+// MTP module's tensors included: every trained tensor ends where one GPU puts it (AdamW: the same kernel on the
+// same numbers; Muon: the same arithmetic, batched differently), every frozen one bit-unchanged with zero moments.
+TEST(OptimizerGpu, Zero1MuonWithFrozenTensorsEqualsOneGpu) {
+  const dsv4::ModelConfig cfg = trex::testing::tiny_gpu_config("ZeRO-1 optimizer test config", 1);
+  dsv4::ModelOptions mo;
+  mo.balance_alpha = 0.0;
+  mo.use_mtp = true;
+  dsv4::Model<float> cpu(cfg, mo);
+  init_weights(cpu.params(), 5);
+  optim::OptimizerConfig oc;
+  oc.adamw.eps = 1e-8;
+  oc.adamw.decay_vectors = false;
+  std::vector<std::string> frozen, names;
+  for (const auto& e : cpu.params().entries()) {
+    names.push_back(e.name);
+    if (optim::glob_match("*.ffn.gate.weight", e.name) || e.name == "embed.weight") frozen.push_back(e.name);
+  }
+  ASSERT_GT(frozen.size(), 2u);
+  // The gradients of every step, by name (the same on every model).
+  std::vector<std::map<std::string, std::vector<float>>> grads(3);
+  std::mt19937 g(9);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (size_t step = 0; step < grads.size(); ++step)
+    for (const auto& e : cpu.params().entries()) {
+      std::vector<float>& v = grads[step][e.name];
+      v.resize(size_t(e.numel));
+      for (float& x : v) x = 1e-2f * float(2 + step) * nd(g);
+    }
+  // values[r]: tensor -> final value; moments[r]: frozen tensor -> its first / second moment.
+  using Values = std::map<std::string, std::vector<float>>;
+  auto train = [&](dsv4gpu::GpuModel& model, Values& values, Values& moments) {
+    dsv4gpu::GpuOptimizer opt(model);
+    opt.set_frozen(frozen);
+    model.load_from(cpu.params());
+    for (size_t step = 0; step < grads.size(); ++step) {
+      for (const std::string& n : names) model.set_grad(n, grads[step][n]);
+      opt.step(oc, 1e-2, int64_t(step + 1));
+    }
+    for (const std::string& n : names) values[n] = model.gather_shard(n);  // collective: same order everywhere
+    for (const std::string& n : frozen) {
+      moments[n + ".0"] = model.gather_shard(n, opt.moment(0));
+      moments[n + ".1"] = model.gather_shard(n, opt.moment(1));
+    }
+  };
+  Values one, one_m;
+  {
+    dsv4gpu::GpuModel model(cfg);
+    train(model, one, one_m);
+  }
+  Values two[2], two_m[2];
+  {
+    auto group = comm::make_thread_group(2, 120.0);
+    std::string errors[2];
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          dsv4gpu::GpuModelOptions go;
+          go.dp = group[size_t(r)].get();
+          dsv4gpu::GpuModel model(cfg, go);
+          train(model, two[r], two_m[r]);
+        } catch (const std::exception& e) {
+          errors[r] = e.what();
+        }
+      });
+    for (auto& t : threads) t.join();
+    ASSERT_TRUE(errors[0].empty() && errors[1].empty()) << "rank 0: " << errors[0] << "\nrank 1: " << errors[1];
+  }
+  const std::set<std::string> is_frozen(frozen.begin(), frozen.end());
+  int n_muon = 0;
+  double worst_muon = 0;
+  for (const auto& e : cpu.params().entries()) {
+    const std::string& n = e.name;
+    const std::vector<float> w0(cpu.params().value(n), cpu.params().value(n) + e.numel);
+    EXPECT_EQ(two[0][n], two[1][n]) << n << ": the two ranks disagree";
+    if (is_frozen.count(n)) {
+      EXPECT_EQ(one[n], w0) << n << ": frozen, moved on one GPU";
+      EXPECT_EQ(two[0][n], w0) << n << ": frozen, moved under ZeRO-1";
+      for (const char* k : {".0", ".1"}) {
+        const std::vector<float> zero(w0.size(), 0.f);
+        EXPECT_EQ(one_m[n + k], zero) << n << k << ": a frozen tensor's moment changed on one GPU";
+        EXPECT_EQ(two_m[0][n + k], zero) << n << k << ": a frozen tensor's moment changed under ZeRO-1";
+      }
+      continue;
+    }
+    const Diff d = compare(two[0][n], one[n].data(), w0);
+    const bool muon = optim::dsv4_param_group(n, e.shape) == optim::ParamGroup::Muon;
+    std::printf("%-6s %-48s change rel L2 (ZeRO-1 vs one GPU) %.2e\n", muon ? "muon" : "adamw", n.c_str(),
+                d.delta_rel);
+    if (muon) {  // bf16 Newton-Schulz products in batches of other sizes: a GEMM algorithm of its own may round apart
+      EXPECT_LT(d.delta_rel, 1e-2) << n;
+      worst_muon = std::max(worst_muon, d.delta_rel), ++n_muon;
+    } else {
+      EXPECT_LT(d.delta_rel, 1e-6) << n;
+    }
+  }
+  std::printf("%d Muon tensors, worst change rel L2 %.2e\n", n_muon, worst_muon);
+  EXPECT_GT(n_muon, 20);
 }
 
 }  // namespace

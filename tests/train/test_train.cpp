@@ -175,6 +175,49 @@ s: 'it''s'
   }
 }
 
+// `recompute:` none (default) | selective | full; another value or type is an error naming the file and the key.
+TEST(Config, RecomputeParsesTheThreeModesAndNamesTheKeyOfABadOne) {
+  const std::string base = "model: {type: toy}\ndata: {shards: x, tokenizer: y}\n";
+  auto parse = [&](const std::string& extra) { return parse_train_config(parse_yaml(base + extra, "c.yaml"), "c.yaml"); };
+  EXPECT_EQ(parse("").recompute, dsv4::Recompute::None);
+  EXPECT_EQ(parse("recompute: none\n").recompute, dsv4::Recompute::None);
+  EXPECT_EQ(parse("recompute: selective\n").recompute, dsv4::Recompute::Selective);
+  EXPECT_EQ(parse("recompute: full\n").recompute, dsv4::Recompute::Full);
+  for (const char* bad : {"recompute: partial\n", "recompute: 1\n", "recompute: [full]\n"}) {
+    try {
+      parse(bad);
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("c.yaml"), std::string::npos) << m;
+      EXPECT_NE(m.find("recompute"), std::string::npos) << m;
+      EXPECT_NE(m.find("none, selective or full"), std::string::npos) << m;
+    }
+  }
+}
+
+// The CPU model keeps every activation: a CPU run with recompute selective / full is refused before anything is
+// built, saying it is the GPU's.
+TEST(Trainer, RecomputeOnTheCpuIsRefusedBeforeTheRunStarts) {
+  fs::path dir = temp_dir("cpu_recompute");
+  const fs::path cfg = dir / "run.yaml";
+  std::ofstream(cfg) << "seed: 1\nrecompute: full\nmodel: {type: toy}\ndata: {shards: " << (dir / "none").string()
+                     << ", tokenizer: none.json, seq_len: 32, batch_size: 2}\ntrain: {max_steps: 1}\n";
+  RunOptions o;
+  o.show_progress = false;
+  try {
+    run_training(cfg, dir / "out", o);
+    ADD_FAILURE() << "device cpu with recompute: full was accepted";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("run.yaml"), std::string::npos) << m;
+    EXPECT_NE(m.find("recompute: full"), std::string::npos) << m;
+    EXPECT_NE(m.find("GPU only"), std::string::npos) << m;
+  }
+  EXPECT_FALSE(fs::exists(dir / "out")) << "refused before the run directory is made";
+  fs::remove_all(dir);
+}
+
 TEST(ToyLM, GradientMatchesFiniteDifferences) {
   ToyLM m(12, 5, 3, 0.3);
   data::Batch b;

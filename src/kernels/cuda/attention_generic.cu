@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/attention_generic.h"
+#include "kernels/cuda/attention_dkv_reduce.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/block_reduce.cuh"
 
@@ -78,14 +79,14 @@ __global__ void generic_fwd_kernel(const bf16* q, const bf16* kv, const bf16* cm
 
 __global__ void generic_bwd_kernel(const bf16* q, const bf16* kv, const bf16* cmp, const float* sink,
                                    int64_t H, int64_t c, SparseKeySets keys, const bf16* o, const float* lse,
-                                   const bf16* do_, bf16* dq, float* dkv, float* dcmp, float* sink_part,
+                                   const bf16* do_, bf16* dq, dkv_reduce::PartOut po, float* sink_part,
                                    float scale) {
   extern __shared__ float sm[];
   float* qs = sm;           // [c]
   float* dos = sm + c;      // [c]
   float* dqs = sm + 2 * c;  // [c]
   float* red = sm + 3 * c;  // [kThreads / 32]
-  const int64_t i = blockIdx.x, h = blockIdx.y, row = i * H + h;
+  const int64_t i = po.u0 + blockIdx.x, h = blockIdx.y, row = i * H + h;
   float dpart = 0.f;
   for (int64_t ch = threadIdx.x; ch < c; ch += kThreads) {
     qs[ch] = __bfloat162float(q[row * c + ch]);
@@ -101,7 +102,8 @@ __global__ void generic_bwd_kernel(const bf16* q, const bf16* kv, const bf16* cm
     const int64_t r = walk.row(t, &compressed);
     if (r < 0) continue;
     const bf16* k = (compressed ? cmp : kv) + r * c;
-    float* dk = (compressed ? dcmp : dkv) + r * c;
+    // This (query, head)'s dK + dV of key slot t: its partial row (attention_dkv_reduce.h sums them in order).
+    float* dk = po.part + ((int64_t(blockIdx.x) * po.n_slots + t) * H + h) * c;
     float pz = 0.f, pd = 0.f;
     for (int64_t ch = threadIdx.x; ch < c; ch += kThreads) {
       const float kc = __bfloat162float(k[ch]);
@@ -113,7 +115,7 @@ __global__ void generic_bwd_kernel(const bf16* q, const bf16* kv, const bf16* cm
     const float p = expf(z - L), dz = p * (dp - D) * scale;
     for (int64_t ch = threadIdx.x; ch < c; ch += kThreads) {
       dqs[ch] += dz * __bfloat162float(k[ch]);
-      atomicAdd(dk + ch, dz * qs[ch] + p * dos[ch]);  // K = V: dK + dV
+      dk[ch] = dz * qs[ch] + p * dos[ch];  // K = V: dK + dV
     }
   }
   for (int64_t ch = threadIdx.x; ch < c; ch += kThreads) dq[row * c + ch] = __float2bfloat16(dqs[ch]);
@@ -138,6 +140,14 @@ void check_args(const char* what, int64_t N, int64_t H, int64_t c, const SparseK
   TREX_CHECK(bool(keys.cmp_begin) == bool(keys.cmp_end), "{}: cmp_begin and cmp_end must both be set", what);
 }
 
+// One unit per query, one block per (query, head).
+dkv_reduce::Plan generic_plan(int64_t N, int64_t E, int64_t H, int64_t c, const SparseKeySets& keys) {
+  dkv_reduce::Units u;
+  u.N = N, u.E = E, u.H = H, u.c = c, u.qb = 1, u.G = H;
+  u.n_slots = dkv_reduce::slots_bound(keys, E, 1);
+  return dkv_reduce::make_plan(u);
+}
+
 }  // namespace
 
 void sparse_attention_generic_fwd(const bf16* q, const bf16* kv, const bf16* cmp, const float* sink,
@@ -153,8 +163,9 @@ void sparse_attention_generic_fwd(const bf16* q, const bf16* kv, const bf16* cmp
   TREX_CUDA_LAUNCHED();
 }
 
-int64_t sparse_attention_generic_bwd_scratch(int64_t N, int64_t H) {
-  return N * H;
+int64_t sparse_attention_generic_bwd_scratch(int64_t N, int64_t E, int64_t H, int64_t c, const SparseKeySets& keys) {
+  if (N == 0) return 1;
+  return int64_t((generic_plan(N, E, H, c, keys).bytes + sizeof(float) - 1) / sizeof(float));
 }
 
 void sparse_attention_generic_bwd(const bf16* q, const bf16* kv, const bf16* cmp, const float* sink,
@@ -167,10 +178,14 @@ void sparse_attention_generic_bwd(const bf16* q, const bf16* kv, const bf16* cmp
   const size_t smem = size_t(3 * c + kThreads / 32 + 1) * sizeof(float);
   TREX_CHECK(smem <= 48 * 1024, "sparse_attention_generic_bwd: head dim {} needs {} bytes of shared memory",
              c, smem);
-  generic_bwd_kernel<<<dim3(unsigned(N), unsigned(H)), kThreads, smem, s>>>(
-      q, kv, cmp, sink, H, c, keys, o, lse, do_, dq, dkv, dcmp, scratch, float(1.0 / std::sqrt(double(c))));
-  TREX_CUDA_LAUNCHED();
-  generic_dsink_kernel<<<unsigned(H), kThreads, 0, s>>>(dsink, scratch, N, H);
+  const dkv_reduce::Plan plan = generic_plan(N, E, H, c, keys);
+  float* sink_part = dkv_reduce::sink_part(plan, scratch);
+  dkv_reduce::run(plan, keys, scratch, dkv, dcmp, s, [&](const dkv_reduce::PartOut& po, int64_t n_units) {
+    generic_bwd_kernel<<<dim3(unsigned(n_units), unsigned(H)), kThreads, smem, s>>>(
+        q, kv, cmp, sink, H, c, keys, o, lse, do_, dq, po, sink_part, float(1.0 / std::sqrt(double(c))));
+    TREX_CUDA_LAUNCHED();
+  });
+  generic_dsink_kernel<<<unsigned(H), kThreads, 0, s>>>(dsink, sink_part, N, H);
   TREX_CUDA_LAUNCHED();
 }
 

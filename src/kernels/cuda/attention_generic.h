@@ -25,12 +25,13 @@ void sparse_attention_generic_fwd(const bf16* q, const bf16* kv, const bf16* cmp
                                   int64_t N, int64_t H, int64_t c, const SparseKeySets& keys, bf16* o,
                                   float* lse, cudaStream_t s = nullptr);
 
-// fp32 elements of scratch sparse_attention_generic_bwd needs: one sink partial per (query, head).
-int64_t sparse_attention_generic_bwd_scratch(int64_t N, int64_t H);
+// fp32 elements of scratch sparse_attention_generic_bwd needs: one sink partial per (query, head), the inverse
+// index and one chunk's dK + dV partials (attention_dkv_reduce.h; keys: only which kind, k_sel and max_win are read).
+int64_t sparse_attention_generic_bwd_scratch(int64_t N, int64_t E, int64_t H, int64_t c, const SparseKeySets& keys);
 
-// Writes dq [N, H, c] (bf16). ACCUMULATES dkv [N, c] and dcmp [E, c] (fp32 atomics: not bitwise
-// deterministic; dcmp may be null when E = 0) and dsink [H] (per-query partials summed in a fixed order:
-// deterministic).
+// Writes dq [N, H, c] (bf16). ACCUMULATES dkv [N, c] and dcmp [E, c] (dcmp may be null when E = 0) and dsink [H].
+// Bitwise deterministic: each (query, head) block writes its dK + dV per key slot and every key row sums them in a
+// fixed order (attention_dkv_reduce.h); the sink partials are summed in a fixed order too.
 void sparse_attention_generic_bwd(const bf16* q, const bf16* kv, const bf16* cmp, const float* sink,
                                   int64_t N, int64_t E, int64_t H, int64_t c, const SparseKeySets& keys,
                                   const bf16* o, const float* lse, const bf16* do_, bf16* dq, float* dkv,

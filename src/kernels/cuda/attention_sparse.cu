@@ -1,5 +1,6 @@
 #include "kernels/cuda/attention_sparse.h"
 
+#include "kernels/cuda/attention_dkv_reduce.h"
 #include "kernels/cuda/attention_keys.cuh"
 #include "kernels/cuda/attention_sparse_mma.h"
 #include "kernels/cuda/cuda_check.h"
@@ -170,12 +171,13 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Backward, same decomposition. Per tile: p and dz per (head, key) go to smem, then dq (lane = dims, in
-// registers) and the tile's dK + dV rows (summed over the block's heads, then one fp32 atomic per 4 dims).
+// registers) and the tile's dK + dV rows (summed over the block's heads), stored to the block's partial rows for
+// the fixed-order reduction (attention_dkv_reduce.h).
 template <int C>
 __global__ void __launch_bounds__(kThreads)
     sparse_attn_bwd_kernel(const bf16* q, const bf16* kv, const bf16* cmp, const float* sink, int64_t H,
                            SparseKeySets keys, const bf16* o, const float* lse, const bf16* do_, bf16* dq,
-                           float* dkv, float* dcmp, float* dsink_part, float scale) {
+                           dkv_reduce::PartOut po, float* dsink_part, float scale) {
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* ks = reinterpret_cast<bf16*>(smem);                                            // [kTile][C + kPad]
   bf16* qs = ks + kTile * (C + kPad);                                                  // [16][C]
@@ -185,7 +187,7 @@ __global__ void __launch_bounds__(kThreads)
   int64_t* rows = reinterpret_cast<int64_t*>(dzs + kSparseAttnHeadsPerBlock * kTile);  // [kTile]
   constexpr int kDims = C / 32;
 
-  const int64_t i = blockIdx.x;
+  const int64_t i = po.u0 + blockIdx.x;
   const int64_t h0 = int64_t(blockIdx.y) * kSparseAttnHeadsPerBlock;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int n_heads = int(min(int64_t(kSparseAttnHeadsPerBlock), H - h0));
@@ -297,10 +299,9 @@ __global__ void __launch_bounds__(kThreads)
         accv.z += dzj * q23.x + pj * d23.x;
         accv.w += dzj * q23.y + pj * d23.y;
       }
-      const bool is_cmp = (r >> 62) & 1;
-      const int64_t row = r & ~(int64_t(1) << 62);
-      float* dst = (is_cmp ? dcmp : dkv) + row * C + 4 * g;
-      atomicAdd(reinterpret_cast<float4*>(dst), accv);
+      float* dst =
+          po.part + ((int64_t(blockIdx.x) * po.n_slots + j0 + j) * gridDim.y + blockIdx.y) * C + 4 * g;
+      *reinterpret_cast<float4*>(dst) = accv;
     }
     __syncthreads();  // the next tile overwrites ks, ps, dzs
   }
@@ -349,16 +350,17 @@ void launch_fwd(const bf16* q, const bf16* kv, const bf16* cmp, const float* sin
   TREX_CUDA_LAUNCHED();
 }
 
+// Queries [po.u0, po.u0 + n_units).
 template <int C>
-void launch_bwd(const bf16* q, const bf16* kv, const bf16* cmp, const float* sink, int64_t N, int64_t H,
+void launch_bwd(const bf16* q, const bf16* kv, const bf16* cmp, const float* sink, int64_t H,
                 const SparseKeySets& keys, const bf16* o, const float* lse, const bf16* do_, bf16* dq,
-                float* dkv, float* dcmp, float* part, cudaStream_t s) {
+                const dkv_reduce::PartOut& po, int64_t n_units, float* sink_part, cudaStream_t s) {
   const size_t smem = bwd_smem(C);
   TREX_CUDA(cudaFuncSetAttribute(sparse_attn_bwd_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  int(smem)));
-  dim3 grid(unsigned(N), unsigned((H + kSparseAttnHeadsPerBlock - 1) / kSparseAttnHeadsPerBlock));
-  sparse_attn_bwd_kernel<C><<<grid, kThreads, smem, s>>>(q, kv, cmp, sink, H, keys, o, lse, do_, dq, dkv,
-                                                         dcmp, part, 1.f / sqrtf(float(C)));
+  dim3 grid(unsigned(n_units), unsigned((H + kSparseAttnHeadsPerBlock - 1) / kSparseAttnHeadsPerBlock));
+  sparse_attn_bwd_kernel<C><<<grid, kThreads, smem, s>>>(q, kv, cmp, sink, H, keys, o, lse, do_, dq, po,
+                                                         sink_part, 1.f / sqrtf(float(C)));
   TREX_CUDA_LAUNCHED();
 }
 
@@ -387,30 +389,58 @@ void sparse_attention_fwd(const bf16* q, const bf16* kv, const bf16* cmp, const 
   }
 }
 
-int64_t sparse_attention_bwd_scratch(int64_t N, int64_t H) {
-  return N * H;
+namespace {
+
+// The contributors of the backward the call runs (attention_dkv_reduce.h): the tensor-core dispatch's units, or
+// one query x 16 heads per block on CUDA cores.
+dkv_reduce::Units bwd_units(int64_t N, int64_t E, int64_t H, int64_t c, const SparseKeySets& keys,
+                            SparseAttnKernel kernel) {
+  dkv_reduce::Units u;
+  u.N = N, u.E = E, u.H = H, u.c = c;
+  if (kernel != SparseAttnKernel::CudaCore && mma_attn::supported(c)) {
+    const mma_attn::BwdUnits b = mma_attn::bwd_units(H, keys);
+    u.qb = b.qb, u.G = b.G;
+  } else {
+    u.qb = 1, u.G = (H + kSparseAttnHeadsPerBlock - 1) / kSparseAttnHeadsPerBlock;
+  }
+  u.n_slots = dkv_reduce::slots_bound(keys, E, u.qb);
+  return u;
+}
+
+}  // namespace
+
+int64_t sparse_attention_bwd_scratch(int64_t N, int64_t E, int64_t H, int64_t c, const SparseKeySets& keys,
+                                     SparseAttnKernel kernel, int64_t partial_budget, SparseAttnBwdOrder order) {
+  if (N == 0) return 1;
+  if (order == SparseAttnBwdOrder::Atomic && kernel != SparseAttnKernel::CudaCore && mma_attn::supported(c))
+    return N * H;  // the sink partials only
+  const dkv_reduce::Plan p = dkv_reduce::make_plan(bwd_units(N, E, H, c, keys, kernel), partial_budget);
+  return int64_t((p.bytes + sizeof(float) - 1) / sizeof(float));
 }
 
 void sparse_attention_bwd(const bf16* q, const bf16* kv, const bf16* cmp, const float* sink, int64_t N,
                           int64_t E, int64_t H, int64_t c, const SparseKeySets& keys, const bf16* o,
                           const float* lse, const bf16* do_, bf16* dq, float* dkv, float* dcmp, float* dsink,
-                          float* scratch, cudaStream_t s, SparseAttnKernel kernel) {
+                          float* scratch, cudaStream_t s, SparseAttnKernel kernel, int64_t partial_budget,
+                          SparseAttnBwdOrder order) {
   if (N == 0) return;
   check_args(N, H, c, keys);
   TREX_CHECK(E == 0 || dcmp, "sparse attention bwd (CUDA): {} compressed entries but dcmp is null", E);
-  if (kernel != SparseAttnKernel::CudaCore && mma_attn::supported(c)) {
-    mma_attn::bwd(q, kv, cmp, sink, N, H, c, keys, o, lse, do_, dq, dkv, dcmp, scratch, s);
-  } else {
-    switch (c) {
-      case 256:
-        launch_bwd<256>(q, kv, cmp, sink, N, H, keys, o, lse, do_, dq, dkv, dcmp, scratch, s);
-        break;
-      default:
-        launch_bwd<512>(q, kv, cmp, sink, N, H, keys, o, lse, do_, dq, dkv, dcmp, scratch, s);
-        break;
-    }
+  if (order == SparseAttnBwdOrder::Atomic && kernel != SparseAttnKernel::CudaCore && mma_attn::supported(c)) {
+    mma_attn::bwd_atomic(q, kv, cmp, sink, N, H, c, keys, o, lse, do_, dq, dkv, dcmp, scratch, s);
+    dsink_reduce_kernel<<<unsigned(H), kThreads, 0, s>>>(dsink, scratch, N, H);
+    TREX_CUDA_LAUNCHED();
+    return;
   }
-  dsink_reduce_kernel<<<unsigned(H), kThreads, 0, s>>>(dsink, scratch, N, H);
+  const dkv_reduce::Plan plan = dkv_reduce::make_plan(bwd_units(N, E, H, c, keys, kernel), partial_budget);
+  float* sink_part = dkv_reduce::sink_part(plan, scratch);
+  const bool tensor = kernel != SparseAttnKernel::CudaCore && mma_attn::supported(c);
+  dkv_reduce::run(plan, keys, scratch, dkv, dcmp, s, [&](const dkv_reduce::PartOut& po, int64_t n_units) {
+    if (tensor) return mma_attn::bwd(q, kv, cmp, sink, N, H, c, keys, o, lse, do_, dq, sink_part, po, n_units, s);
+    if (c == 256) return launch_bwd<256>(q, kv, cmp, sink, H, keys, o, lse, do_, dq, po, n_units, sink_part, s);
+    return launch_bwd<512>(q, kv, cmp, sink, H, keys, o, lse, do_, dq, po, n_units, sink_part, s);
+  });
+  dsink_reduce_kernel<<<unsigned(H), kThreads, 0, s>>>(dsink, sink_part, N, H);
   TREX_CUDA_LAUNCHED();
 }
 

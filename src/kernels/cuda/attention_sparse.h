@@ -29,6 +29,10 @@ struct SparseKeySets {
   const int64_t* cmp_end = nullptr;    // [N]
   const int64_t* cmp_sel = nullptr;    // [N, k_sel] selected entries (CSA), -1 = empty; overrides the range
   int64_t k_sel = 0;
+  // Host side, for the backward only: the most window rows any query has (the sliding window length); the
+  // backward sizes its per-key-slot scratch from it (and stops with a message naming the queries if a window is
+  // longer).
+  int64_t max_win = 0;
 };
 
 // q [N, H, c], kv [N, c], cmp [E, c], sink [H]  ->  o [N, H, c] (bf16, before the inverse RoPE),
@@ -37,17 +41,34 @@ void sparse_attention_fwd(const bf16* q, const bf16* kv, const bf16* cmp, const 
                           int64_t H, int64_t c, const SparseKeySets& keys, bf16* o, float* lse,
                           cudaStream_t s = nullptr, SparseAttnKernel kernel = SparseAttnKernel::Auto);
 
-// fp32 elements of scratch sparse_attention_bwd needs (per-query sink partials, reduced in a fixed order).
-int64_t sparse_attention_bwd_scratch(int64_t N, int64_t H);
+// fp32 elements of scratch sparse_attention_bwd needs for these shapes and key kinds (keys: only which kind,
+// k_sel and max_win are read): the sink partials, the inverse index and one chunk's dK + dV partials
+// (attention_dkv_reduce.h).
+// partial_budget: bytes of dK + dV partials one chunk of queries may hold (the backward runs its queries in chunks
+// of that size); the same value must reach sparse_attention_bwd. Results are bitwise reproducible for a given
+// budget, shape and GPU model.
+constexpr int64_t kSparseAttnPartialBudget = int64_t(1) << 30;
+// How the backward sums the dK + dV contributions of the queries that share a key row. Deterministic: per-slot
+// partials reduced in a fixed order (bitwise reproducible; about 1.5-3.8x the kernel time, the partials' HBM
+// traffic). Atomic: 16-byte fp32 atomic adds (the fast path; last-bit differences from run to run). The CUDA-core
+// kernel (SparseAttnKernel::CudaCore, head dims without tensor-core kernels) is always deterministic.
+enum class SparseAttnBwdOrder { Deterministic, Atomic };
+int64_t sparse_attention_bwd_scratch(int64_t N, int64_t E, int64_t H, int64_t c, const SparseKeySets& keys,
+                                     SparseAttnKernel kernel = SparseAttnKernel::Auto,
+                                     int64_t partial_budget = kSparseAttnPartialBudget,
+                                     SparseAttnBwdOrder order = SparseAttnBwdOrder::Deterministic);
 
 // do_ [N, H, c]. Writes dq [N, H, c] (bf16). ACCUMULATES dkv [N, c], dcmp [E, c] (fp32; dcmp may be null when
-// E = 0) with fp32 atomics, one per key row and block after summing over the block's heads (16 on CUDA cores,
-// up to 64 on tensor cores; order-dependent rounding: not bitwise deterministic) and dsink [H] (fp32,
-// deterministic). K = V: each key row gets dK + dV.
+// E = 0) and dsink [H] (fp32). Deterministic order: each block writes the dK + dV of its key slots (summed over
+// its heads) to the scratch and every key row sums them in a fixed order (attention_dkv_reduce.h), no atomics;
+// Atomic order: the same kernels add them with fp32 atomics. dsink is summed in a fixed order either way.
+// K = V: each key row gets dK + dV.
 void sparse_attention_bwd(const bf16* q, const bf16* kv, const bf16* cmp, const float* sink, int64_t N,
                           int64_t E, int64_t H, int64_t c, const SparseKeySets& keys, const bf16* o,
                           const float* lse, const bf16* do_, bf16* dq, float* dkv, float* dcmp, float* dsink,
                           float* scratch, cudaStream_t s = nullptr,
-                          SparseAttnKernel kernel = SparseAttnKernel::Auto);
+                          SparseAttnKernel kernel = SparseAttnKernel::Auto,
+                          int64_t partial_budget = kSparseAttnPartialBudget,
+                          SparseAttnBwdOrder order = SparseAttnBwdOrder::Deterministic);
 
 }  // namespace trex::cuda

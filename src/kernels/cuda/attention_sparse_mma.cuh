@@ -8,10 +8,14 @@
 //                   prefetched two tiles ahead when PF;
 //   sd_*_kernel     split dims: one query x 16 MT heads, 4 warps per 16 heads each owning c / 4 dims;
 //   wg_fwd_kernel   sm_90a wgmma, one query x 64 heads, two warpgroups of c / 2 output dims.
+// The backward kernels with DET store each key slot's dK + dV (summed over the block's heads) to the block's partial
+// rows, which attention_dkv_reduce.h sums in a fixed order (the product); without it they add them to dkv / dcmp
+// with fp32 atomics (the versions dev/attention keeps).
 // Fragment layouts are those of PTX mma.m16n8k16 (row.col): g = lane / 4 is the row (and B's column), t = lane % 4.
 #pragma once
 #include <algorithm>
 
+#include "kernels/cuda/attention_dkv_reduce.h"
 #include "kernels/cuda/attention_keys.cuh"
 #include "kernels/cuda/attention_sparse.h"
 #include "kernels/cuda/cuda_check.h"
@@ -26,25 +30,7 @@ constexpr int kPad = 8;  // bf16 per smem row: a 16-byte shift so the 8 rows of 
 
 using attn_keys::KeyList;
 using attn_keys::key_list;
-
-// The union of the key lists of queries i0 .. i0 + nq - 1 (the multi-query blocks): window rows
-// [win_begin[i0], i0 + nq - 1], then the compressed slots of all nq queries (CSA: their selections back to back,
-// [N, k_sel] is contiguous; HCA: the smallest range covering theirs). Each query masks the keys not its own.
-__device__ inline KeyList union_key_list(const SparseKeySets& k, int64_t i0, int nq) {
-  KeyList l = key_list(k, i0);
-  const int64_t i1 = i0 + nq - 1;
-  for (int64_t i = i0 + 1; i <= i1; ++i) l.win_begin = min(l.win_begin, k.win_begin[i]);
-  l.n_win = i1 - l.win_begin + 1;
-  if (k.cmp_sel) {
-    l.n_cmp = nq * k.k_sel;
-  } else if (k.cmp_begin) {
-    int64_t b = k.cmp_begin[i0], e = k.cmp_end[i0];
-    for (int64_t i = i0 + 1; i <= i1; ++i) b = min(b, k.cmp_begin[i]), e = max(e, k.cmp_end[i]);
-    l.cmp_begin = b;
-    l.n_cmp = max(e - b, int64_t(0));
-  }
-  return l;
-}
+using attn_keys::union_key_list;
 
 // Whether key j of a union list belongs to query qi (= i0 + qi) of the block (qb: that query's own sets).
 struct QuerySets {
@@ -144,17 +130,21 @@ struct BwdSmem {
   static constexpr size_t total = 2 * q + k + 2 * p + srcs + stats;
 };
 
-// Adds a 16 x 8 fp32 accumulator fragment to dst rows (row0 + g, row0 + g + 8), cols col0 + 2t: lanes t, t ^ 1
-// swap halves so each issues one 16-byte atomic (even t: row g, cols 2t..2t+3; odd t: row g + 8).
-__device__ __forceinline__ void atomic_frag(const float (&a)[4], float* row_g, float* row_g8, int t) {
+// Puts a 16 x 8 fp32 accumulator fragment into dst rows (row0 + g, row0 + g + 8), cols col0 + 2t: lanes t, t ^ 1
+// swap halves so each issues one 16-byte access (even t: row g, cols 2t..2t+3; odd t: row g + 8). DET: a store
+// into the block's own partial rows (attention_dkv_reduce.h); else a 16-byte fp32 atomic add into dkv / dcmp.
+template <bool DET>
+__device__ __forceinline__ void frag_out(const float (&a)[4], float* row_g, float* row_g8, int t) {
   const bool odd = t & 1;
   const float sx = odd ? a[0] : a[2], sy = odd ? a[1] : a[3];
   const float rx = __shfl_xor_sync(0xffffffffu, sx, 1), ry = __shfl_xor_sync(0xffffffffu, sy, 1);
-  if (!odd) {
-    if (row_g) atomicAdd(reinterpret_cast<float4*>(row_g + 2 * t), make_float4(a[0], a[1], rx, ry));
-  } else {
-    if (row_g8) atomicAdd(reinterpret_cast<float4*>(row_g8 + 2 * (t - 1)), make_float4(rx, ry, a[2], a[3]));
-  }
+  float* dst = odd ? (row_g8 ? row_g8 + 2 * (t - 1) : nullptr) : (row_g ? row_g + 2 * t : nullptr);
+  if (!dst) return;
+  const float4 v = odd ? make_float4(rx, ry, a[2], a[3]) : make_float4(a[0], a[1], rx, ry);
+  if constexpr (DET)
+    __stcs(reinterpret_cast<float4*>(dst), v);  // read once, by the reduction
+  else
+    atomicAdd(reinterpret_cast<float4*>(dst), v);
 }
 
 // Backward (FlashAttention-2 recomputation with the saved lse), per key tile:
@@ -162,15 +152,16 @@ __device__ __forceinline__ void atomic_frag(const float (&a)[4], float* row_g, f
 //   dS = P (dP - D) / sqrt(c) (D = dO . O per head), both to smem as bf16;
 //   dQ += dS K (warp w owns c / (2 MT) dims, in registers for the whole query);
 //   dK + dV of the tile's rows = dS^T Q + P^T dO (M = 32 keys, N = 64-dim chunks round-robin over the warps,
-//   K = the block's heads), added to dkv / dcmp with 16-byte fp32 atomics.
+//   K = the block's heads), stored to the block's partial rows (DET; attention_dkv_reduce.h sums them in a fixed
+//   order) or added to dkv / dcmp with 16-byte fp32 atomics (the atomic versions of dev/attention).
 // MQ: rows are the (query, head) pairs of qb consecutive queries over the union of their keys, each row masking
 // the keys not its query's (masked P and dS are 0, so dQ rows and the dK + dV sums are those of the separate
 // queries).
-template <int C, int MT, bool MQ, bool PF = false>
+template <int C, int MT, bool MQ, bool PF = false, bool DET = false>
 __global__ void __launch_bounds__(64 * MT)
     bwd_kernel(const bf16* q, const bf16* kv, const bf16* cmp, const float* sink, int64_t N, int64_t H, int qb,
                SparseKeySets keys, const bf16* o, const float* lse, const bf16* do_, bf16* dq, float* dkv,
-               float* dcmp, float* dsink_part, float scale) {
+               float* dcmp, float* dsink_part, float scale, dkv_reduce::PartOut po) {
   constexpr int T = 64 * MT, R = 16 * MT, W = 2 * MT, DW = C / W, kChunk = 64;
   using L = BwdSmem<C, MT>;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -184,7 +175,8 @@ __global__ void __launch_bounds__(64 * MT)
   float* d_s = lse_s + R;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t i = MQ ? int64_t(blockIdx.x) * qb : blockIdx.x;
+  const int64_t unit = po.u0 + blockIdx.x;  // a query, or MQ: a block of qb queries
+  const int64_t i = MQ ? unit * qb : unit;
   const int64_t h0 = MQ ? 0 : int64_t(blockIdx.y) * R;
   const int nq = MQ ? int(min(int64_t(qb), N - i)) : 1;
   const int n_heads = MQ ? int(nq * H) : int(min(int64_t(R), H - h0));  // rows in use
@@ -359,11 +351,21 @@ __global__ void __launch_bounds__(64 * MT)
 #pragma unroll
       for (int mk = 0; mk < 2; ++mk) {
         const int64_t s0 = src[mk * 16 + g], s1 = src[mk * 16 + g + 8];
-        float* r0 = s0 < 0 ? nullptr : ((s0 & kCmpBit) ? dcmp + (s0 & ~kCmpBit) * C : dkv + s0 * C) + ch * kChunk;
-        float* r1 = s1 < 0 ? nullptr : ((s1 & kCmpBit) ? dcmp + (s1 & ~kCmpBit) * C : dkv + s1 * C) + ch * kChunk;
+        float *r0, *r1;
+        if constexpr (DET) {
+          // The block's partial rows: slot j of block (x, y) at part + ((x * n_slots + j) * gridDim.y + y) * C (a
+          // chunk's partials stay below 2^31 floats: 32-bit offsets).
+          float* slot0 = po.part + ((blockIdx.x * uint32_t(po.n_slots) + uint32_t(tile * kKT + mk * 16 + g)) *
+                                        gridDim.y + blockIdx.y) * uint32_t(C) + uint32_t(ch * kChunk);
+          r0 = s0 < 0 ? nullptr : slot0;
+          r1 = s1 < 0 ? nullptr : slot0 + 8 * gridDim.y * uint32_t(C);
+        } else {
+          r0 = s0 < 0 ? nullptr : ((s0 & kCmpBit) ? dcmp + (s0 & ~kCmpBit) * C : dkv + s0 * C) + ch * kChunk;
+          r1 = s1 < 0 ? nullptr : ((s1 & kCmpBit) ? dcmp + (s1 & ~kCmpBit) * C : dkv + s1 * C) + ch * kChunk;
+        }
 #pragma unroll
         for (int n = 0; n < kChunk / 8; ++n)
-          atomic_frag(acc[mk][n], r0 ? r0 + n * 8 : nullptr, r1 ? r1 + n * 8 : nullptr, t);
+          frag_out<DET>(acc[mk][n], r0 ? r0 + n * 8 : nullptr, r1 ? r1 + n * 8 : nullptr, t);
       }
     }
     __syncthreads();  // the next iteration's loads overwrite this buffer; P / dS are rewritten
@@ -648,15 +650,15 @@ struct SdBwdSmem {
 // Backward, one query x R = 16 MT heads per block, 4 warps per m-tile each owning c / 4 dims. Per 32-key tile:
 // partial S, dP (A = Q, dO by ldmatrix, B = the key tile's own dims) summed over the m-tile's 4 warps through shared
 // memory; P = exp(S - lse), dS = P (dP - D) / sqrt(c) in registers; dQ += dS K over the warp's dims (dS's C
-// fragments are A fragments); dK + dV of the tile's rows = dS^T Q + P^T dO summed over the block's heads, added
-// with 16-byte fp32 atomics per 32-dim chunk. MT = 1: warp d takes dims d c / 4 with A = dS^T, P^T transposed in
+// fragments are A fragments); dK + dV of the tile's rows = dS^T Q + P^T dO summed over the block's heads, stored
+// to the block's partial rows (DET) or added with 16-byte fp32 atomics, per 32-dim chunk. MT = 1: warp d takes dims d c / 4 with A = dS^T, P^T transposed in
 // registers (movmatrix) and no third barrier; MT > 1: P, dS go to shared memory (bf16) and warp (mt, d) takes dims
 // d c / 4 + mt c / (4 MT) over all R heads (A by ldmatrix.trans), B = Q, dO (ldmatrix.trans).
-template <int C, int MT>
+template <int C, int MT, bool DET = false>
 __global__ void __launch_bounds__(128 * MT, MT == 1 ? 2 : 1)
     sd_bwd_kernel(const bf16* q, const bf16* kv, const bf16* cmp, const float* sink, int64_t H, SparseKeySets keys,
                   const bf16* o, const float* lse, const bf16* do_, bf16* dq, float* dkv, float* dcmp,
-                  float* dsink_part, float scale) {
+                  float* dsink_part, float scale, dkv_reduce::PartOut po) {
   constexpr int T = 128 * MT, R = 16 * MT, W = 4 * MT, DQ = C / 4, NKS = DQ / 16, ND = DQ / 8, kChunk = 32;
   constexpr int DK = DQ / MT;  // dK + dV dims per warp
   static_assert(DK % kChunk == 0, "dK + dV chunks");
@@ -671,7 +673,7 @@ __global__ void __launch_bounds__(128 * MT, MT == 1 ? 2 : 1)
   float* stats = reinterpret_cast<float*>(smem + L::k + L::qd + L::part + L::ps);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int mt = warp / 4, dqw = warp % 4, dim0 = dqw * DQ;
-  const int64_t i = blockIdx.x, h0 = int64_t(blockIdx.y) * R, row0 = i * H + h0;
+  const int64_t i = po.u0 + blockIdx.x, h0 = int64_t(blockIdx.y) * R, row0 = i * H + h0;
   const int n_heads = int(min(int64_t(R), H - h0));
   const KeyList l = key_list(keys, i);
   const int n_tiles = int((l.size() + kSdKT - 1) / kSdKT);
@@ -811,7 +813,14 @@ __global__ void __launch_bounds__(128 * MT, MT == 1 ? 2 : 1)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int src = __shfl_sync(0xffffffffu, src_c, 16 * mk + 8 * hf + g);
-        rows[mk][hf] = src == -1 ? nullptr : (src >= 0 ? dkv + int64_t(src) * C : dcmp + int64_t(-src - 2) * C) + dk0;
+        if constexpr (DET)
+          rows[mk][hf] = src == -1 ? nullptr
+                                   : po.part + ((blockIdx.x * uint32_t(po.n_slots) +
+                                                 uint32_t(tile * kSdKT + 16 * mk + 8 * hf + g)) * gridDim.y +
+                                                blockIdx.y) * uint32_t(C) + dk0;
+        else
+          rows[mk][hf] =
+              src == -1 ? nullptr : (src >= 0 ? dkv + int64_t(src) * C : dcmp + int64_t(-src - 2) * C) + dk0;
       }
     const int br = (lane % 8) + ((lane / 8) % 2) * 8;
     if constexpr (MT == 1) {
@@ -853,8 +862,8 @@ __global__ void __launch_bounds__(128 * MT, MT == 1 ? 2 : 1)
 #pragma unroll
           for (int n = 0; n < kChunk / 8; ++n) {
             const int off = ch * kChunk + n * 8;
-            atomic_frag(acc[mk][n], rows[mk][0] ? rows[mk][0] + off : nullptr,
-                        rows[mk][1] ? rows[mk][1] + off : nullptr, t);
+            frag_out<DET>(acc[mk][n], rows[mk][0] ? rows[mk][0] + off : nullptr,
+                          rows[mk][1] ? rows[mk][1] + off : nullptr, t);
           }
       }
     } else {
@@ -906,8 +915,8 @@ __global__ void __launch_bounds__(128 * MT, MT == 1 ? 2 : 1)
 #pragma unroll
           for (int n = 0; n < kChunk / 8; ++n) {
             const int off = ch * kChunk + n * 8;
-            atomic_frag(acc[mk][n], rows[mk][0] ? rows[mk][0] + off : nullptr,
-                        rows[mk][1] ? rows[mk][1] + off : nullptr, t);
+            frag_out<DET>(acc[mk][n], rows[mk][0] ? rows[mk][0] + off : nullptr,
+                          rows[mk][1] ? rows[mk][1] + off : nullptr, t);
           }
       }
     }
@@ -1209,16 +1218,20 @@ inline int m_tiles(int64_t H) {
 }
 
 
-template <int C, int MT, bool MQ = false, bool PF = false>
+// DET: the units [po.u0, po.u0 + n_units) with their dK + dV rows stored to po.part; else every unit (n_units < 0)
+// with atomics into dkv / dcmp. part = the sink partials [N, H].
+template <int C, int MT, bool MQ = false, bool PF = false, bool DET = false>
 void launch_bwd(const bf16* q, const bf16* kv, const bf16* cmp, const float* sink, int64_t N, int64_t H,
                 const SparseKeySets& keys, const bf16* o, const float* lse, const bf16* do_, bf16* dq, float* dkv,
-                float* dcmp, float* part, cudaStream_t s) {
+                float* dcmp, float* part, cudaStream_t s, dkv_reduce::PartOut po = {}, int64_t n_units = -1) {
   const size_t smem = BwdSmem<C, MT>::total;
-  TREX_CUDA(cudaFuncSetAttribute(bwd_kernel<C, MT, MQ, PF>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  TREX_CUDA(cudaFuncSetAttribute(bwd_kernel<C, MT, MQ, PF, DET>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 int(smem)));
   const int qb = MQ ? int(16 * MT / H) : 1;
-  dim3 grid(unsigned(MQ ? (N + qb - 1) / qb : N), unsigned(MQ ? 1 : (H + 16 * MT - 1) / (16 * MT)));
-  bwd_kernel<C, MT, MQ, PF><<<grid, 64 * MT, smem, s>>>(q, kv, cmp, sink, N, H, qb, keys, o, lse, do_, dq, dkv, dcmp,
-                                                     part, 1.f / sqrtf(float(C)));
+  if (n_units < 0) n_units = MQ ? (N + qb - 1) / qb : N;
+  dim3 grid(unsigned(n_units), unsigned(MQ ? 1 : (H + 16 * MT - 1) / (16 * MT)));
+  bwd_kernel<C, MT, MQ, PF, DET><<<grid, 64 * MT, smem, s>>>(q, kv, cmp, sink, N, H, qb, keys, o, lse, do_, dq, dkv,
+                                                           dcmp, part, 1.f / sqrtf(float(C)), po);
   TREX_CUDA_LAUNCHED();
 }
 
@@ -1234,17 +1247,18 @@ void launch_sd_fwd(const bf16* q, const bf16* kv, const bf16* cmp, const float* 
   TREX_CUDA_LAUNCHED();
 }
 
-template <int C, int MT>
+// DET / n_units: as launch_bwd (a unit = one query).
+template <int C, int MT, bool DET = false>
 void launch_sd_bwd(const bf16* q, const bf16* kv, const bf16* cmp, const float* sink, int64_t N, int64_t H,
                    const SparseKeySets& keys, const bf16* o, const float* lse, const bf16* do_, bf16* dq, float* dkv,
-                   float* dcmp, float* part, cudaStream_t s) {
+                   float* dcmp, float* part, cudaStream_t s, dkv_reduce::PartOut po = {}, int64_t n_units = -1) {
   const size_t smem = SdBwdSmem<C, MT>::total;
-  TREX_CUDA(cudaFuncSetAttribute(sd_bwd_kernel<C, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  TREX_CUDA(cudaFuncSetAttribute(sd_bwd_kernel<C, MT>, cudaFuncAttributePreferredSharedMemoryCarveout,
+  TREX_CUDA(cudaFuncSetAttribute(sd_bwd_kernel<C, MT, DET>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  TREX_CUDA(cudaFuncSetAttribute(sd_bwd_kernel<C, MT, DET>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                  int(cudaSharedmemCarveoutMaxShared)));
-  dim3 grid(unsigned(N), unsigned((H + 16 * MT - 1) / (16 * MT)));
-  sd_bwd_kernel<C, MT><<<grid, 128 * MT, smem, s>>>(q, kv, cmp, sink, H, keys, o, lse, do_, dq, dkv, dcmp, part,
-                                                    1.f / sqrtf(float(C)));
+  dim3 grid(unsigned(n_units < 0 ? N : n_units), unsigned((H + 16 * MT - 1) / (16 * MT)));
+  sd_bwd_kernel<C, MT, DET><<<grid, 128 * MT, smem, s>>>(q, kv, cmp, sink, H, keys, o, lse, do_, dq, dkv, dcmp,
+                                                         part, 1.f / sqrtf(float(C)), po);
   TREX_CUDA_LAUNCHED();
 }
 

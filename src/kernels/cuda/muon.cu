@@ -98,6 +98,50 @@ __global__ void muon_apply_kernel(const int64_t* __restrict__ offs, int64_t n, f
   }
 }
 
+// muon_momentum_kernel's arithmetic on one contiguous run; the input replaces g.
+__global__ void momentum_range_kernel(float* g, float* mom, int64_t n, float mu, bool nesterov, float gs) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += stride) {
+    const float gi = __fmul_rn(g[i], gs);
+    const float mi = __fadd_rn(__fmul_rn(mu, mom[i]), gi);
+    mom[i] = mi;
+    g[i] = nesterov ? __fadd_rn(__fmul_rn(mu, mi), gi) : mi;
+  }
+}
+
+// The batch's inputs gathered from u into x, with muon_momentum_kernel's per-block partial sums of squares.
+__global__ void gather_inputs_kernel(const int64_t* __restrict__ offs, int64_t n, const float* u, float* x,
+                                     double* partial) {
+  const int64_t b = blockIdx.y;
+  const float* up = u + offs[b];
+  float* xp = x + b * n;
+  const int64_t begin = int64_t(blockIdx.x) * kMuonChunk, end = n < begin + kMuonChunk ? n : begin + kMuonChunk;
+  double ss = 0;
+  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
+    const float in = up[i];
+    xp[i] = in;
+    ss += double(in) * double(in);
+  }
+  ss = block_sum(ss);
+  if (threadIdx.x == 0) partial[b * gridDim.x + blockIdx.x] = ss;
+}
+
+// muon_apply_kernel on the elements [lo, hi) of each matrix, the fp32 weight at its shard position.
+__global__ void apply_ranges_kernel(const int64_t* __restrict__ offs, const int64_t* __restrict__ ranges, int64_t n,
+                                    float* w, bf16* wb, const float* x, float shrink, float scale) {
+  const int64_t b = blockIdx.y, off = offs[b];
+  const int64_t lo = ranges[3 * b], hi = ranges[3 * b + 1], sh = ranges[3 * b + 2];
+  const float* xp = x + b * n;
+  const int64_t begin = int64_t(blockIdx.x) * kMuonChunk, end = n < begin + kMuonChunk ? n : begin + kMuonChunk;
+  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
+    if (i < lo || i >= hi) continue;
+    float* wp = w + sh + (i - lo);
+    const float v = __fsub_rn(__fmul_rn(*wp, shrink), __fmul_rn(scale, xp[i]));
+    *wp = v;
+    if (wb) wb[off + i] = __float2bfloat16(v);
+  }
+}
+
 int64_t chunks_of(int64_t n) { return (n + kMuonChunk - 1) / kMuonChunk; }
 
 void grow(DeviceBuffer& b, size_t bytes) {
@@ -176,6 +220,41 @@ void muon_step_batched(Gemm& gemm, MuonScratch& scratch, const int64_t* d_offset
   const float scale = float(p.lr * std::sqrt(double(std::max(rows, cols))) * p.update_rms);
   const float shrink = float(1.0 - p.lr * p.weight_decay);
   muon_apply_kernel<<<grid, kThreads, 0, st>>>(d_offsets, n, w, w_bf16, scratch.x32(), shrink, scale);
+  TREX_CUDA_LAUNCHED();
+}
+
+void muon_momentum_range(float* g, float* momentum, int64_t n, const MuonStep& p, cudaStream_t st) {
+  if (n <= 0) return;
+  const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 132 * 16);
+  momentum_range_kernel<<<unsigned(blocks), kThreads, 0, st>>>(g, momentum, n, float(p.momentum), p.nesterov,
+                                                               p.grad_scale);
+  TREX_CUDA_LAUNCHED();
+}
+
+void muon_orthogonalise_batched(Gemm& gemm, MuonScratch& scratch, const int64_t* d_offsets, int64_t batch,
+                                int64_t rows, int64_t cols, const float* u, const MuonStep& p, cudaStream_t st) {
+  if (batch <= 0) return;
+  TREX_CHECK(batch <= 65535, "muon_orthogonalise_batched: batch {} over the grid limit 65535", batch);
+  scratch.reserve(batch, rows, cols);
+  const int64_t n = rows * cols;
+  const dim3 grid(unsigned(chunks_of(n)), unsigned(batch));
+  gather_inputs_kernel<<<grid, kThreads, 0, st>>>(d_offsets, n, u, scratch.x32(), scratch.partial());
+  TREX_CUDA_LAUNCHED();
+  normalise_kernel<<<grid, kThreads, 0, st>>>(scratch.x32(), scratch.x16(), scratch.partial(), n);
+  TREX_CUDA_LAUNCHED();
+  newton_schulz_batched(gemm, scratch.x32(), scratch.x16(), scratch.a16(), scratch.b16(), batch, rows, cols,
+                        p.ns_fast_steps, p.ns_final_steps, st);
+}
+
+void muon_apply_ranges(const MuonScratch& scratch, const int64_t* d_offsets, const int64_t* d_ranges, int64_t batch,
+                       int64_t rows, int64_t cols, float* w_shard, bf16* w_bf16, const MuonStep& p, cudaStream_t st) {
+  if (batch <= 0) return;
+  const int64_t n = rows * cols;
+  const dim3 grid(unsigned(chunks_of(n)), unsigned(batch));
+  const float scale = float(p.lr * std::sqrt(double(std::max(rows, cols))) * p.update_rms);
+  const float shrink = float(1.0 - p.lr * p.weight_decay);
+  apply_ranges_kernel<<<grid, kThreads, 0, st>>>(d_offsets, d_ranges, n, w_shard, w_bf16, scratch.x32(), shrink,
+                                                 scale);
   TREX_CUDA_LAUNCHED();
 }
 

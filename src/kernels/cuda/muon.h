@@ -65,4 +65,21 @@ void muon_step_batched(Gemm& gemm, MuonScratch& scratch, const int64_t* d_offset
                        int64_t cols, float* w, float* g, float* momentum, __nv_bfloat16* w_bf16, const MuonStep& p,
                        cudaStream_t s = nullptr);
 
+// The same step in three parts for a ZeRO-1 shard (each data-parallel rank holds a flat slice of the fp32 master
+// and momentum, so a matrix may be cut between ranks), with the same arithmetic as muon_step_batched:
+//   1. muon_momentum_range on this rank's elements of the Muon matrices (contiguous runs): momentum <- mu momentum +
+//      g grad_scale; g <- the Newton-Schulz input (Nesterov or not), in place;
+//   2. (the caller all-gathers the inputs of the matrices cut between ranks, then)
+//      muon_orthogonalise_batched: scratch.x32() <- NS(input / ||input||_F) of whole matrices at d_offsets into u;
+//   3. muon_apply_ranges: W <- W (1 - lr wd) - lr sqrt(max(rows, cols)) update_rms X on the elements [lo, hi) of
+//      each matrix that this rank holds: w_shard[shard_off + (i - lo)], w_bf16[offset + i] (nullable).
+void muon_momentum_range(float* g, float* momentum, int64_t n, const MuonStep& p, cudaStream_t s = nullptr);
+void muon_orthogonalise_batched(Gemm& gemm, MuonScratch& scratch, const int64_t* d_offsets, int64_t batch,
+                                int64_t rows, int64_t cols, const float* u, const MuonStep& p,
+                                cudaStream_t s = nullptr);
+// d_ranges: int64 [batch, 3] on the device: lo, hi (element range within the matrix) and shard_off per matrix.
+void muon_apply_ranges(const MuonScratch& scratch, const int64_t* d_offsets, const int64_t* d_ranges, int64_t batch,
+                       int64_t rows, int64_t cols, float* w_shard, __nv_bfloat16* w_bf16, const MuonStep& p,
+                       cudaStream_t s = nullptr);
+
 }  // namespace trex::cuda

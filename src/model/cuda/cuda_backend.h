@@ -10,7 +10,10 @@
 //
 // Pools, as the hand-written step had them: a block's saved activations in its keep pool (cleared by the block's
 // first forward op), the streams and head activations in Impl::acts, every temporary in a pool of the op (or of
-// one block's backward) that frees it stream-ordered when done.
+// one block's backward) that frees it stream-ordered when done. Recomputation (GpuModelOptions::recompute): the
+// selections live in the block's picks pool (re-used by a replay); selective puts what redo_block rebuilds in
+// the block's redo pool, dropped after the block's forward and after its backward; full releases keep and redo
+// after the block's forward (release_block) and again after its replayed backward.
 //
 // Per op (docs/architecture.md, "How the CUDA backend plugs in"): site_norm = the mHC site + RMSNorm (n_hc 4: the
 // tensor-core mixing projection + mhc_site_norm_fwd_proj; else mhc_site_norm_fwd_any), backward
@@ -69,6 +72,7 @@ class CudaBackend final : public dsv4::Backend {
   void mtp_input_fwd(const dsv4::Pass& p, const int32_t* next_ids, dsv4::Stream main, dsv4::Stream out) override;
   void mtp_input_bwd(const dsv4::Pass& p, const int32_t* next_ids, dsv4::Stream main, dsv4::Stream d_out,
                      dsv4::Stream d_main, bool accumulate) override;
+  void release_block(const dsv4::Pass& p, int64_t blk) override;
   dsv4::LossParts losses(const dsv4::Pass& p) override;
   std::unique_ptr<dsv4::SequenceCaches> new_caches() const override;
 
@@ -80,6 +84,8 @@ class CudaBackend final : public dsv4::Backend {
  private:
   struct BlockGrads;  // one block's backward temporaries
   GpuBlock& block(int64_t blk) const;
+  dsv4::Stream block_input(int64_t blk) const;      // the stream entering block blk (X(blk), or MtpIn)
+  void redo_block(const dsv4::Pass& p, int64_t blk);  // selective recomputation before the block's backward
   bf16* value(dsv4::Stream s) const;
   float* grad(dsv4::Stream s) const;
   const char* attn_section(const GpuBlock& b, bool fwd) const;
@@ -101,6 +107,8 @@ class CudaBackend final : public dsv4::Backend {
   std::shared_ptr<int32_t> pinned_;  // [3 * pinned_n_]
   int64_t pinned_n_ = 0;
   std::unique_ptr<BlockGrads> bg_;
+  DevMem balanced_sel_;  // GpuModelOptions::balanced_routing: [balanced_n_ * topk] forced expert ids
+  int64_t balanced_n_ = 0;
 };
 
 }  // namespace trex::dsv4gpu

@@ -306,16 +306,19 @@ void CudaBackend::site_norm_fwd(const Pass& p, int64_t blk, Site s, Stream in) {
   const int64_t N = p.n_tok, d = m_.cfg.hidden, hc = m_.cfg.hc_mult;
   if (s == Site::Attn) {  // the block's first op: its parameters, its saved activations
     m_.wait_gather(blk == m_.l1 - m_.l0 ? m_.mtp_bucket : m_.layer_bucket[size_t(b.layer)]);
-    b.keep.clear();
+    b.keep.clear(), b.redo.clear();
+    if (!p.replay) b.picks.clear();  // a replay re-uses the forward's selections
     Pool& k = b.keep;
+    // Selective recomputation rebuilds the normed inputs and the mid stream before the backward (redo_block).
+    Pool& r = m_.opts.recompute == dsv4::Recompute::Selective ? b.redo : b.keep;
     for (cuda::MhcActs* a : {&b.sa, &b.sf}) {
       a->mix = k.take<float>(N * cuda::kMhcMix), a->rstd = k.take<float>(N), a->pre = k.take<float>(N * 4);
       a->post = k.take<float>(N * 4), a->comb = k.take<float>(N * 16);
     }
     // col_a / col_f stay null: the collapse is normalised in fp32 and never stored (mhc_norm.h).
-    b.col_a = nullptr, b.a = k.take<bf16>(N * d), b.a_rstd = k.take<float>(N);
-    b.y_a = k.take<bf16>(N * d), b.X_mid = k.take<bf16>(N * hc * d);
-    b.col_f = nullptr, b.u = k.take<bf16>(N * d), b.u_rstd = k.take<float>(N);
+    b.col_a = nullptr, b.a = r.take<bf16>(N * d), b.a_rstd = k.take<float>(N);
+    b.y_a = k.take<bf16>(N * d), b.X_mid = r.take<bf16>(N * hc * d);
+    b.col_f = nullptr, b.u = r.take<bf16>(N * d), b.u_rstd = k.take<float>(N);
     b.y_f = k.take<bf16>(N * d);
   }
   const SiteView v = site_view(b, s);
@@ -332,6 +335,40 @@ void CudaBackend::expand_fwd(const Pass& p, int64_t blk, Site s, Stream in, Stre
   cuda::mhc_expand_fwd_any(m_.cfg.hc_mult, mhc_dims(m_.cfg, p.n_tok), value(in), v.y, v.acts->post, v.acts->comb,
                            value(out));
   m_.section("fwd.mhc+norm", false);
+  // The block's last forward op: selective recomputation drops what redo_block rebuilds.
+  if (s == Site::Ffn && m_.opts.recompute == dsv4::Recompute::Selective) b.redo.clear();
+}
+
+void CudaBackend::release_block(const Pass& p, int64_t blk) {
+  (void)p;
+  GpuBlock& b = block(blk);
+  m_.act_block_peak = std::max(m_.act_block_peak, b.keep.bytes() + b.redo.bytes());
+  b.keep.clear(), b.redo.clear();  // stream-ordered: the next block's allocations reuse the memory
+}
+
+dsv4::Stream CudaBackend::block_input(int64_t blk) const {
+  return blk == m_.l1 - m_.l0 ? Stream{Stream::MtpIn, 0} : Stream{Stream::X, blk};
+}
+
+// Selective recomputation, before the block's backward: the forward's kernels on its kept inputs rebuild, bit for
+// bit, the attn site's normed input, the attention's cheap results, the mid stream and the ffn site's normed input
+// (the sites' mixing rows are rewritten with the same values).
+void CudaBackend::redo_block(const Pass& p, int64_t blk) {
+  GpuBlock& b = block(blk);
+  const int64_t N = p.n_tok, d = m_.cfg.hidden, hc = m_.cfg.hc_mult;
+  const cuda::MhcDims md = mhc_dims(m_.cfg, N);
+  const float eps = float(m_.cfg.rms_eps);
+  const bf16* X = value(block_input(blk));
+  m_.section("bwd.redo", true);
+  b.redo.clear();
+  b.a = b.redo.take<bf16>(N * d), b.X_mid = b.redo.take<bf16>(N * hc * d), b.u = b.redo.take<bf16>(N * d);
+  const SiteView va = site_view(b, Site::Attn);
+  site_norm(c_, hc, md, X, va.fn, va.base, va.scale, *va.acts, va.norm_w, eps, va.normed, va.rstd);
+  dsv4gpu::attention_redo(c_, b);
+  cuda::mhc_expand_fwd_any(hc, md, X, b.y_a, b.sa.post, b.sa.comb, b.X_mid);
+  const SiteView vf = site_view(b, Site::Ffn);
+  site_norm(c_, hc, md, b.X_mid, vf.fn, vf.base, vf.scale, *vf.acts, vf.norm_w, eps, vf.normed, vf.rstd);
+  m_.section("bwd.redo", false);
 }
 
 void CudaBackend::attention_fwd(const Pass& p, int64_t blk) {
@@ -349,7 +386,7 @@ void CudaBackend::attention_fwd(const Pass& p, int64_t blk) {
   }
   const char* an = attn_section(b, true);
   m_.section(an, true);
-  dsv4gpu::attention_fwd(c_, b, isel);
+  dsv4gpu::attention_fwd(c_, b, p.replay ? nullptr : isel, p.replay);
   m_.section(an, false);
 }
 
@@ -367,8 +404,20 @@ void CudaBackend::moe_fwd(const Pass& p, int64_t blk) {
                N * cfg.topk);
     rsel = sel->data();
   }
+  c_.balanced_sel = nullptr;
+  if (m_.opts.balanced_routing && !rsel) {
+    const int64_t K = cfg.topk, E = cfg.n_routed_experts;
+    if (balanced_n_ != N) {  // built once per token count (a pageable upload outside the steady state)
+      std::vector<int32_t> t(size_t(N * K));
+      for (int64_t i = 0; i < N * K; ++i) t[size_t(i)] = int32_t(i % E);
+      balanced_sel_ = DevMem(t.size() * sizeof(int32_t));
+      TREX_CUDA(cudaMemcpy(balanced_sel_.as<int32_t>(), t.data(), t.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+      balanced_n_ = N;
+    }
+    c_.balanced_sel = balanced_sel_.as<int32_t>();
+  }
   m_.section("fwd.moe", true);
-  dsv4gpu::moe_fwd(c_, b, rsel);
+  dsv4gpu::moe_fwd(c_, b, p.replay ? nullptr : rsel, p.replay);
   b.mo.dscores = nullptr;
   m_.section("fwd.moe", false);
 }
@@ -377,13 +426,15 @@ void CudaBackend::balance_fwd(const Pass& p, int64_t blk, double alpha, double g
   GpuBlock& b = block(blk);
   const DevLayout& L = m_.lay;
   const int64_t E = m_.cfg.n_routed_experts;
-  TREX_CHECK(bal_rows_, "CUDA backend: the balance loss runs with GpuModelOptions::balance_alpha set (got alpha {} "
-                        "in a model built with 0)", alpha);
+  TREX_CHECK(p.replay || bal_rows_, "CUDA backend: the balance loss runs with GpuModelOptions::balance_alpha set "
+             "(got alpha {} in a model built with 0)", alpha);
   m_.section("fwd.moe", true);
   b.mo.dscores = b.keep.take<float>(p.n_tok * E);
-  double* scratch = bal_.take<double>(cuda::balance_loss_scratch(L.B, L.S, E));
-  cuda::balance_loss(b.mo.scores, b.mo.sel, L.B, L.S, E, m_.cfg.topk, alpha, bal_rows_ + b.layer * L.B,
-                     b.mo.dscores, scratch);
+  // A replay recomputes only the gradient: its rows go to scratch, the forward's loss is already counted.
+  Pool replay_rows;
+  double* rows = p.replay ? replay_rows.zeros<double>(L.B) : bal_rows_ + b.layer * L.B;
+  double* scratch = (p.replay ? replay_rows : bal_).take<double>(cuda::balance_loss_scratch(L.B, L.S, E));
+  cuda::balance_loss(b.mo.scores, b.mo.sel, L.B, L.S, E, m_.cfg.topk, alpha, rows, b.mo.dscores, scratch);
   if (grad_scale != 1.0) cuda::scale_f32(b.mo.dscores, float(grad_scale), p.n_tok * E);
   m_.section("fwd.moe", false);
 }
@@ -501,6 +552,7 @@ void CudaBackend::expand_bwd(const Pass& p, int64_t blk, Site s, Stream in, Stre
   const int64_t N = p.n_tok, d = m_.cfg.hidden, hc = m_.cfg.hc_mult;
   const cuda::MhcDims md = mhc_dims(m_.cfg, N);
   if (s == Site::Ffn) {  // the block's first backward op
+    if (m_.opts.recompute == dsv4::Recompute::Selective) redo_block(p, blk);
     bg_ = std::make_unique<BlockGrads>();
     Pool& t = bg_->tmp;
     bg_->dX_mid = t.take<float>(N * hc * d);
@@ -550,7 +602,13 @@ void CudaBackend::site_norm_bwd(const Pass& p, int64_t blk, Site s, Stream in, S
   site_bwd(c_, hc, mhc_dims(m_.cfg, N), X, v.fn, v.base, v.scale, *v.acts, g.dcol, g.dpost, g.dcomb, grad(d_in),
            v.g_fn, v.g_base, v.g_scale, g.scratch, g.gate);
   m_.section("bwd.mhc+norm", false);
-  if (s == Site::Attn) bg_.reset();  // the block's last backward op
+  if (s == Site::Attn) {  // the block's last backward op
+    bg_.reset();
+    if (m_.opts.recompute == dsv4::Recompute::Selective) {
+      m_.act_block_peak = std::max(m_.act_block_peak, b.redo.bytes());
+      b.redo.clear();
+    }
+  }
 }
 
 void CudaBackend::head_loss_bwd(const Pass& p, HeadKind h, Stream in, const int32_t* targets, double weight,

@@ -65,6 +65,7 @@ void compress_fwd(const Ctx& c, SectionParts& parts, bool indexer, Pool& pool, c
 cuda::SparseKeySets key_sets(const Ctx& c, const GpuBlock& b) {
   cuda::SparseKeySets k;
   k.win_begin = c.lay->win_begin.as<int64_t>();
+  k.max_win = c.cfg->window;  // win_begin = max(doc start, t - window + 1)
   if (b.dims.type == dsv4::AttnType::HCA) {
     const DevPlan& p = c.lay->plans.at(b.dims.ratio);
     k.cmp_begin = p.vis_begin.as<int64_t>();
@@ -78,7 +79,7 @@ cuda::SparseKeySets key_sets(const Ctx& c, const GpuBlock& b) {
 
 }  // namespace
 
-void attention_fwd(const Ctx& c, GpuBlock& b, const int64_t* injected_sel) {
+void attention_fwd(const Ctx& c, GpuBlock& b, const int64_t* injected_sel, bool replay) {
   const dsv4::AttentionDims& D = b.dims;
   const int64_t N = c.lay->N, d = D.d, H = D.n_heads, hd = D.head_dim, r = D.rope_dim, dc = D.d_c;
   const int64_t G = D.o_groups, hg = H / G, gd = G * D.o_rank;
@@ -86,22 +87,24 @@ void attention_fwd(const Ctx& c, GpuBlock& b, const int64_t* injected_sel) {
   const RopeDev& rope = D.type == dsv4::AttnType::Sliding ? *c.rope_main : *c.rope_compress;
   const int32_t* pos = c.lay->pos.as<int32_t>();
   Pool& keep = b.keep;
+  // What selective recomputation rebuilds before the backward (attention_redo) goes to redo.
+  Pool& redo = c.recompute == dsv4::Recompute::Selective ? b.redo : b.keep;
   AttnActs& s = b.at;
   const AttnW& w = b.aw;
   const bf16* a = b.a;
   SectionParts parts(c, parts_prefix("fwd", D.type));
 
-  s.qa = keep.take<bf16>(N * dc), s.qa_rstd = keep.take<float>(N), s.cq = keep.take<bf16>(N * dc);
+  s.qa = keep.take<bf16>(N * dc), s.qa_rstd = keep.take<float>(N), s.cq = redo.take<bf16>(N * dc);
   parts.next("q.gemm");
   c.lin.fwd(s.qa, a, w.wq_a, N, d, dc);
   parts.next("q.norm");
   cuda::rmsnorm_fwd(s.cq, s.qa_rstd, s.qa, w.q_norm, N, dc, eps);
-  s.q_pre = keep.take<bf16>(N * H * hd), s.q = keep.take<bf16>(N * H * hd), s.q_rstd = keep.take<float>(N * H);
+  s.q_pre = keep.take<bf16>(N * H * hd), s.q = redo.take<bf16>(N * H * hd), s.q_rstd = keep.take<float>(N * H);
   parts.next("q.gemm");
   c.lin.fwd(s.q_pre, s.cq, w.wq_b, N, dc, H * hd);
   parts.next("q.headnorm+rope");
   cuda::rmsnorm_rope_fwd(s.q, s.q_rstd, s.q_pre, nullptr, eps, rope_args(rope, N, H, hd, r, pos, +1));
-  s.kvp = keep.take<bf16>(N * hd), s.kv = keep.take<bf16>(N * hd), s.kv_rstd = keep.take<float>(N);
+  s.kvp = keep.take<bf16>(N * hd), s.kv = redo.take<bf16>(N * hd), s.kv_rstd = keep.take<float>(N);
   parts.next("kv.gemm");
   c.lin.fwd(s.kvp, a, w.wkv, N, d, hd);
   parts.next("kv.norm+rope");
@@ -114,9 +117,11 @@ void attention_fwd(const Ctx& c, GpuBlock& b, const int64_t* injected_sel) {
     s.cmp = keep.take<bf16>(E * hd);
     compress_fwd(c, parts, false, keep, plan, rope, a, w.cmp_wkv, w.cmp_wgate, w.cmp_ape, w.cmp_norm, hd, csa, r,
                  &s.ckv, &s.cgate, &s.pooled, &s.c_rstd, s.cmp);
-    if (csa) {
+    if (csa && replay) {
+      TREX_CHECK(s.sel, "GPU attention replay of layer {}: no saved CSA selection", b.layer);
+    } else if (csa) {  // the selection lives in picks: a replay (full recomputation) reads it again
       const int64_t k = D.index_topk;
-      s.sel = keep.take<int64_t>(N * k);
+      s.sel = b.picks.take<int64_t>(N * k);
       if (injected_sel) {
         parts.next("idx.injected");
         TREX_CUDA(cudaMemcpyAsync(s.sel, injected_sel, size_t(N * k) * sizeof(int64_t), cudaMemcpyHostToDevice));
@@ -158,7 +163,7 @@ void attention_fwd(const Ctx& c, GpuBlock& b, const int64_t* injected_sel) {
   // og is kept for the backward's wo_a weight gradient (one q-sized activation more per layer instead of
   // recomputing it there).
   Pool tmp;
-  bf16* og = keep.take<bf16>(N * H * hd);
+  bf16* og = redo.take<bf16>(N * H * hd);
   s.og = og;
   parts.next("out.rope+permute");
   cuda::rope_permute_groups(og, s.o, G, rope_args(rope, N, H, hd, r, pos, -1), true);
@@ -171,6 +176,28 @@ void attention_fwd(const Ctx& c, GpuBlock& b, const int64_t* injected_sel) {
   cuda::permute_groups(s.r, rg, N, G, D.o_rank, false);
   parts.next("out.gemm");
   c.lin.fwd(b.y_a, s.r, w.wo_b, N, gd, d);
+  parts.done();
+}
+
+void attention_redo(const Ctx& c, GpuBlock& b) {
+  const dsv4::AttentionDims& D = b.dims;
+  const int64_t N = c.lay->N, H = D.n_heads, hd = D.head_dim, r = D.rope_dim, dc = D.d_c, G = D.o_groups;
+  const float eps = float(D.eps);
+  const RopeDev& rope = D.type == dsv4::AttnType::Sliding ? *c.rope_main : *c.rope_compress;
+  const int32_t* pos = c.lay->pos.as<int32_t>();
+  AttnActs& s = b.at;
+  const AttnW& w = b.aw;
+  SectionParts parts(c, parts_prefix("bwd", D.type));
+  parts.next("redo");
+  // The forward's kernels on the forward's inputs: the same values (the rstd rows are rewritten with themselves).
+  s.cq = b.redo.take<bf16>(N * dc);
+  cuda::rmsnorm_fwd(s.cq, s.qa_rstd, s.qa, w.q_norm, N, dc, eps);
+  s.q = b.redo.take<bf16>(N * H * hd);
+  cuda::rmsnorm_rope_fwd(s.q, s.q_rstd, s.q_pre, nullptr, eps, rope_args(rope, N, H, hd, r, pos, +1));
+  s.kv = b.redo.take<bf16>(N * hd);
+  cuda::rmsnorm_rope_fwd(s.kv, s.kv_rstd, s.kvp, w.kv_norm, eps, rope_args(rope, N, 1, hd, r, pos, +1));
+  s.og = b.redo.take<bf16>(N * H * hd);
+  cuda::rope_permute_groups(s.og, s.o, G, rope_args(rope, N, H, hd, r, pos, -1), true);
   parts.done();
 }
 
@@ -216,14 +243,19 @@ void attention_bwd(const Ctx& c, GpuBlock& b, const bf16* dout, float* da) {
   float* dkv = tmp.zeros<float>(N * hd);
   float* dcmp = E ? tmp.zeros<float>(E * hd) : nullptr;
   parts.next("core");
+  // GpuModelOptions::deterministic: dK + dV per key slot into the scratch, summed per key row in a fixed order;
+  // else fp32 atomics (the fast path).
+  const cuda::SparseKeySets keys = key_sets(c, b);
   if (cuda::sparse_attention_fast_head_dim(hd)) {
-    float* scratch = tmp.take<float>(cuda::sparse_attention_bwd_scratch(N, H));
-    cuda::sparse_attention_bwd(s.q, s.kv, s.cmp, w.sink, N, E, H, hd, key_sets(c, b), s.o, s.lse, dO, dq, dkv, dcmp,
-                               w.g_sink, scratch);
+    const auto order = c.deterministic ? cuda::SparseAttnBwdOrder::Deterministic : cuda::SparseAttnBwdOrder::Atomic;
+    float* scratch = tmp.take<float>(cuda::sparse_attention_bwd_scratch(N, E, H, hd, keys, cuda::SparseAttnKernel::Auto,
+                                                                        cuda::kSparseAttnPartialBudget, order));
+    cuda::sparse_attention_bwd(s.q, s.kv, s.cmp, w.sink, N, E, H, hd, keys, s.o, s.lse, dO, dq, dkv, dcmp, w.g_sink,
+                               scratch, nullptr, cuda::SparseAttnKernel::Auto, cuda::kSparseAttnPartialBudget, order);
   } else {  // generic fallback (see the forward)
-    float* scratch = tmp.take<float>(cuda::sparse_attention_generic_bwd_scratch(N, H));
-    cuda::sparse_attention_generic_bwd(s.q, s.kv, s.cmp, w.sink, N, E, H, hd, key_sets(c, b), s.o, s.lse, dO, dq,
-                                       dkv, dcmp, w.g_sink, scratch);
+    float* scratch = tmp.take<float>(cuda::sparse_attention_generic_bwd_scratch(N, E, H, hd, keys));
+    cuda::sparse_attention_generic_bwd(s.q, s.kv, s.cmp, w.sink, N, E, H, hd, keys, s.o, s.lse, dO, dq, dkv, dcmp,
+                                       w.g_sink, scratch);
   }
 
   // Query path: RoPE^T, per-head norm, wq_b, q_norm, wq_a.

@@ -65,6 +65,10 @@ struct GpuModel::Impl {
   bool declaring = true;
   // Stage steps: the whole step's labelled targets come from begin_step, not from the micro-batch.
   bool step_mode = false;
+  // Stage steps under data parallelism (begin_step's reduce_micro): -1 reduces the gradients in every backward;
+  // m >= 0 only in micro-batch m's (the step's last), the earlier ones accumulating in the full arena.
+  int64_t reduce_micro = -1;
+  bool reduce_this_backward = true;  // of the backward in progress
   Pool grad_out;           // owns dx_in after a non-first stage's backward (kept for the boundary send)
   Pool out;                // owns X[l1] of a non-last stage's forward (read in place by the next stage)
   float* dx_in = nullptr;  // fp32 [N, hc, d]
@@ -161,6 +165,7 @@ struct GpuModel::Impl {
   double exposed_ms = 0;
   // The loss normalisers: labelled targets of the whole DP batch or step (main head; MTP head: its own targets).
   int64_t global_targets = 0, global_mtp_targets = -1;
+  int64_t step_micro_batches = 0;  // begin_step's (0: not given): the balance loss's 1 / M in stage steps
   // The main or MTP head's normaliser of a forward with n_own labelled targets: the step's (begin_step), else the
   // DP batch's (all-reduced here: the head's forward calls it once the layers are queued).
   int64_t head_normaliser(bool mtp, int64_t n_own);
@@ -170,6 +175,14 @@ struct GpuModel::Impl {
   bool grads_zero = true;
   void require_gradients(const char* what) const;  // error unless the model was built with gradients
   int64_t shard_elems() const { return shard_a + (total - region_a); }  // master's length (== total on one GPU)
+  // One piece of a tensor that this rank's shard holds: tensor elements [t, t + n) at shard offset s (arena offset
+  // p.offset + t). One GPU, region R or a local expert without replicas: the whole tensor; a replicated expert:
+  // its part of the replica's region-X slice; a bucket's tensor: its part of the
+  // rank's slice (none, or one piece). gpu_shard_state_cuda.cpp.
+  struct ShardPiece {
+    int64_t t = 0, s = 0, n = 0;
+  };
+  std::vector<ShardPiece> own_pieces(const GpuParam& p) const;
   void pad_to(int64_t multiple);
   void scatter_master(const float* full);  // full fp32 arena -> master shard + bf16 compute copy
   void reduce_bucket(int b);               // start the gradient reduce-scatter of bucket b
@@ -183,6 +196,9 @@ struct GpuModel::Impl {
   std::unique_ptr<CudaBackend> backend;
   std::unique_ptr<dsv4::BlockProgram> program;
   int64_t program_slot = 0;  // of the call in progress (SlotScope sets a pipeline slot's)
+  // The largest one block's dropped activations (keep + redo) seen when recomputation released them: the scratch
+  // a full / selective recomputation needs on top of what stays (GpuModel::activation_bytes).
+  int64_t act_block_peak = 0;
   bool mtp() const { return mtp_block != nullptr; }
 };
 

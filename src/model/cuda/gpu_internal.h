@@ -21,6 +21,7 @@
 #include "model/dsv4/attention.h"
 #include "model/dsv4/compressor.h"
 #include "model/dsv4/config.h"
+#include "model/dsv4/recompute.h"
 #include "model/dsv4/rope.h"
 #include "model/cuda/gpu_model.h"
 
@@ -28,7 +29,10 @@ namespace trex::dsv4gpu {
 
 // Communicators whose operations take device pointers of this rank's GPU: NCCL, and the thread group
 // (comm/thread_group.h: several ranks as threads sharing one GPU, as the multi-rank tests run).
-inline bool device_memory_comm(const comm::Communicator& c) { return c.backend() == "nccl" || c.backend() == "threads"; }
+// "emulated": one rank of a larger group emulated by local copies (comm/emulated_group.h, `trex bench train --emulate-rank`).
+inline bool device_memory_comm(const comm::Communicator& c) {
+  return c.backend() == "nccl" || c.backend() == "threads" || c.backend() == "emulated";
+}
 
 
 using bf16 = __nv_bfloat16;
@@ -36,12 +40,14 @@ using bf16 = __nv_bfloat16;
 // Device memory of the GPU model: the one device-buffer type (stream-ordered, kernels/cuda/device_buffer.h).
 using DevMem = cuda::DeviceBuffer;
 
-// A list of allocations with one lifetime (a block's saved activations, a backward's temporaries).
+// A list of allocations with one lifetime (a block's saved activations, a backward's temporaries). bytes(): what
+// it holds (the activation plan, activation_plan.h, counts the same requests).
 class Pool {
  public:
   template <typename T>
   T* take(int64_t n) {
     bufs_.emplace_back(size_t(std::max<int64_t>(n, 1)) * sizeof(T));
+    bytes_ += int64_t(bufs_.back().bytes());
     return bufs_.back().as<T>();
   }
   template <typename T>
@@ -50,10 +56,12 @@ class Pool {
     TREX_CUDA(cudaMemsetAsync(p, 0, size_t(std::max<int64_t>(n, 1)) * sizeof(T), nullptr));
     return p;
   }
-  void clear() { bufs_.clear(); }
+  void clear() { bufs_.clear(), bytes_ = 0; }
+  int64_t bytes() const { return bytes_; }
 
  private:
   std::vector<DevMem> bufs_;
+  int64_t bytes_ = 0;
 };
 
 // Row-major linear layers on bf16 operands (cuBLASLt): y[M, out] = x[M, in] W[out, in]^T and its two backward
@@ -160,8 +168,11 @@ struct GpuBlock {
   float *g_hc_attn_fn, *g_hc_attn_base, *g_hc_attn_scale, *g_hc_ffn_fn, *g_hc_ffn_base, *g_hc_ffn_scale;
   const bf16 *attn_norm, *ffn_norm;
   float *g_attn_norm, *g_ffn_norm;
-  // Saved activations of the last forward (pipeline stages park other micro-batches' in BlockSaved below).
-  Pool keep;
+  // Saved activations of the last forward (pipeline stages park other micro-batches' in BlockSaved below): keep
+  // until the block's backward (full recomputation: released after the forward, rebuilt by the replay); redo the
+  // ones selective recomputation drops after the forward and rebuilds before the backward (in keep otherwise);
+  // picks the router / indexer selections (kept until the block's next forward, replays re-use them).
+  Pool keep, redo, picks;
   cuda::MhcActs sa{}, sf{};
   bf16 *col_a, *a, *y_a, *X_mid, *col_f, *u, *y_f;
   float *a_rstd, *u_rstd;
@@ -174,7 +185,7 @@ struct GpuBlock {
 // block functions keep reading GpuBlock as they do on one GPU. A field added to GpuBlock's saved state must be
 // added here and to swap_saved too.
 struct BlockSaved {
-  Pool keep;
+  Pool keep, redo, picks;
   cuda::MhcActs sa{}, sf{};
   bf16 *col_a = nullptr, *a = nullptr, *y_a = nullptr, *X_mid = nullptr, *col_f = nullptr, *u = nullptr,
        *y_f = nullptr;
@@ -184,7 +195,7 @@ struct BlockSaved {
 };
 
 inline void swap_saved(GpuBlock& b, BlockSaved& s) {
-  std::swap(b.keep, s.keep);
+  std::swap(b.keep, s.keep), std::swap(b.redo, s.redo), std::swap(b.picks, s.picks);
   std::swap(b.sa, s.sa), std::swap(b.sf, s.sf);
   std::swap(b.col_a, s.col_a), std::swap(b.a, s.a), std::swap(b.y_a, s.y_a), std::swap(b.X_mid, s.X_mid);
   std::swap(b.col_f, s.col_f), std::swap(b.u, s.u), std::swap(b.y_f, s.y_f);
@@ -203,6 +214,10 @@ struct Ctx {
   std::function<void(const char*, bool)> section;  // (name, begin) CUDA-event sections; may be empty
   comm::Communicator* ep = nullptr;  // expert-parallel group (GpuModelOptions::ep); null: all experts local
   bool grouped_experts = false;      // GpuModelOptions::moe_grouped_gemm
+  bool deterministic = false;        // GpuModelOptions::deterministic
+  // GpuModelOptions::balanced_routing: the device table [N * topk] of forced expert ids (null: the router's own).
+  const int32_t* balanced_sel = nullptr;
+  dsv4::Recompute recompute = dsv4::Recompute::None;  // GpuModelOptions::recompute
 };
 
 // Timing sub-sections of one sub-layer: "<prefix><part>" nested inside the caller's section (e.g. "fwd.moe/" +
@@ -231,10 +246,15 @@ class SectionParts {
   std::string prefix_, open_;
 };
 
-void attention_fwd(const Ctx& c, GpuBlock& b, const int64_t* injected_sel);
+// replay: a full recomputation's re-run: the CSA selection saved by the forward (b.at.sel) is used as it is.
+void attention_fwd(const Ctx& c, GpuBlock& b, const int64_t* injected_sel, bool replay = false);
+// Selective recomputation: rebuilds (in b.redo) the attention activations the forward put there (the normed
+// compressed query, the normed + rotated queries and key, the rotated output) from the kept projections.
+void attention_redo(const Ctx& c, GpuBlock& b);
 // dout [N, d] bf16 -> da [N, d] fp32 (accumulated).
 void attention_bwd(const Ctx& c, GpuBlock& b, const bf16* dout, float* da);
-void moe_fwd(const Ctx& c, GpuBlock& b, const int32_t* injected_sel);
+// replay: a full recomputation's re-run: the experts the forward chose (b.mo.sel) are used again.
+void moe_fwd(const Ctx& c, GpuBlock& b, const int32_t* injected_sel, bool replay = false);
 // dout [N, d] bf16 -> du [N, d] fp32 (accumulated).
 void moe_bwd(const Ctx& c, GpuBlock& b, const bf16* dout, float* du);
 

@@ -19,7 +19,9 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "model/cuda/activation_plan.h"
 #include "model/dsv4/config.h"
+#include "model/dsv4/recompute.h"
 #include "model/dsv4/seq_layout.h"
 #include "model/dsv4/weights.h"
 
@@ -50,19 +52,39 @@ struct GpuModelOptions {
   // per-expert counts; on sm_90 wgmma + TMA at cuBLASLt's rate or better). Off: one cuBLASLt GEMM per expert after
   // one host read of the counts per layer (the comparison path: `trex bench train --moe-gemm per-expert`).
   bool moe_grouped_gemm = true;
+  // Bitwise reproducible gradients: the sparse attention backward sums each key row's dK + dV contributions in a
+  // fixed order (kernels/cuda/attention_sparse.h, SparseAttnBwdOrder::Deterministic) instead of with fp32 atomics.
+  // Every other kernel of the step is deterministic already. Costs attention backward time (the partials' memory
+  // traffic; docs/performance.md), so it is off unless a run asks for it (config `deterministic: true`).
+  bool deterministic = false;
   // The sequence-wise balance loss (design §5, dsv4::ModelOptions::balance_alpha): added to forward()'s loss, its
-  // gradient to the router scores in backward(). 0 = off. One GPU, whole-model steps (not with dp / ep / stages).
+  // gradient to the router scores in backward(). 0 = off. Whole-model steps: forward() on one GPU, or stage steps
+  // of the whole model whose begin_step gives the step's micro-batch count (data parallel: each rank's sequences
+  // are its own); not with ep or pipeline stages.
   double balance_alpha = 0.0;
   bool balance_hash_layers = false;  // also on hash-routed layers (as dsv4::ModelOptions)
-  // The MTP loss's weight (design §2.10, dsv4::ModelOptions::mtp_weight) when the config has the MTP module.
+  // The MTP loss's weight (design §2.10, dsv4::ModelOptions::mtp_weight) when the config has the MTP module
+  // (GpuModel::set_mtp_weight changes it between steps: the schedule's weight).
   double mtp_weight = 0.3;
   // Pipeline stage: this model holds layers [layer_begin, layer_end) (layer_end -1: up to n_layers), the
   // embedding when layer_begin == 0 and hc_head + final norm + LM head when layer_end == n_layers; only those
-  // parameters are allocated (same names and init values as the full model). Not combinable with dp / ep.
+  // parameters are allocated (same names and init values as the full model). Combines with dp and ep (the stage's
+  // DP / EP groups: its dense buckets ZeRO-1 sharded over dp, its layers' experts over ep); not with MTP yet.
   int64_t layer_begin = 0, layer_end = -1;
   // Micro-batches whose saved activations can be held at once (forward_stage done, backward_stage pending);
   // micro-batch m uses slot m % stage_slots. 1F1B on pipeline rank r of P needs P - r.
   int stage_slots = 1;
+  // Routing forced to a perfectly balanced assignment (rank emulation, `trex bench train --emulate-rank`): token
+  // i's k-th expert is (i K + k) mod E, so every expert gets N K / E rows and every expert-parallel peer the
+  // balanced share; the weights still come from the router's scores. Off: the router's own top-k.
+  bool balanced_routing = false;
+  // Activation recomputation (model/dsv4/recompute.h), whole model and stage steps alike. none: every block's
+  // activations stay until its backward. selective: the cheap, large ones (normed sub-layer inputs, the mid
+  // stream, the attention's normed / rotated queries, key and output) are rebuilt before the block's backward.
+  // full: a block keeps its input stream and its router / indexer selections, and its forward re-runs right
+  // before its backward (one block's activations live at a time). The gradients are none's: the same kernels on
+  // the same inputs and selections.
+  dsv4::Recompute recompute = dsv4::Recompute::None;
   // False: inference only (the serving engine): no gradient arena is allocated, and anything that would write or
   // read gradients (backward, a HeadMode::LossAndGrad forward, stage steps, zero_grads, grad) is an error.
   bool gradients = true;
@@ -86,6 +108,19 @@ enum class HeadMode { Loss, LossAndGrad };
 class GpuModel {
  public:
   explicit GpuModel(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts = {});
+
+  // What a GpuModel of (cfg, opts) would allocate for its parameters, before allocating anything (the same checks
+  // and arena declaration as the constructor; no sub-communicator is split off): the bf16 compute copy and the
+  // fp32 gradients span the arena, the fp32 master (and each AdamW moment of train/cuda/gpu_optimizer.h) the shard.
+  struct Footprint {
+    int64_t arena_elems = 0, shard_elems = 0, region_x_elems = 0, n_params = 0;
+    bool gradients = true;
+    int64_t compute_bytes() const { return 2 * arena_elems; }  // the bf16 weights the kernels read
+    int64_t grad_bytes() const { return gradients ? 4 * arena_elems : 0; }
+    int64_t master_bytes() const { return 4 * shard_elems; }   // the fp32 master (ZeRO-1 shard)
+    int64_t adamw_bytes() const { return 8 * shard_elems; }    // GpuOptimizer's two fp32 moments
+  };
+  static Footprint footprint(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts = {});
   ~GpuModel();
   GpuModel(const GpuModel&) = delete;
   GpuModel& operator=(const GpuModel&) = delete;
@@ -116,7 +151,7 @@ class GpuModel {
   // Overwrites this rank's gradient of one parameter (tests: an optimiser step from known gradients).
   void set_grad(const std::string& name, const std::vector<float>& g);
 
-  // What a training run needs besides the step (`trex train` with device cuda, train/gpu_trainable.h); one GPU.
+  // What a training run needs besides the step (`trex train` with device cuda, train/cuda/gpu_mesh_engine.h); one GPU.
   // The global L2 norm of the gradients (fp64 on the device, deterministic); scale_grads multiplies them (clipping).
   double grad_norm();
   void scale_grads(float s);
@@ -137,7 +172,14 @@ class GpuModel {
   // accumulates gradients; dx_out the device fp32 [N, hc, d] gradient of that stream (null on the last stage,
   // which starts from the loss); stage_input_grad then holds the fp32 gradient of x_in (not on the first stage;
   // valid until that slot's next backward).
-  void begin_step(int64_t step_targets, int64_t step_mtp_targets = -1);  // the MTP head's too, with MTP
+  // step_mtp_targets: the MTP head's too, with MTP. With a DP group the targets are those of every DP rank's
+  // micro-batches (the caller sums them). step_micro_batches: the micro-batches the step's loss is the mean of
+  // (each micro-batch's balance loss weighs 1 / step_micro_batches, as its CE share does); 0 = not given, then the
+  // balance loss is refused in stage steps. reduce_micro (DP only): -1 reduce-scatters the gradients in every
+  // backward_stage (one micro-batch per step, or add_reduced_grads_to between them); m >= 0 only in micro-batch
+  // m's backward, which must be the step's last (1F1B: M - 1): the earlier ones accumulate in the arena.
+  void begin_step(int64_t step_targets, int64_t step_mtp_targets = -1, int64_t step_micro_batches = 0,
+                  int64_t reduce_micro = -1);
   double forward_stage(int64_t micro, const int32_t* ids, const int32_t* labels, const dsv4::SeqLayout& layout,
                        const void* x_in);
   const void* stage_output(int64_t micro) const;
@@ -155,7 +197,20 @@ class GpuModel {
   int64_t n_params() const;
   std::vector<float> final_normed() const;              // [N, d] of the last forward
   std::vector<int64_t> csa_selection(int64_t l) const;  // [N * index_topk] global entries used by layer l
-  std::vector<int32_t> router_selection(int64_t l) const;
+  std::vector<int32_t> router_selection(int64_t l) const;  // l == n_layers: the MTP block's
+  // The MTP loss weight of the next forwards (the schedule's, StepControls::mtp_weight).
+  void set_mtp_weight(double w);
+
+  // Activation memory. activation_plan: what a training forward of this layout keeps (kept) and the largest one
+  // block's activations recomputation rebuilds at a time (block_scratch), by the table of activation_plan.h (no
+  // allocation). activation_bytes: the same as held now, read from the pools: kept after a forward (the streams,
+  // head activations and every block's saved activations), block_peak the largest block's dropped activations
+  // seen so far (0 with recompute none).
+  struct ActivationBytes {
+    int64_t kept = 0, block_peak = 0;
+  };
+  ActivationBytes activation_bytes() const;
+  ActivationPlan activation_plan(const dsv4::SeqLayout& layout) const;
 
   // Data-parallel shard state by tensor (gpu_shard_state_cuda.cpp): what a ZeRO-1 run's trainer needs for clipping,
   // gradient accumulation and checkpoints of the official names. A `shard` is an fp32 device array in the master's

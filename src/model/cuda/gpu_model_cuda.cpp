@@ -26,6 +26,8 @@ void rmsnorm_bwd_full(const Ctx& c, bf16* dx, float* dw, const bf16* dy, const b
   cuda::rmsnorm_dw_reduce(dw, part.as<float>(), rows, d);
 }
 
+static_assert(cuda::kMhcMix == kPlanMhcMix, "activation_plan.h counts the mHC mixing row as kernels/cuda/mhc.h");
+
 GpuModel::Impl::Impl(const dsv4::ModelConfig& c, const GpuModelOptions& o) : cfg(c), opts(o) {}
 
 GpuModel::Impl::~Impl() {
@@ -61,12 +63,15 @@ Ctx GpuModel::Impl::ctx() {
   c.section = [this](const char* n, bool b) { section(n, b); };
   c.ep = opts.ep;
   c.grouped_experts = opts.moe_grouped_gemm;
+  c.deterministic = opts.deterministic;
+  c.recompute = opts.recompute;
   return c;
 }
 
 // Expert parallelism: which routed experts this rank holds (gpu_impl.h, region X), checked before any
 // allocation; the expert-data-parallel group when DP is larger than EP.
-static void configure_experts(GpuModel::Impl& m, const dsv4::ModelConfig& cfg, const GpuModelOptions& opts) {
+static void configure_experts(GpuModel::Impl& m, const dsv4::ModelConfig& cfg, const GpuModelOptions& opts,
+                              bool make_groups) {
   const int64_t E = cfg.n_routed_experts;
   if (opts.ep && opts.ep->size() > 1) {
     m.ep_size = opts.ep->size(), m.ep_rank = opts.ep->rank();
@@ -82,12 +87,14 @@ static void configure_experts(GpuModel::Impl& m, const dsv4::ModelConfig& cfg, c
                "GPU model: expert parallelism folds into data parallelism: {} EP ranks must divide the {} DP ranks",
                m.ep_size, m.dp_size);
     // The DP ranks holding the same experts (same EP rank): sum their expert gradients.
-    if (m.dp_size > m.ep_size) m.edp = m.dp->split(m.ep_rank, m.dp_rank);
+    if (m.dp_size > m.ep_size && make_groups) m.edp = m.dp->split(m.ep_rank, m.dp_rank);
   }
 }
 
-GpuModel::GpuModel(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts)
-    : impl_(std::make_unique<Impl>(cfg, opts)) {
+// Everything the constructor decides before it allocates: the checks, the groups' sizes and ranks, the arena's
+// declaration (offsets, buckets, regions). make_groups false (footprint()): no sub-communicator is split off.
+static void plan_arena(GpuModel::Impl& m, const dsv4::ModelConfig& cfg, const GpuModelOptions& opts,
+                       bool make_groups) {
   cfg.validate();
   // hc_mult 4: the fast mHC / hc_head kernels; 1..3 (the parity fixtures): the generic ones (mhc_generic.h, *_any).
   TREX_CHECK(cfg.hc_mult >= 1 && cfg.hc_mult <= cuda::kMhcGenericMaxStreams,
@@ -95,14 +102,6 @@ GpuModel::GpuModel(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts)
              cuda::kMhcGenericMaxStreams);
   TREX_CHECK(cfg.score_func == "sqrtsoftplus" && cfg.norm_topk_prob,
              "GPU model: only sqrtsoftplus routing with normalised top-k weights is implemented");
-  // Keep freed stream-ordered memory in the pool (no release at synchronisation points).
-  cudaMemPool_t pool;
-  int dev = 0;
-  TREX_CUDA(cudaGetDevice(&dev));
-  TREX_CUDA(cudaDeviceGetDefaultMemPool(&pool, dev));
-  uint64_t threshold = UINT64_MAX;
-  TREX_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
-  Impl& m = *impl_;
   if (opts.dp && opts.dp->size() > 1) {
     m.dp = opts.dp, m.dp_size = opts.dp->size(), m.dp_rank = opts.dp->rank();
     TREX_CHECK(device_memory_comm(*m.dp),
@@ -110,14 +109,13 @@ GpuModel::GpuModel(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts)
                "got '{}'", m.dp_rank, m.dp->backend());
     TREX_CHECK(64 % m.dp_size == 0, "GPU model: data-parallel size {} must divide 64 (bucket slicing)", m.dp_size);
   }
-  configure_experts(m, cfg, opts);
+  configure_experts(m, cfg, opts, make_groups);
   m.l0 = opts.layer_begin, m.l1 = opts.layer_end < 0 ? cfg.n_layers : opts.layer_end;
   TREX_CHECK(m.l0 >= 0 && m.l0 < m.l1 && m.l1 <= cfg.n_layers,
              "GPU model: stage layers [{}, {}) outside the model's {} layers (or empty)", m.l0, m.l1, cfg.n_layers);
+  // A stage combines with data and expert parallelism: its dense buckets are ZeRO-1 sharded over the stage's DP
+  // group (another stage's buckets are declared empty), its local experts (region X) are those of its own layers.
   const bool partial = !m.first_stage() || !m.last_stage();
-  TREX_CHECK(!partial || (m.dp_size == 1 && !opts.ep),
-             "GPU model: a pipeline stage (layers [{}, {})) cannot be combined with data / expert parallelism yet",
-             m.l0, m.l1);
   TREX_CHECK(opts.stage_slots >= 1, "GPU model: stage_slots {} must be >= 1", opts.stage_slots);
   // The MTP input reads embed.weight, which only the first stage holds.
   TREX_CHECK(cfg.n_mtp == 0 || !partial,
@@ -131,16 +129,43 @@ GpuModel::GpuModel(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts)
   m.slots.resize(size_t(opts.stage_slots));
   for (auto& sl : m.slots) sl.blocks.resize(size_t(cfg.n_layers));
   m.declare_all();
+  // The experts' ZeRO-1 over their replicas (region X is 512-aligned): replica r of R (the edp group's rank; the
+  // mesh's rule dp_rank / ep when footprint() makes no group) owns slice r.
   m.x_shard = m.region_x, m.x_own = 0;
-  if (m.edp && m.edp->size() > 1) {  // the experts' ZeRO-1 over their replicas (region X is 512-aligned)
-    const int R = m.edp->size();
+  if (m.ep_size > 1 && m.dp_size > m.ep_size) {
+    const int R = m.dp_size / m.ep_size, r = m.edp ? m.edp->rank() : m.dp_rank / m.ep_size;
+    TREX_CHECK(!m.edp || m.edp->size() == R, "GPU model: {} expert-data-parallel replicas, expected {}",
+               m.edp ? m.edp->size() : 0, R);
     TREX_CHECK(m.region_x % (8 * R) == 0, "GPU model: region X ({} elements) does not split into {} aligned slices",
                m.region_x, R);
-    m.x_shard = m.region_x / R, m.x_own = m.edp->rank() * m.x_shard;
+    m.x_shard = m.region_x / R, m.x_own = r * m.x_shard;
   }
   m.shard_a = m.x_shard + (m.region_a - m.region_x) / m.dp_size;
   int64_t off = m.x_shard;
   for (auto& b : m.buckets) b.shard_off = off, off += b.slice(m.dp_size);
+}
+
+GpuModel::Footprint GpuModel::footprint(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts) {
+  Impl m(cfg, opts);
+  plan_arena(m, cfg, opts, false);
+  Footprint f;
+  f.arena_elems = m.total, f.shard_elems = m.shard_elems(), f.region_x_elems = m.region_x;
+  for (const GpuParam& p : m.params) f.n_params += p.numel;
+  f.gradients = opts.gradients;
+  return f;
+}
+
+GpuModel::GpuModel(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts)
+    : impl_(std::make_unique<Impl>(cfg, opts)) {
+  // Keep freed stream-ordered memory in the pool (no release at synchronisation points).
+  cudaMemPool_t pool;
+  int dev = 0;
+  TREX_CUDA(cudaGetDevice(&dev));
+  TREX_CUDA(cudaDeviceGetDefaultMemPool(&pool, dev));
+  uint64_t threshold = UINT64_MAX;
+  TREX_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  Impl& m = *impl_;
+  plan_arena(m, cfg, opts, true);
   const size_t n = size_t(m.total), ns = size_t(m.shard_elems());  // ns == n on one GPU
   m.master = DevMem(ns * 4), m.compute = DevMem(n * 2);
   TREX_CUDA(cudaMemsetAsync(m.master.as<float>(), 0, ns * 4, nullptr));
@@ -154,6 +179,7 @@ GpuModel::GpuModel(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts)
   dsv4::ProgramShape ps;
   ps.n_layers = m.l1 - m.l0, ps.embed = m.first_stage(), ps.head = m.last_stage(), ps.mtp = m.mtp();
   ps.vocab = cfg.vocab_size;
+  ps.replay = opts.recompute == dsv4::Recompute::Full;
   for (int64_t l = m.l0; l < m.l1; ++l) ps.balance.push_back(!m.blocks[size_t(l)]->hash || opts.balance_hash_layers);
   if (m.mtp()) ps.balance.push_back(1);  // the MTP block is score-routed
   m.program = std::make_unique<dsv4::BlockProgram>(*m.backend, std::move(ps));
@@ -201,11 +227,18 @@ double GpuModel::forward_impl(const int32_t* ids, const int32_t* labels, const d
   TREX_CHECK(m.first_stage() || x_in, "GPU model stage [{}, {}): forward needs the incoming stream x_in", m.l0,
              m.l1);
   TREX_CHECK(!m.last_stage() || labels, "GPU model: the forward needs labels");
+  // The balance loss is sequence-wise: each rank's rows are its own, so data parallelism needs only each
+  // micro-batch's share of the step (1 / M, given by begin_step) in a stage step; a forward() over a DP batch
+  // would need its rows' mean over every rank instead (not done: the trainer runs stage steps under DP).
   const bool balance = m.opts.balance_alpha != 0.0;
-  TREX_CHECK(!balance || (!m.step_mode && m.dp_size == 1 && !m.opts.ep),
-             "GPU model: the balance loss (balance_alpha {}) runs on one GPU in whole-model steps only (not with data "
-             "/ expert parallelism or pipeline stages)",
+  TREX_CHECK(!balance || (!m.opts.ep && m.first_stage() && m.last_stage() &&
+                          (m.step_mode ? m.step_micro_batches > 0 : m.dp_size == 1)),
+             "GPU model: the balance loss (balance_alpha {}) runs in whole-model steps only: forward() on one GPU, or "
+             "stage steps whose begin_step gives the step's micro-batches (not with expert parallelism or pipeline "
+             "stages)",
              m.opts.balance_alpha);
+  const double balance_alpha =
+      m.step_mode && balance ? m.opts.balance_alpha / double(m.step_micro_batches) : m.opts.balance_alpha;
   m.backend->set_forward(inject, head);
   bf16* x_out = nullptr;
   if (!m.last_stage()) {  // the stream X[l1] for the next stage, written in place by the last block
@@ -217,7 +250,7 @@ double GpuModel::forward_impl(const int32_t* ids, const int32_t* labels, const d
   mb.slot = m.program_slot, mb.ids = ids, mb.labels = labels, mb.layout = &layout, mb.x_in = x_in, mb.x_out = x_out;
   // loss_scale 1: the heads' means are over the step's / DP batch's targets (Impl::head_normaliser), so the
   // micro-batches' and ranks' gradients sum to the step's.
-  mb.loss_scale = 1.0, mb.mtp_weight = m.opts.mtp_weight, mb.balance_alpha = m.opts.balance_alpha;
+  mb.loss_scale = 1.0, mb.mtp_weight = m.opts.mtp_weight, mb.balance_alpha = balance_alpha;
   const dsv4::LossParts& lp = m.program->forward(mb);
   m.forward_done = true;
   if (!m.last_stage()) return 0.0;
@@ -273,7 +306,10 @@ void GpuModel::backward_impl(const float* dx_out) {
     }
   };
   m.backend->begin_backward(dx_in);
-  m.program->backward(m.program_slot, dx_out, dx_in, ready);
+  // A stage step accumulating micro-batches under DP reduces only in the step's last backward (begin_step's
+  // reduce_micro): an earlier reduce-scatter would leave the arena unable to take the next micro-batch's sum.
+  const dsv4::BlocksReady hooks = m.reduce_this_backward ? dsv4::BlocksReady(ready) : dsv4::BlocksReady{};
+  m.program->backward(m.program_slot, dx_out, dx_in, hooks);
   m.backend->end_backward();
   TREX_CUDA(cudaGetLastError());
 }
@@ -313,8 +349,13 @@ int slot_of(const GpuModel::Impl& m, int64_t micro) {
 }
 }  // namespace
 
-void GpuModel::begin_step(int64_t step_targets, int64_t step_mtp_targets) {
+void GpuModel::begin_step(int64_t step_targets, int64_t step_mtp_targets, int64_t step_micro_batches,
+                          int64_t reduce_micro) {
   TREX_CHECK(step_targets >= 0, "GPU model: step targets {} must be >= 0", step_targets);
+  TREX_CHECK(step_micro_batches >= 0, "GPU model: step micro-batches {} must be >= 0", step_micro_batches);
+  TREX_CHECK(reduce_micro >= -1, "GPU model: begin_step reduce_micro {} must be >= -1", reduce_micro);
+  impl_->step_micro_batches = step_micro_batches;
+  impl_->reduce_micro = reduce_micro;
   TREX_CHECK(!impl_->mtp() || step_mtp_targets >= 0,
              "GPU model: with the MTP module begin_step needs the step's MTP targets (got {})", step_mtp_targets);
   impl_->step_mode = true;
@@ -348,11 +389,50 @@ void GpuModel::backward_stage(int64_t micro, const float* dx_out) {
              micro);
   m.grad_out.clear();
   m.dx_in = nullptr;
-  backward_impl(dx_out);
+  m.reduce_this_backward = m.reduce_micro < 0 || micro == m.reduce_micro;
+  try {
+    backward_impl(dx_out);
+  } catch (...) {
+    m.reduce_this_backward = true;
+    throw;
+  }
+  m.reduce_this_backward = true;
   m.forward_done = false;
   m.acts.clear(), m.out.clear();  // the slot's activations (and its sent output) are no longer needed
-  for (int64_t l = m.l0; l < m.l1; ++l) m.blocks[size_t(l)]->keep.clear();
-  if (m.mtp_block) m.mtp_block->keep.clear();
+  for (int64_t l = m.l0; l < m.l1; ++l) m.blocks[size_t(l)]->keep.clear(), m.blocks[size_t(l)]->redo.clear();
+  if (m.mtp_block) m.mtp_block->keep.clear(), m.mtp_block->redo.clear();
+}
+
+GpuModel::ActivationBytes GpuModel::activation_bytes() const {
+  const Impl& m = *impl_;
+  ActivationBytes a;
+  // The live batch state and every parked pipeline slot's.
+  a.kept = m.acts.bytes() + m.out.bytes();
+  for (int64_t l = m.l0; l < m.l1; ++l) {
+    const GpuBlock& b = *m.blocks[size_t(l)];
+    a.kept += b.keep.bytes() + b.redo.bytes() + b.picks.bytes();
+  }
+  if (m.mtp_block) a.kept += m.mtp_block->keep.bytes() + m.mtp_block->redo.bytes() + m.mtp_block->picks.bytes();
+  for (const Impl::Slot& z : m.slots) {
+    a.kept += z.acts.bytes() + z.out.bytes();
+    for (int64_t l = m.l0; l < m.l1; ++l) {
+      const BlockSaved& b = z.blocks[size_t(l)];
+      a.kept += b.keep.bytes() + b.redo.bytes() + b.picks.bytes();
+    }
+    a.kept += z.mtp.keep.bytes() + z.mtp.redo.bytes() + z.mtp.picks.bytes();
+  }
+  a.block_peak = m.act_block_peak;
+  return a;
+}
+
+ActivationPlan GpuModel::activation_plan(const dsv4::SeqLayout& layout) const {
+  const Impl& m = *impl_;
+  ActivationPlanShape s;
+  s.layer_begin = m.l0, s.layer_end = m.l1, s.mtp = m.mtp(), s.recompute = m.opts.recompute;
+  s.head_grad = true;  // a training forward (HeadMode::LossAndGrad)
+  s.balance = m.opts.balance_alpha != 0.0;
+  s.balance_hash_layers = m.opts.balance_hash_layers;
+  return plan_activations(m.cfg, layout, s);
 }
 
 const float* GpuModel::stage_input_grad(int64_t micro) const {
@@ -391,11 +471,16 @@ std::vector<int64_t> GpuModel::csa_selection(int64_t l) const {
 
 std::vector<int32_t> GpuModel::router_selection(int64_t l) const {
   const Impl& m = *impl_;
-  TREX_CHECK(l >= 0 && l < m.cfg.n_layers && m.blocks[size_t(l)], "GPU model: no layer {} (on this stage)", l);
+  const bool mtp = l == m.cfg.n_layers && m.mtp_block;
+  TREX_CHECK(mtp || (l >= 0 && l < m.cfg.n_layers && m.blocks[size_t(l)]), "GPU model: no layer {} (on this stage)",
+             l);
+  const GpuBlock& b = mtp ? *m.mtp_block : *m.blocks[size_t(l)];
   std::vector<int32_t> v(size_t(m.lay.N * m.cfg.topk));
-  TREX_CUDA(cudaMemcpy(v.data(), m.blocks[size_t(l)]->mo.sel, v.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  TREX_CUDA(cudaMemcpy(v.data(), b.mo.sel, v.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
   return v;
 }
+
+void GpuModel::set_mtp_weight(double w) { impl_->opts.mtp_weight = w; }
 
 std::map<std::string, double> GpuModel::section_ms() {
   Impl& m = *impl_;

@@ -235,7 +235,7 @@ comm::WorkPtr ep_exchange(comm::Communicator& ep, const bf16* send, bf16* recv, 
 
 }  // namespace
 
-void moe_fwd(const Ctx& c, GpuBlock& b, const int32_t* injected_sel) {
+void moe_fwd(const Ctx& c, GpuBlock& b, const int32_t* injected_sel, bool replay) {
   const int64_t N = c.lay->N, d = c.cfg->hidden, E = c.cfg->n_routed_experts, K = c.cfg->topk, f = c.cfg->moe_inter;
   const int64_t fs = f * c.cfg->n_shared_experts;
   const float limit = float(c.cfg->swiglu_limit);
@@ -246,16 +246,31 @@ void moe_fwd(const Ctx& c, GpuBlock& b, const int32_t* injected_sel) {
   SectionParts part(c, "fwd.moe/");
   part.next("router");
   m.logits = keep.take<float>(N * E), m.scores = keep.take<float>(N * E), m.weight = keep.take<float>(N * K);
-  m.sel = keep.take<int32_t>(N * K), m.order = keep.take<int32_t>(N * K), m.slot_pos = keep.take<int32_t>(N * K);
+  // The selection lives in picks: a replay (full recomputation) routes to the same experts again.
+  if (replay)
+    TREX_CHECK(m.sel, "MoE (CUDA) {}: replay without the forward's saved selection", b.prefix);
+  else
+    m.sel = b.picks.take<int32_t>(N * K);
+  m.order = keep.take<int32_t>(N * K), m.slot_pos = keep.take<int32_t>(N * K);
   m.offsets = keep.take<int32_t>(E + 1);
   c.lin.fwd(m.logits, b.u, w.gate, N, d, E, true);
   Pool tmp;
   int32_t* status = keep.zeros<int32_t>(1);  // kept: the pinned copy below reads it asynchronously
-  if (injected_sel) {
+  if (replay) {
+    // The saved choice as a per-token table (the injected path below): the gate weights come from the recomputed
+    // scores of the same experts in the same order, so they are the forward's bit for bit.
+    int32_t* table = tmp.take<int32_t>(N * K);
+    TREX_CUDA(cudaMemcpyAsync(table, m.sel, size_t(N * K) * sizeof(int32_t), cudaMemcpyDeviceToDevice));
+    cuda::router_fwd(router_shape(c, b, true), m.logits, nullptr, table, N, c.lay->token_iota.as<int32_t>(),
+                     m.scores, m.sel, m.weight, status);
+  } else if (injected_sel) {
     // The injected selection acts as a per-token "hash table": weights still come from this forward's scores.
     int32_t* table = tmp.take<int32_t>(N * K);
     TREX_CUDA(cudaMemcpyAsync(table, injected_sel, size_t(N * K) * sizeof(int32_t), cudaMemcpyHostToDevice));
     cuda::router_fwd(router_shape(c, b, true), m.logits, nullptr, table, N, c.lay->token_iota.as<int32_t>(),
+                     m.scores, m.sel, m.weight, status);
+  } else if (c.balanced_sel) {  // forced balanced routing (GpuModelOptions::balanced_routing), on the device
+    cuda::router_fwd(router_shape(c, b, true), m.logits, nullptr, c.balanced_sel, N, c.lay->token_iota.as<int32_t>(),
                      m.scores, m.sel, m.weight, status);
   } else {
     cuda::router_fwd(router_shape(c, b, false), m.logits, w.bias, w.tid2eid, c.cfg->vocab_size,

@@ -232,6 +232,7 @@ void GpuModel::Impl::reduce_bucket(int bi) {
   if (dp_size == 1) return;
   const Bucket& b = buckets[size_t(bi)];
   const int64_t n = b.slice(dp_size);
+  if (n == 0) return;  // another pipeline stage's bucket (declared empty here)
   float* g = grads.as<float>();
   // In place: this rank's slice of the sum lands where its own slice is.
   grad_work.push_back(dp->reduce_scatter(g + b.begin, g + b.begin + dp_rank * n, size_t(n), comm::ElemType::F32,

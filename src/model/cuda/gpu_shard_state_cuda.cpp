@@ -15,32 +15,27 @@
 
 namespace trex::dsv4gpu {
 
-namespace {
-
-// One piece of a tensor that this rank's shard holds: tensor elements [t, t + n) at shard offset s.
-struct Piece {
-  int64_t t = 0, s = 0, n = 0;
-};
-
 // The pieces of p in this rank's shard (one GPU, or a local expert of region X without replicas: the whole
 // tensor at its arena offset; with replicas its part of this replica's region-X slice).
-std::vector<Piece> own_pieces(const GpuModel::Impl& m, const GpuParam& p) {
+std::vector<GpuModel::Impl::ShardPiece> GpuModel::Impl::own_pieces(const GpuParam& p) const {
   const int64_t lo = p.offset, hi = p.offset + p.numel;
-  if (m.dp_size == 1 || (hi <= m.region_x && !m.experts_sharded())) return {{0, lo, p.numel}};
-  if (hi <= m.region_x) {
-    const int64_t a = std::max(lo, m.x_own), e = std::min(hi, m.x_own + m.x_shard);
+  if (dp_size == 1 || (hi <= region_x && !experts_sharded())) return {{0, lo, p.numel}};
+  if (hi <= region_x) {
+    const int64_t a = std::max(lo, x_own), e = std::min(hi, x_own + x_shard);
     if (a >= e) return {};
-    return {{a - lo, a - m.x_own, e - a}};
+    return {{a - lo, a - x_own, e - a}};
   }
-  if (lo >= m.region_a) return {{0, m.shard_a + (lo - m.region_a), p.numel}};
-  std::vector<Piece> out;
-  for (const GpuModel::Impl::Bucket& b : m.buckets) {
-    const int64_t n = b.slice(m.dp_size), own0 = b.begin + m.dp_rank * n, own1 = own0 + n;
+  if (lo >= region_a) return {{0, shard_a + (lo - region_a), p.numel}};
+  std::vector<ShardPiece> out;
+  for (const Bucket& b : buckets) {
+    const int64_t n = b.slice(dp_size), own0 = b.begin + dp_rank * n, own1 = own0 + n;
     const int64_t a = std::max(lo, own0), e = std::min(hi, own1);
     if (a < e) out.push_back({a - lo, b.shard_off + (a - own0), e - a});
   }
   return out;
 }
+
+namespace {
 
 // Held whole by this rank: one GPU, region R (replicated), or a local expert without replicas (whole on its
 // owner).
@@ -83,7 +78,7 @@ GpuModel::ParamMemory GpuModel::param_memory() const {
   ParamMemory r;
   for (const GpuParam& p : m.params) {
     r.held_elems += p.numel;
-    for (const Piece& w : own_pieces(m, p)) r.master_elems += w.n;
+    for (const Impl::ShardPiece& w : m.own_pieces(p)) r.master_elems += w.n;
   }
   r.weight_bytes = int64_t(m.compute.bytes());
   r.grad_bytes = int64_t(m.grads.bytes());
@@ -99,7 +94,7 @@ std::vector<float> GpuModel::gather_shard(const std::string& name, const float* 
   std::vector<float> v(size_t(p.numel));
   TREX_CUDA(cudaDeviceSynchronize());  // the optimiser's update of the shard has landed
   if (replicated(m, p)) {
-    const Piece w = own_pieces(m, p)[0];
+    const Impl::ShardPiece w = m.own_pieces(p)[0];
     TREX_CUDA(cudaMemcpy(v.data(), base + w.s, v.size() * sizeof(float), cudaMemcpyDeviceToHost));
     return v;
   }
@@ -107,7 +102,7 @@ std::vector<float> GpuModel::gather_shard(const std::string& name, const float* 
   // exact, and every element has one owner): the DP group for a dense tensor, a local expert's replicas for it.
   DevMem full(size_t(p.numel) * sizeof(float));
   TREX_CUDA(cudaMemset(full.as<float>(), 0, size_t(p.numel) * sizeof(float)));
-  for (const Piece& w : own_pieces(m, p))
+  for (const Impl::ShardPiece& w : m.own_pieces(p))
     TREX_CUDA(cudaMemcpy(full.as<float>() + w.t, base + w.s, size_t(w.n) * sizeof(float), cudaMemcpyDeviceToDevice));
   TREX_CUDA(cudaDeviceSynchronize());
   comm::Communicator& group = p.offset < m.region_x ? *m.edp : *m.dp;
@@ -133,7 +128,7 @@ void GpuModel::set_shard(const std::string& name, const float* full, int64_t n, 
       }
   DevMem stage(size_t(p.numel) * sizeof(float));
   TREX_CUDA(cudaMemcpy(stage.as<float>(), full, size_t(n) * sizeof(float), cudaMemcpyHostToDevice));
-  for (const Piece& w : own_pieces(m, p))
+  for (const Impl::ShardPiece& w : m.own_pieces(p))
     TREX_CUDA(cudaMemcpy(base + w.s, stage.as<float>() + w.t, size_t(w.n) * sizeof(float), cudaMemcpyDeviceToDevice));
   if (!shard) cuda::cast_f32_to_bf16(m.compute.as<bf16>() + p.offset, stage.as<float>(), p.numel);
   TREX_CUDA(cudaDeviceSynchronize());
@@ -153,6 +148,7 @@ double GpuModel::dp_grad_norm() {
   // This rank's slices, in bucket order (deterministic).
   for (const Impl::Bucket& b : m.buckets) {
     const int64_t n = b.slice(m.dp_size);
+    if (n == 0) continue;  // another pipeline stage's bucket
     own += host_sum_squares(g + b.begin + m.dp_rank * n, n, scratch.as<double>());
   }
   const double r = host_sum_squares(g + m.region_a, m.total - m.region_a, scratch.as<double>());

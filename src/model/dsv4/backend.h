@@ -57,6 +57,9 @@ struct Pass {
   // The weights the backward will give head_loss_bwd (main head: loss_scale, MTP head: mtp_weight * loss_scale),
   // known at the forward: a backend that forms the CE gradient while the logits are at hand (CUDA) scales it now.
   double loss_scale = 1.0, mtp_weight = 0.0;
+  // A block's forward re-run in the backward (full recomputation, ProgramShape::replay): the backend reuses the
+  // saved router / indexer selections instead of choosing again, and balance_fwd only recomputes its gradient.
+  bool replay = false;
   bool keeps_activations() const { return cached == nullptr; }
 };
 
@@ -127,6 +130,11 @@ class Backend {
   // WRITES (accumulate false) or ADDS into d_main; adds into embed.weight's gradient.
   virtual void mtp_input_bwd(const Pass& p, const int32_t* next_ids, Stream main, Stream d_out, Stream d_main,
                              bool accumulate) = 0;
+
+  // Full recomputation (ProgramShape::replay): called after block blk's forward and again after its backward.
+  // Drops the block's saved activations except its router / indexer selections (a replay re-uses them, so bf16
+  // near-ties cannot choose differently); the block's input stream stays (it is the previous block's output).
+  virtual void release_block(const Pass& p, int64_t blk) = 0;
 
   // The loss terms the forward on p.slot added (lm, mtp, balance and the target counts; total left to the program).
   virtual LossParts losses(const Pass& p) = 0;

@@ -338,6 +338,13 @@ void CpuBackend<T>::attention_bwd(const Pass& p, int64_t blk) {
 }
 
 template <class T>
+void CpuBackend<T>::release_block(const Pass& p, int64_t blk) {
+  (void)p;
+  fail("CPU backend: activation recomputation is not implemented on the CPU (block {}); the CPU model keeps every "
+       "activation (recompute: none)", blk);
+}
+
+template <class T>
 void CpuBackend<T>::attention_cached(const Pass& p, int64_t blk) {
   if constexpr (std::is_same_v<T, float>) {
     TREX_CHECK(p.cached && blk < shape_.n_layers, "CPU backend: cached attention needs a decode step of a main layer");

@@ -115,6 +115,7 @@ class CpuBackend final : public Backend {
   void mtp_input_fwd(const Pass& p, const int32_t* next_ids, Stream main, Stream out) override;
   void mtp_input_bwd(const Pass& p, const int32_t* next_ids, Stream main, Stream d_out, Stream d_main,
                      bool accumulate) override;
+  void release_block(const Pass& p, int64_t blk) override;  // recomputation is the GPU model's: an error here
   LossParts losses(const Pass& p) override;
   std::unique_ptr<SequenceCaches> new_caches() const override;
 

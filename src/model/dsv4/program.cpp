@@ -12,6 +12,7 @@ struct BlockProgram::SlotState {
   std::vector<int32_t> ids, targets, mtp_targets, next_ids;
   LossParts loss;
   double loss_scale = 1.0, mtp_weight = 0.0;  // as the forward used them (the backward must match)
+  double balance_alpha = 0.0;                 // as the forward used it (a replay recomputes the same gradient)
   bool forward_done = false;
 };
 
@@ -62,16 +63,24 @@ void BlockProgram::block_fwd(const Pass& p, int64_t blk, Stream in, Stream out, 
   be_.site_norm_fwd(p, blk, Site::Ffn, Mid(blk));
   be_.moe_fwd(p, blk);
   if (alpha != 0.0 && shape_.balance[size_t(blk)]) be_.balance_fwd(p, blk, alpha, grad_scale);
-  be_.expand_fwd(p, blk, Site::Ffn, Mid(blk), out);
+  if (!p.replay) be_.expand_fwd(p, blk, Site::Ffn, Mid(blk), out);  // a replay's backward never reads out
+  if (shape_.replay && !p.replay && p.keeps_activations()) be_.release_block(p, blk);
 }
 
-void BlockProgram::block_bwd(const Pass& p, int64_t blk, Stream in, Stream d_out, Stream d_in) {
+void BlockProgram::block_bwd(const Pass& p, int64_t blk, Stream in, Stream d_out, Stream d_in, double alpha,
+                             double grad_scale) {
+  if (shape_.replay) {  // the block's forward again, on its kept input stream and its saved selections
+    Pass rp = p;
+    rp.replay = true;
+    block_fwd(rp, blk, in, Stream{Stream::X, -1}, alpha, grad_scale);
+  }
   be_.expand_bwd(p, blk, Site::Ffn, Mid(blk), d_out, kdMid);
   be_.moe_bwd(p, blk);
   be_.site_norm_bwd(p, blk, Site::Ffn, Mid(blk), kdMid);
   be_.expand_bwd(p, blk, Site::Attn, in, kdMid, d_in);
   be_.attention_bwd(p, blk);
   be_.site_norm_bwd(p, blk, Site::Attn, in, d_in);
+  if (shape_.replay) be_.release_block(p, blk);
 }
 
 const LossParts& BlockProgram::forward(const MicroBatch& mb) {
@@ -86,6 +95,7 @@ const LossParts& BlockProgram::forward(const MicroBatch& mb) {
   s.ids.assign(mb.ids, mb.ids + N);
   s.loss_scale = mb.loss_scale;
   s.mtp_weight = mb.mtp_weight;
+  s.balance_alpha = mb.balance_alpha;
   s.pass = Pass{mb.slot, N, s.ids.data(), &s.layout, nullptr, mb.loss_scale, mb.mtp_weight};
   const Pass& p = s.pass;
   be_.begin_pass(p);
@@ -134,7 +144,7 @@ void BlockProgram::backward(int64_t si, const void* dx_out, void* dx_in, const B
     if (shape_.mtp) {
       be_.head_loss_bwd(p, HeadKind::Mtp, kMtpOut, s.mtp_targets.data(), s.mtp_weight * s.loss_scale, kdMtpOut,
                         false);
-      block_bwd(p, L, kMtpIn, kdMtpOut, kdMtpIn);
+      block_bwd(p, L, kMtpIn, kdMtpOut, kdMtpIn, s.balance_alpha, s.loss_scale);
       if (ready) ready(L);
       be_.mtp_input_bwd(p, s.next_ids.data(), X(L), kdMtpIn, d, false);
       accumulate = true;
@@ -145,7 +155,7 @@ void BlockProgram::backward(int64_t si, const void* dx_out, void* dx_in, const B
     be_.stream_in(p, d, dx_out);
   }
   for (int64_t l = L - 1; l >= 0; --l) {
-    block_bwd(p, l, X(l), d, d_prev);
+    block_bwd(p, l, X(l), d, d_prev, s.balance_alpha, s.loss_scale);
     std::swap(d, d_prev);
     if (ready) ready(l);
   }

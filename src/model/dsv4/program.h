@@ -7,6 +7,8 @@
 // Block b (main layer or the MTP block), stream in -> out:
 //   site_norm(attn, in) -> attention -> expand(attn, in -> Mid(b)) -> site_norm(ffn, Mid(b)) -> MoE
 //   [-> balance loss] -> expand(ffn, Mid(b) -> out)
+// With full recomputation (ProgramShape::replay) the backward of block b is: replay of its forward up to the MoE
+// (the last expand's output is not read by the backward) -> block backward -> release.
 // Stage: [embed -> X(0) | X(0) from the previous stage] -> blocks 0..L-1 -> [head + CE on X(L); MTP input from
 // X(L) and Embed[token t+1] -> MTP block -> MTP head + CE | X(L) to the next stage].
 #pragma once
@@ -27,6 +29,9 @@ struct ProgramShape {
   bool mtp = false;            // block n_layers is the MTP block (head stage only)
   std::vector<char> balance;   // per block: the balance loss applies to its router
   int64_t vocab = 0;
+  // Full activation recomputation: each block's activations are released after its forward (Backend::
+  // release_block) and its forward re-runs (Pass::replay) right before its backward, then released again.
+  bool replay = false;
 };
 
 struct MicroBatch {
@@ -75,7 +80,8 @@ class BlockProgram {
   const SlotState& slot(int64_t i) const;
   // alpha: the balance loss weight (0 = off), grad_scale: the scale of its gradient.
   void block_fwd(const Pass& p, int64_t blk, Stream in, Stream out, double alpha, double grad_scale);
-  void block_bwd(const Pass& p, int64_t blk, Stream in, Stream d_out, Stream d_in);
+  // alpha / grad_scale: the forward's, for a replay (full recomputation).
+  void block_bwd(const Pass& p, int64_t blk, Stream in, Stream d_out, Stream d_in, double alpha, double grad_scale);
 
   Backend& be_;
   ProgramShape shape_;

@@ -3,13 +3,15 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <algorithm>
 #include <deque>
 #include <set>
 
+#include "comm/launch_env.h"
 #include "comm/nccl_communicator.h"
+#include "comm/thread_group.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "data/chat.h"
@@ -17,6 +19,7 @@
 #include "model/cuda/gpu_impl.h"
 #include "model/cuda/gpu_model.h"
 #include "model/dsv4/checkpoint.h"
+#include "model/dsv4/loss.h"
 #include "model/dsv4/moe.h"
 #include "model/dsv4/param_table.h"
 #include "optim/param_groups.h"
@@ -54,10 +57,11 @@ struct GpuMeshEngine::State {
   std::unique_ptr<dsv4gpu::GpuModel> gpu;
   std::unique_ptr<dsv4gpu::GpuOptimizer> opt;
   std::vector<Entry> params, buffers;
-  std::vector<std::vector<int64_t>> load_sum;  // per layer, this rank's step so far
+  std::vector<std::vector<int64_t>> load_sum;  // per block (the MTP block last), this rank's step so far
   float* acc = nullptr;                        // D > 1, M > 1: the reduced shard held between backwards
   float pending_scale = 1.f;                   // applied by the next optimiser step (1 / M, clipping)
   int64_t steps = 0;
+  bool mtp = false;  // the MTP module trained (model.use_mtp and the config has it)
 
   State(const TrainConfig& c, const dsv4::ModelConfig& m, const Dsv4TrainOptions& opts, comm::Communicator& w)
       : cfg(c), mc(m), o(opts), world(w) {}
@@ -66,8 +70,9 @@ struct GpuMeshEngine::State {
   }
   std::string who() const { return fmt::format("{}: device cuda (rank {} of {})", cfg.where, world.rank(), world.size()); }
 
-  // "layers.L.ffn.gate.bias" -> L.
+  // "layers.L.ffn.gate.bias" -> L; the MTP block's "mtp.0.ffn.gate.bias" -> n_layers (as the CPU's blocks).
   int64_t layer_of(const std::string& name) const {
+    if (name.rfind("mtp.0.", 0) == 0) return mc.n_layers;
     int64_t l = -1;
     TREX_CHECK(std::sscanf(name.c_str(), "layers.%ld.", &l) == 1 && l >= 0 && l < mc.n_layers,
                "{}: unexpected router bias '{}'", who(), name);
@@ -82,8 +87,16 @@ struct GpuMeshEngine::State {
       for (size_t e = 0; e < load.size(); ++e) load_sum[size_t(l)][e] += load[e];
     }
   }
-  // The optimiser state names of one parameter (optim::Optimizer::state_tensors) and the GPU moment of each.
+  // The MTP head's labelled targets of a micro-batch (token t + 2 within t's document, dsv4::shifted_targets).
+  int64_t mtp_targets(const data::Batch& b, const dsv4::SeqLayout& layout) const {
+    const std::vector<int32_t> t =
+        dsv4::shifted_targets(b.labels.data(), layout.doc_start.data(), b.batch, b.seq, 2, mc.vocab_size);
+    return int64_t(std::count_if(t.begin(), t.end(), [](int32_t x) { return x >= 0; }));
+  }
+  // The optimiser state names of one parameter (optim::Optimizer::state_tensors) and the GPU moment of each: none
+  // for a frozen one (the CPU optimiser keeps no state for it either).
   std::vector<std::pair<std::string, int>> state_names(const Entry& p) const {
+    if (p.group == optim::ParamGroup::Frozen) return {};
     if (cfg.optimizer.kind == "muon" && p.group == optim::ParamGroup::Muon) return {{".momentum", 0}};
     return {{".exp_avg", 0}, {".exp_avg_sq", 1}};
   }
@@ -95,10 +108,9 @@ GpuMeshEngine::GpuMeshEngine(const TrainConfig& cfg, const dsv4::ModelConfig& mc
   State& s = *s_;
   const std::string why = check_gpu_mesh_config(cfg, world.size());
   TREX_CHECK(why.empty(), "{}: {}", s.who(), why);
-  TREX_CHECK(s.mc.n_mtp == 0 || !o.model.use_mtp,
-             "{}: the MTP module is not implemented on the GPU; set model.use_mtp: false", s.who());
   dsv4::ModelConfig gpu_cfg = s.mc;
-  gpu_cfg.n_mtp = 0;  // the host model declares no MTP tensors either (use_mtp false)
+  if (!o.model.use_mtp) gpu_cfg.n_mtp = 0;  // the host model declares no MTP tensors either
+  s.mtp = gpu_cfg.n_mtp > 0;
   parallel::MeshSpec spec = cfg.parallel.present ? cfg.parallel.mesh : parallel::MeshSpec{1, world.size(), 1, 1};
   // Before anything is allocated: ep must divide dp and the routed experts (with the numbers).
   const std::string bad = parallel::check_mesh(spec, world.size(), {int(s.mc.n_layers), int(s.mc.n_routed_experts)});
@@ -111,23 +123,48 @@ GpuMeshEngine::GpuMeshEngine(const TrainConfig& cfg, const dsv4::ModelConfig& mc
   dsv4gpu::GpuModelOptions go;
   if (s.D > 1) go.dp = s.mesh.dp_group.get();
   if (s.mesh.spec.ep > 1) go.ep = s.mesh.ep_group.get();
-  go.balance_alpha = s.D > 1 ? 0.0 : o.model.balance_alpha;  // check_gpu_mesh_config: 0 under dp
+  go.balance_alpha = o.model.balance_alpha;  // under dp: each micro-batch's share (its sequences are this rank's)
   go.balance_hash_layers = o.model.balance_hash_layers;
+  go.deterministic = o.deterministic;
+  go.mtp_weight = o.model.mtp_weight;  // then the schedule's, step by step (begin_step)
+  go.recompute = o.recompute;
   s.gpu = std::make_unique<dsv4gpu::GpuModel>(gpu_cfg, go);
   s.opt = std::make_unique<dsv4gpu::GpuOptimizer>(*s.gpu);
-  // Every trained tensor of the model (the parameter table's order, the same on every rank), marked with whether
-  // this rank holds it: under ep a rank holds its own experts only.
-  {
-    std::set<std::string> mine;
-    for (const auto& n : s.gpu->param_names()) mine.insert(n);
-    for (const dsv4::ParamSpec& t : dsv4::param_table(gpu_cfg))
-      if (t.trained())
-        s.params.push_back({t.name, t.shape, optim::dsv4_param_group(t.name, t.shape), t.expert, mine.count(t.name) > 0});
-    TREX_CHECK(int64_t(mine.size()) == int64_t(std::count_if(s.params.begin(), s.params.end(),
-                                                             [](const Entry& e) { return e.held; })),
-               "{}: the GPU model holds tensors outside the parameter table", s.who());
+  // Every trained tensor of the model (the parameter table's order, the same on every rank) and the router
+  // biases, with the freeze list applied as the CPU trainer applies it (optim::apply_freeze: a pattern matching
+  // nothing is an error; buffers stay buffers), each marked with whether this rank holds it: under ep a rank holds
+  // its own experts only.
+  std::set<std::string> mine;
+  for (const auto& n : s.gpu->param_names()) mine.insert(n);
+  std::vector<optim::ParamRef> refs;
+  std::vector<int64_t> expert_of;
+  for (const dsv4::ParamSpec& t : dsv4::param_table(gpu_cfg))
+    if (t.trained()) {
+      refs.push_back({t.name, t.shape, nullptr, nullptr, optim::dsv4_param_group(t.name, t.shape)});
+      expert_of.push_back(t.expert);
+    }
+  TREX_CHECK(int64_t(mine.size()) ==
+                 int64_t(std::count_if(refs.begin(), refs.end(), [&](const auto& r) { return mine.count(r.name); })),
+             "{}: the GPU model holds tensors outside the parameter table", s.who());
+  for (const auto& n : s.gpu->router_bias_names())
+    refs.push_back({n, {s.mc.n_routed_experts}, nullptr, nullptr, optim::ParamGroup::Buffer});
+  try {
+    optim::apply_freeze(refs, cfg.freeze);
+  } catch (const Error& e) {
+    fail("{}: freeze: {}", s.who(), e.what());
   }
-  for (const auto& n : s.gpu->router_bias_names()) s.buffers.push_back({n, {s.mc.n_routed_experts}, optim::ParamGroup::Buffer});
+  std::vector<std::string> frozen;
+  for (size_t i = 0; i < refs.size(); ++i) {
+    const optim::ParamRef& r = refs[i];
+    if (r.group == optim::ParamGroup::Buffer) {
+      s.buffers.push_back({r.name, r.shape, r.group});
+      continue;
+    }
+    const bool held = mine.count(r.name) > 0;
+    s.params.push_back({r.name, r.shape, r.group, expert_of[i], held});
+    if (r.group == optim::ParamGroup::Frozen && held) frozen.push_back(r.name);
+  }
+  s.opt->set_frozen(frozen);
 
   const bool lead_rank = world.rank() == 0;
   if (cfg.model.contains("init_from")) {
@@ -165,7 +202,7 @@ GpuMeshEngine::GpuMeshEngine(const TrainConfig& cfg, const dsv4::ModelConfig& mc
       log::info("initialised from {} in {:.2f} s", last->string(),
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  s.load_sum.assign(size_t(s.mc.n_layers), std::vector<int64_t>(size_t(s.mc.n_routed_experts), 0));
+  s.load_sum.assign(size_t(s.mc.n_layers + 1), std::vector<int64_t>(size_t(s.mc.n_routed_experts), 0));
   if (s.D > 1 && cfg.grad_accum / s.D > 1)
     TREX_CUDA(cudaMalloc(&s.acc, size_t(s.gpu->shard_elems()) * sizeof(float)));
 }
@@ -188,7 +225,8 @@ int64_t GpuMeshEngine::n_params() const {
 
 int64_t GpuMeshEngine::n_trained() const {
   int64_t n = 0;
-  for (const Entry& p : s_->params) n += numel(p.shape);
+  for (const Entry& p : s_->params)
+    if (p.group != optim::ParamGroup::Frozen) n += numel(p.shape);
   return n;
 }
 
@@ -199,15 +237,16 @@ comm::Communicator& GpuMeshEngine::host_world() { return *s_->host; }
 void GpuMeshEngine::barrier() { s_->world.barrier(); }
 
 void GpuMeshEngine::max_over_ranks(double* v, int n) {
-  s_->host->all_reduce(v, size_t(n), comm::ElemType::F64, comm::ReduceOp::Max)->wait();
+  if (s_->world.size() > 1) s_->host->all_reduce(v, size_t(n), comm::ElemType::F64, comm::ReduceOp::Max)->wait();
 }
 
 bool GpuMeshEngine::runs_micro_batch(int64_t micro, int64_t n_micro) const {
   return micro / (n_micro / s_->D) == s_->mesh.dp_rank;
 }
 
-void GpuMeshEngine::begin_step(const StepControls&) {
+void GpuMeshEngine::begin_step(const StepControls& c) {
   State& s = *s_;
+  s.gpu->set_mtp_weight(c.mtp_weight);  // the schedule's (Dsv4Trainable::set_controls)
   s.gpu->zero_grads();
   for (auto& l : s.load_sum) std::fill(l.begin(), l.end(), 0);
   s.pending_scale = 1.f;
@@ -234,9 +273,10 @@ EngineStep GpuMeshEngine::forward_backward(const std::vector<data::Batch>& mine,
         s.gpu->add_reduced_grads_to(s.acc);  // is accumulated by the forward)
         s.gpu->zero_grads();
       }
-      // Normaliser: this micro-batch's targets x grad_accum, so the sum over ranks and micro-batches is the
-      // gradient of the mean of the global batch's micro-batch means.
-      s.gpu->begin_step(b.n_targets * n_micro);
+      // Normalisers: this micro-batch's targets (and MTP targets) x grad_accum, so the sum over ranks and
+      // micro-batches is the gradient of the mean of the global batch's micro-batch means; its balance loss
+      // weighs 1 / grad_accum likewise.
+      s.gpu->begin_step(b.n_targets * n_micro, s.mtp ? s.mtp_targets(b, layout) * n_micro : -1, n_micro);
       local += s.gpu->forward_stage(0, b.input_ids.data(), b.labels.data(), layout, nullptr);
       s.add_loads(layout.n_tokens(), 0);
       s.gpu->backward_stage(0, nullptr);
@@ -248,7 +288,7 @@ EngineStep GpuMeshEngine::forward_backward(const std::vector<data::Batch>& mine,
   s.gpu->wait_grad_reductions();  // a skipped step's next zero_grads() must find them done
   if (s.D == 1) s.pending_scale = float(1.0 / double(n_micro));
   double red[3] = {local, double(targets), double(tokens)};
-  s.host->all_reduce(red, 3, comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
+  if (s.world.size() > 1) s.host->all_reduce(red, 3, comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
   EngineStep r;
   r.loss = red[0];
   r.targets = int64_t(red[1]);
@@ -258,6 +298,7 @@ EngineStep GpuMeshEngine::forward_backward(const std::vector<data::Batch>& mine,
 
 double GpuMeshEngine::clip_gradients() {
   State& s = *s_;
+  s.opt->zero_frozen_grads();  // the norm leaves frozen tensors out, as the CPU optimiser's
   const double norm = s.gpu->dp_grad_norm() * double(s.pending_scale);
   const double clip = s.cfg.optimizer.clip_grad_norm;
   if (clip > 0 && norm > clip && std::isfinite(norm))
@@ -377,7 +418,11 @@ std::vector<std::string> GpuMeshEngine::param_names() const {
 TrainResult run_gpu_mesh_training(const TrainConfig& cfg_in, const fs::path& config, const fs::path& out_dir,
                                   const RunOptions& opts) {
   TrainConfig cfg = cfg_in;
-  std::unique_ptr<comm::Communicator> world = comm::make_nccl_world_communicator(cfg.parallel.timeout_s);
+  // One process: a thread group of one rank (a device-memory communicator without an NCCL bootstrap; the step
+  // of one rank runs no collective).
+  std::unique_ptr<comm::Communicator> world =
+      comm::detect_launch_env().world_size > 1 ? comm::make_nccl_world_communicator(cfg.parallel.timeout_s)
+                                               : std::move(comm::make_thread_group(1, cfg.parallel.timeout_s)[0]);
   std::unique_ptr<comm::Communicator> host = make_staged_communicator(*world);
   if (!cfg.parallel.present) cfg.parallel.mesh = {1, world->size(), 1, 1};  // plain data parallelism
   data::Tokenizer tok = data::Tokenizer::load(cfg.tokenizer);

@@ -1,7 +1,10 @@
 // The optimiser of a GPU model (model/cuda/gpu_model.h): its state (AdamW moments, or the Muon momentum in the
 // first-moment arena) in the master weights' layout, and the update of the model's fp32 masters and bf16 compute
 // copies from its gradients. Under data parallelism (ZeRO-1) each rank updates its own bucket slices and
-// all-gathers the updated bf16 slices back, which the model's next forward waits for bucket by bucket.
+// all-gathers the updated bf16 slices back, which the model's next forward waits for bucket by bucket; a Muon
+// matrix cut between ranks' slices is orthogonalised whole by every rank holding a part of it (its momentum
+// updated where it is held, the Newton-Schulz inputs all-gathered), each writing its own part. Frozen tensors
+// (the run's freeze list) are not updated, and their moments stay as they are.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -28,11 +31,17 @@ class GpuOptimizer {
   // "muon" updates the Muon group of optim::dsv4_param_group with Muon (every matrix orthogonalised by batched
   // bf16 Newton-Schulz, kernels/cuda/muon.h; learning rate lr * muon_lr_scale) and the rest with AdamW; kind
   // "adamw" updates everything with AdamW (decay_vectors honoured). step is 1-based (AdamW bias corrections).
-  // Gradient clipping is not part of it (as Optimizer::step). One GPU only for Muon (a ZeRO-1 shard is a flat
-  // slice, a matrix's orthogonalisation needs all of it). Gradients are left as they are. grad_scale multiplies
-  // every gradient as the update reads it (clipping and 1 / micro-batches folded in; the gradients themselves stay
-  // unscaled).
+  // Gradient clipping is not part of it (as Optimizer::step). Under data parallelism the Muon matrices' gradients
+  // are overwritten by their Newton-Schulz inputs (all-gathered where a matrix is cut between ranks); otherwise
+  // gradients are left as they are. grad_scale multiplies every gradient as the update reads it (clipping and
+  // 1 / micro-batches folded in; the gradients themselves stay unscaled).
   void step(const optim::OptimizerConfig& c, double lr, int64_t step, float grad_scale = 1.f);
+
+  // Frozen tensors by official name (optim::apply_freeze's group Frozen): step() leaves their weights and moments
+  // as they are. zero_frozen_grads() zeroes their gradients (after the step's reductions), so that the clipping
+  // norm leaves them out as the CPU optimiser's does.
+  void set_frozen(const std::vector<std::string>& names);
+  void zero_frozen_grads();
 
   // State of one parameter (checkpoints; one GPU): which 0 = the AdamW first moment or the Muon momentum, 1 = the
   // AdamW second moment.

@@ -41,6 +41,9 @@ class GpuPipeline {
   // Forward + backward of one step over the micro-batches: ids / labels [M * layout.B, layout.T] on the host
   // (micro-batch m is rows [m B, (m + 1) B), each with `layout`); gradients accumulate into the stage's (call
   // zero_grads before). Returns the step's mean loss on the last stage, 0 on the others (see global_loss).
+  // With a DP group on the stage (GpuModelOptions::dp): ids / labels are this DP rank's micro-batches, the loss
+  // normaliser counts every DP rank's targets, the returned loss is this rank's share (summed over the DP ranks
+  // it is the step's), and the gradients are reduce-scattered over DP in the last micro-batch's backward.
   double step(const int32_t* ids, const int32_t* labels, const dsv4::SeqLayout& layout);
   // The last stage's loss values summed over the pipeline group (every rank gets them): call it outside the
   // timed loop, it synchronises the ranks.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <utility>
 
 #include "comm/nccl_communicator.h"
@@ -134,12 +135,22 @@ double GpuPipeline::step(const int32_t* ids, const int32_t* labels, const dsv4::
   GpuModel& st = p.st;
   const int64_t n_mb = layout.B * layout.T, V = st.impl().cfg.vocab_size;
   const bool first = p.r == 0, last = p.r == p.P - 1;
-  // The loss normaliser: labelled targets of the whole step.
+  // The loss normaliser: labelled targets of the whole step (with a DP group: of every DP rank's micro-batches).
   int64_t targets = 0;
   for (int64_t m = 0; m < p.M; ++m)
     for (int32_t t : dsv4::shifted_targets(labels + m * n_mb, layout.doc_start.data(), layout.B, layout.T, 1, V))
       targets += t >= 0;
-  st.begin_step(targets);
+  GpuModel::Impl& mi = st.impl();
+  if (mi.dp_size > 1) {
+    double h = double(targets);
+    DevMem d(sizeof(double));
+    TREX_CUDA(cudaMemcpy(d.as<double>(), &h, sizeof(double), cudaMemcpyHostToDevice));
+    mi.dp->all_reduce(d.as<double>(), 1, comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
+    TREX_CUDA(cudaMemcpy(&h, d.as<double>(), sizeof(double), cudaMemcpyDeviceToHost));
+    targets = int64_t(std::llround(h));
+  }
+  // The gradients are reduced over DP in the step's last backward (1F1B ends with micro-batch M - 1 everywhere).
+  st.begin_step(targets, -1, p.M, p.M - 1);
   const int64_t elems = st.stream_elems(layout);
   if (elems != p.elems) {  // (re)size the receive buffers; nothing is in flight between steps
     TREX_CUDA(cudaDeviceSynchronize());

@@ -4,8 +4,8 @@
 //   - dp = D (ZeRO-1 inside the model: gradients reduce-scattered by bucket, owners update, bf16 all-gather), with
 //     ep = E folded into it (the MoE's dispatch / combine over the mesh's EP group; every rank keeps all experts);
 //   - pp = P: one process per stage, the 1F1B schedule of gpu_pipeline.h over two direction communicators.
-// `trex train --device cuda` (one GPU, train/gpu_trainable.h) and `trex bench train` run this step; the bench
-// only times it on random tokens.
+// `trex bench train` runs this step on random tokens and times it (`trex train --device cuda` runs the same model
+// and optimiser through train/cuda/gpu_mesh_engine.h).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -78,6 +78,10 @@ class GpuStepEngine {
   // Measurement (outside the timed steps: they synchronise).
   void synchronize();
   void barrier();                            // the world's (no-op on one GPU)
+  // The activation table's peak of this rank's step (dsv4gpu::GpuModel::activation_plan, by the model's
+  // recompute mode): one micro-batch's kept activations times the micro-batches this stage holds at once (1F1B:
+  // min(P - stage, micro_batches); 1 without stages), plus one block's recomputation scratch.
+  int64_t planned_activation_bytes(const dsv4::SeqLayout& micro_batch) const;
   void reset_peak_memory();                  // the device pool's high-water mark
   uint64_t peak_memory_bytes() const;
   uint64_t device_used_bytes() const;        // total - free

@@ -143,6 +143,14 @@ static cudaMemPool_t default_pool() {
   return pool;
 }
 
+int64_t GpuStepEngine::planned_activation_bytes(const dsv4::SeqLayout& micro_batch) const {
+  const dsv4gpu::ActivationPlan plan = model_->activation_plan(micro_batch);
+  int64_t in_flight = 1;
+  if (layout_.mesh.pp > 1)
+    in_flight = std::min<int64_t>(layout_.mesh.pp - world_->rank(), std::max<int64_t>(layout_.micro_batches, 1));
+  return plan.kept() * in_flight + plan.block_scratch;
+}
+
 void GpuStepEngine::reset_peak_memory() {
   uint64_t zero = 0;
   TREX_CUDA(cudaMemPoolSetAttribute(default_pool(), cudaMemPoolAttrUsedMemHigh, &zero));

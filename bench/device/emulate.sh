@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One rank of the released models' large layouts alone on this H200 (issue 17, "rank emulation"): `trex bench train
+# --emulate-rank R --layout ...` builds rank R's partition of ../shared/bench/v4-flash.json / v4-pro.json (copied
+# into .devdeps/) and runs its 1F1B step with the collectives as local copies of the real sizes, printing the rank's
+# peak memory, step time and MFU beside the planner's prediction for that rank. First and last pipeline stage of
+# each layout (the first keeps the most micro-batches in flight, the last holds the LM head). One JSON line per run.
+# Usage (repo root, device, after bench/device/batch.sh built build-dev): bash bench/device/emulate.sh
+set -uo pipefail
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+B=build-dev/trex
+T0=$(date +%s)
+one() {  # limit, args...
+  local lim=$1; shift
+  echo "== trex bench train $*"
+  timeout "$lim" $B bench train "$@" 2>&1 | grep -E '^\{|rror|out of memory|need' | tail -3
+  echo "[$(( $(date +%s) - T0 )) s]"
+}
+F=.devdeps/v4-flash.json P=.devdeps/v4-pro.json
+# V4-Flash on 128 H200, global batch 128: CPT at 4096, SFT at 8192 (pp=4 x dp=32, ep=32 folded into dp).
+for r in 0 96; do
+  one 120 --config $F --seq 4096 --batch 128 --mode cpt --emulate-rank $r --layout pp=4,dp=32,ep=32 --warmup 1 --steps 2
+  one 150 --config $F --seq 8192 --batch 128 --mode sft --emulate-rank $r --layout pp=4,dp=32,ep=32 --warmup 1 --steps 2
+done
+# V4-Pro on 512 H200, global batch 256, SFT at 4096 (pp=8 x dp=64, ep=64).
+for r in 0 448; do
+  one 180 --config $P --seq 4096 --batch 256 --mode sft --emulate-rank $r --layout pp=8,dp=64,ep=64 --warmup 1 --steps 2
+done
+echo "== emulate.sh done after $(( $(date +%s) - T0 )) s"

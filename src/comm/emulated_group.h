@@ -1,0 +1,82 @@
+// One rank of a larger group, emulated on one device (`trex bench train --emulate-rank`): the communicator
+// pretends to be rank R of an N-rank group and performs every operation as local copies of the real byte
+// counts, so a rank's step runs with the data movement its buffers see (and its memory), without the other
+// ranks. Per operation (what rank R would receive if every peer sent what R sends, i.e. perfectly balanced
+// traffic):
+//  - all_reduce: nothing moves (the buffer keeps R's own contribution);
+//  - all_gather: R's chunk replicated into all N blocks of recv;
+//  - reduce_scatter: R's own block of send copied to recv (no arithmetic: the sum of N equal contributions would
+//    only scale it);
+//  - all_to_all_v: block p of send (R's chunk for peer p) lands at recv block p, min(send, recv) bytes: R
+//    "receives its own sent chunks" (balanced routing makes the sizes equal);
+//  - broadcast, barrier: nothing;
+//  - send: the bytes are copied into a loop-back buffer of that size (one per size, allocated on first use, zero
+//    at first); recv: copied out of it. A pipeline stage thus receives its own last output / input gradient as
+//    its neighbour's, at the boundary's size;
+//  - split: a sub-group by a caller-given rule (the emulated mesh knows every rank's coordinates), else an error.
+// Host buffers are copied with memcpy, device buffers (any pointer on a device) with cudaMemcpyAsync on the legacy
+// default stream, in order with the compute; Work completes at once. Every call is counted (calls, bytes this
+// rank sends as the real collective would) in stats(): the CPU tests check those counts.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+
+namespace trex::comm {
+
+struct EmulatedOpStats {
+  int64_t calls = 0;
+  int64_t bytes = 0;  // payload: all_reduce the buffer; all_gather the send chunk; reduce_scatter the whole send;
+                      // all_to_all_v the bytes to peers other than R; send / recv the message; broadcast the buffer
+};
+
+class EmulatedGroup final : public Communicator {
+ public:
+  // (color, key) of split -> (size, rank) of the new group on the emulated rank; empty: split is an error.
+  using SplitRule = std::function<std::pair<int, int>(int color, int key)>;
+  EmulatedGroup(int rank, int size, std::string name, SplitRule split = {});
+  ~EmulatedGroup() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "emulated"; }
+
+  WorkPtr all_reduce(void* buf, size_t count, ElemType t, ReduceOp op) override;
+  WorkPtr all_gather(const void* send, void* recv, size_t count, ElemType t) override;
+  WorkPtr reduce_scatter(const void* send, void* recv, size_t count, ElemType t, ReduceOp op) override;
+  WorkPtr all_to_all_v(const void* send, const std::vector<size_t>& send_bytes,
+                       const std::vector<size_t>& send_offsets, void* recv, const std::vector<size_t>& recv_bytes,
+                       const std::vector<size_t>& recv_offsets) override;
+  WorkPtr broadcast(void* buf, size_t bytes, int root) override;
+  WorkPtr send(const void* buf, size_t bytes, int peer, int tag) override;
+  WorkPtr recv(void* buf, size_t bytes, int peer, int tag) override;
+  void barrier() override;
+  std::unique_ptr<Communicator> split(int color, int key) override;
+
+  // By operation name ("all_reduce", "all_gather", "reduce_scatter", "all_to_all_v", "broadcast", "send", "recv").
+  const std::map<std::string, EmulatedOpStats>& stats() const { return stats_; }
+  int64_t loopback_bytes() const;  // device / host memory held by the send / recv loop-back buffers
+  const std::string& name() const { return name_; }
+
+ private:
+  void copy(void* dst, const void* src, size_t bytes);
+  void count(const char* op, size_t bytes);
+  void check_peer(int peer, const char* op) const;
+  struct Loop {
+    void* p = nullptr;
+    bool device = false;
+  };
+  Loop& loop(size_t bytes, bool device);
+
+  int rank_, size_;
+  std::string name_;
+  SplitRule split_;
+  std::map<std::string, EmulatedOpStats> stats_;
+  std::map<std::pair<size_t, bool>, Loop> loops_;
+};
+
+}  // namespace trex::comm

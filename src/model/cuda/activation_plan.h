@@ -1,0 +1,50 @@
+// The GPU model's activation table: the bytes a training forward of a batch layout keeps on the device, per block
+// and in total, for a recomputation mode, and the one-block scratch recomputation needs in the backward; computed
+// from the config and the layout alone (no device, no allocation), request by request as the GPU model's pools
+// take them (a GPU test compares the two), so it is what `trex bench train` prints beside the measured peak and
+// what the planner's activation model (src/plan/estimate.cpp) is checked against.
+//
+// Counted: the streams entering each layer and leaving the stage, the MTP streams and input, the heads'
+// activations (a training forward's, HeadMode::LossAndGrad), every block's saved activations and selections.
+// Not counted: per-op temporaries (freed when the op ends), the backward's gradient streams and one block's
+// backward temporaries, the device layout. Under expert parallelism the expert-major rows a rank receives depend
+// on the routing: they are counted as the N * topk rows of the single-GPU case.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "model/dsv4/config.h"
+#include "model/dsv4/recompute.h"
+#include "model/dsv4/seq_layout.h"
+
+namespace trex::dsv4gpu {
+
+// The mHC site's fp32 mixing row per token (pre, post, comb of 4 streams: kernels/cuda/mhc.h kMhcMix).
+constexpr int64_t kPlanMhcMix = 24;
+
+struct ActivationPlanShape {
+  int64_t layer_begin = 0, layer_end = -1;  // the stage's layers (-1: to the last)
+  bool mtp = false;                         // the MTP block (whole model only)
+  dsv4::Recompute recompute = dsv4::Recompute::None;
+  bool head_grad = true;                    // HeadMode::LossAndGrad (d(normed) kept by the forward)
+  bool balance = false, balance_hash_layers = false;
+};
+
+struct BlockActivations {
+  int64_t kept = 0;     // what stays from the forward to the backward (selections included)
+  int64_t dropped = 0;  // what recomputation rebuilds (0 with none)
+};
+
+struct ActivationPlan {
+  int64_t streams = 0;  // X(l) of the stage's layers, the outgoing stream (last stage), the MTP streams
+  int64_t heads = 0;    // head(s) and the MTP input
+  std::vector<BlockActivations> blocks;  // the stage's layers, then the MTP block
+  int64_t block_scratch = 0;  // max over blocks of dropped: rebuilt one block at a time
+  int64_t kept() const;       // streams + heads + every block's kept
+  int64_t total() const { return kept() + block_scratch; }  // the activations' peak
+};
+
+ActivationPlan plan_activations(const dsv4::ModelConfig& cfg, const dsv4::SeqLayout& layout,
+                                const ActivationPlanShape& shape);
+
+}  // namespace trex::dsv4gpu

@@ -1,0 +1,101 @@
+// The emulated rank's communicator (comm/emulated_group.h) on host buffers: what each operation leaves in the
+// buffers (rank R's own data where the real collective would put every rank's) and the bytes it counts (what rank
+// R sends in the real collective of that size).
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <vector>
+
+#include "comm/emulated_group.h"
+#include "core/error.h"
+
+namespace {
+
+using trex::comm::ElemType;
+using trex::comm::EmulatedGroup;
+using trex::comm::ReduceOp;
+
+std::vector<float> iota(size_t n, float from) {
+  std::vector<float> v(n);
+  std::iota(v.begin(), v.end(), from);
+  return v;
+}
+
+TEST(EmulatedGroup, CollectivesMoveTheRanksOwnDataAtTheRealSizes) {
+  EmulatedGroup g(2, 4, "dp");  // rank 2 of 4
+  EXPECT_EQ(g.rank(), 2);
+  EXPECT_EQ(g.size(), 4);
+  EXPECT_EQ(g.backend(), "emulated");
+
+  // all_reduce in place: the buffer keeps this rank's values.
+  std::vector<float> a = iota(6, 1.f);
+  g.all_reduce(a.data(), a.size(), ElemType::F32, ReduceOp::Sum)->wait();
+  EXPECT_EQ(a, iota(6, 1.f));
+
+  // all_gather: the own chunk in every rank's block.
+  std::vector<float> chunk = iota(3, 10.f), gathered(12, -1.f);
+  g.all_gather(chunk.data(), gathered.data(), 3, ElemType::F32)->wait();
+  for (int r = 0; r < 4; ++r)
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(gathered[size_t(r * 3 + i)], 10.f + float(i)) << "block " << r;
+
+  // reduce_scatter: this rank's block (rank 2: elements [6, 9)) of the send buffer.
+  std::vector<float> send = iota(12, 0.f), recv(3, -1.f);
+  g.reduce_scatter(send.data(), recv.data(), 3, ElemType::F32, ReduceOp::Sum)->wait();
+  EXPECT_EQ(recv, (std::vector<float>{6.f, 7.f, 8.f}));
+  // In place, as the GPU model's ZeRO-1 buckets do it (recv = own slice of send): unchanged.
+  g.reduce_scatter(send.data(), send.data() + 6, 3, ElemType::F32, ReduceOp::Sum)->wait();
+  EXPECT_EQ(send, iota(12, 0.f));
+
+  // all_to_all_v: block p of send arrives in recv block p (its own chunks back, min of the two sizes).
+  std::vector<uint8_t> s8(10), r8(10, 0xff);
+  std::iota(s8.begin(), s8.end(), uint8_t(1));
+  const std::vector<size_t> sb = {1, 2, 3, 4}, so = {0, 1, 3, 6}, rb = {1, 2, 3, 4}, ro = {7, 8, 0, 3};
+  g.all_to_all_v(s8.data(), sb, so, r8.data(), rb, ro)->wait();
+  EXPECT_EQ(r8, (std::vector<uint8_t>{4, 5, 6, 7, 8, 9, 10, 1, 2, 3}));
+
+  const auto& st = g.stats();
+  EXPECT_EQ(st.at("all_reduce").calls, 1);
+  EXPECT_EQ(st.at("all_reduce").bytes, 24);         // the buffer
+  EXPECT_EQ(st.at("all_gather").bytes, 12);         // the send chunk
+  EXPECT_EQ(st.at("reduce_scatter").calls, 2);
+  EXPECT_EQ(st.at("reduce_scatter").bytes, 2 * 48);  // the whole send buffer, each call
+  EXPECT_EQ(st.at("all_to_all_v").bytes, 1 + 2 + 4);  // to the peers other than rank 2
+  EXPECT_EQ(g.loopback_bytes(), 0);
+}
+
+TEST(EmulatedGroup, SendRecvLoopBackAtTheBoundarySize) {
+  EmulatedGroup g(1, 3, "pp.act");  // a middle stage
+  std::vector<float> x(4, 0.f), y = iota(4, 5.f);
+  // Nothing sent yet: the neighbour's tensor is zeros of the boundary size.
+  x.assign(4, 9.f);
+  g.recv(x.data(), 16, 0, 0)->wait();
+  EXPECT_EQ(x, std::vector<float>(4, 0.f));
+  g.send(y.data(), 16, 2, 0)->wait();
+  g.recv(x.data(), 16, 0, 1)->wait();  // the last sent tensor of that size
+  EXPECT_EQ(x, y);
+  std::vector<double> z(3, 1.0);
+  g.send(z.data(), 24, 2, 1)->wait();  // another size: its own buffer
+  g.recv(x.data(), 16, 0, 2)->wait();
+  EXPECT_EQ(x, y);
+  EXPECT_EQ(g.loopback_bytes(), 16 + 24);
+  EXPECT_EQ(g.stats().at("send").calls, 2);
+  EXPECT_EQ(g.stats().at("send").bytes, 40);
+  EXPECT_EQ(g.stats().at("recv").bytes, 48);
+  EXPECT_THROW(g.send(y.data(), 16, 1, 0), trex::Error) << "a send to itself";
+  EXPECT_THROW(g.recv(x.data(), 16, 3, 0), trex::Error) << "a peer outside the group";
+}
+
+TEST(EmulatedGroup, SplitFollowsTheGivenRule) {
+  EmulatedGroup plain(0, 2, "ep");
+  EXPECT_THROW(plain.split(0, 0), trex::Error);
+  EmulatedGroup dp(5, 8, "dp", [](int, int key) { return std::make_pair(4, key / 2); });
+  auto sub = dp.split(1, 5);
+  ASSERT_TRUE(sub);
+  EXPECT_EQ(sub->size(), 4);
+  EXPECT_EQ(sub->rank(), 2);
+  EXPECT_EQ(sub->backend(), "emulated");
+  EXPECT_EQ(dp.split(-1, 5), nullptr);
+  EXPECT_THROW(EmulatedGroup(4, 4, "bad"), trex::Error);
+}
+
+}  // namespace

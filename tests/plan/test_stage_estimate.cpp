@@ -1,0 +1,56 @@
+// The planner's per-stage numbers with a given partition (Estimator::set_partition, Estimate::stage_mem /
+// stage_compute), which rank emulation compares with one rank: each stage's weights, gradients and optimizer
+// state are those of the parameter table's tensors on that stage (experts / EP, dense state / DP), and a
+// partition that does not cover the blocks in order is refused.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "model/dsv4/config.h"
+#include "model/dsv4/param_table.h"
+#include "plan/estimate.h"
+#include "plan/model_spec.h"
+#include "plan/profiles.h"
+#include "train/tiny_gpu_config.h"
+
+namespace {
+
+using namespace trex;
+
+TEST(PlanStageEstimate, GivenPartitionCountsEachStagesTensors) {
+  const nlohmann::json j = trex::testing::tiny_gpu_config_json();
+  const dsv4::ModelConfig cfg = dsv4::parse_model_config(j, "tiny");
+  plan::Workload w;
+  w.seq = 64, w.gbs = 8, w.frozen_router = false, w.mtp = false;
+  plan::Estimator est(plan::parse_model_spec(j, "tiny"), plan::load_hardware("nvidia-h200"),
+                      plan::load_impl("trex-prior"), w);
+  EXPECT_THROW(est.set_partition(2, 1, {{0}, {2}}), trex::Error);
+  EXPECT_THROW(est.set_partition(2, 1, {{0, 1}}), trex::Error);
+  est.set_partition(2, 1, {{0, 1}, {2}});
+  plan::Layout l;
+  l.pp = 2, l.dp = 4, l.ep = 4;
+  const plan::Estimate e = est.estimate(l, 8);
+  ASSERT_TRUE(e.valid) << e.reason;
+  ASSERT_EQ(e.stage_mem.size(), 2u);
+  ASSERT_EQ(e.stage_compute.size(), 2u);
+  EXPECT_EQ(e.stage_blocks, (std::vector<int64_t>{2, 1}));
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  for (int s = 0; s < 2; ++s) {
+    double dense = 0, experts = 0;
+    for (const dsv4::ParamSpec& p : dsv4::param_table(cfg)) {
+      if (p.kind == dsv4::ParamKind::HashTable) continue;
+      const bool mine = (p.part == dsv4::ParamPart::Layer && (s == 0 ? p.layer < 2 : p.layer == 2)) ||
+                        (p.part == dsv4::ParamPart::Embed && s == 0) || (p.part == dsv4::ParamPart::Head && s == 1);
+      if (!mine) continue;
+      (p.expert >= 0 ? experts : dense) += double(numel(p.shape));
+    }
+    const plan::MemoryBreakdown& m = e.stage_mem[size_t(s)];
+    EXPECT_EQ(m.stage, s);
+    EXPECT_NEAR(m.weights * gib, 2 * (dense + experts / 4), 1e-3) << "stage " << s;
+    EXPECT_NEAR(m.grads * gib, 4 * (dense + experts / 4), 1e-3) << "stage " << s;
+    EXPECT_NEAR(m.optimizer * gib, 12 * (dense / 4 + experts / 4), 1e-3) << "stage " << s;  // EDP 1
+    EXPECT_GT(e.stage_compute[size_t(s)], 0);
+  }
+  EXPECT_GE(e.mem.total, std::max(e.stage_mem[0].total, e.stage_mem[1].total) - 1e-12);
+}
+
+}  // namespace

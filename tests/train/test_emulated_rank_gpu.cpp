@@ -1,0 +1,144 @@
+// Rank emulation (train/cuda/emulated_rank.h, `trex bench train --emulate-rank`) on the tiny V4, layout
+// pp=2 x dp=4 x ep=4 (8 ranks; every expert's optimizer state on one rank: EDP 1): a stage-0 and a stage-1 rank
+// each run two steps alone on this GPU with every collective emulated.
+//  - it runs: finite loss on the last stage, the rank's own layers and 1/EP of their experts only;
+//  - memory: what the model allocates is GpuModel::footprint (which the bench checks before allocating), and that
+//    equals the planner's per-rank weights / gradients / optimizer state (src/plan/estimate.h, the same stage
+//    layers) up to what the two count differently: the router biases (the planner counts them as weights, the GPU
+//    keeps them beside the arena), the fp32 tensors of region R (replicated on every DP rank, the planner shards
+//    all dense state over DP) and the arena's alignment padding (at most 512 elements per bucket, 8 per fp32 tensor);
+//  - traffic: with balanced routing the expert exchange moves exactly the balanced bytes: per MoE layer and
+//    micro-batch, the per-expert counts (E/EP int32 to each peer) and four row exchanges (dispatch, combine, and
+//    both again in the backward) of N K / EP rows of d bf16 to each of the EP - 1 peers.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "comm/two_rank_threads.h"
+#include "model/cuda/gpu_impl.h"
+#include "model/dsv4/param_table.h"
+#include "model/dsv4/partition.h"
+#include "parallel/rank_partition.h"
+#include "plan/estimate.h"
+#include "plan/model_spec.h"
+#include "plan/profiles.h"
+#include "train/cuda/emulated_rank.h"
+#include "train/tiny_gpu_config.h"
+
+namespace {
+
+using namespace trex;
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+constexpr int64_t kSeq = 64, kGlobalBatch = 8;  // 2 micro-batches of one sequence per DP rank
+
+TEST(EmulatedRankGpu, RunsAndAllocatesWhatThePlannerCounts) {
+  if (trex::testing::n_devices() < 1) GTEST_SKIP() << "needs a GPU";
+  const dsv4::ModelConfig cfg = trex::testing::tiny_gpu_config("emulated rank test");
+  const parallel::MeshSpec spec = parallel::parse_mesh_spec("pp=2,dp=4,ep=4");
+  const int D = spec.dp, EP = spec.ep;
+  const int64_t E = cfg.n_routed_experts, K = cfg.topk, d = cfg.hidden;
+
+  // The planner on the same model, workload and stage layers.
+  plan::Workload w;
+  w.seq = kSeq, w.gbs = kGlobalBatch, w.frozen_router = false, w.mtp = false;
+  plan::Estimator est(plan::parse_model_spec(trex::testing::tiny_gpu_config_json(), "tiny"),
+                      plan::load_hardware("nvidia-h200"), plan::load_impl("trex-prior"), w);
+  std::vector<std::vector<int64_t>> chunks;
+  for (const dsv4::ModelPartition& part : dsv4::split_layers(cfg, spec.pp)) {
+    chunks.emplace_back();
+    for (int64_t l = part.layer_begin; l < part.layer_end; ++l) chunks.back().push_back(l);
+  }
+  est.set_partition(spec.pp, 1, chunks);
+  plan::Layout l;
+  l.pp = spec.pp, l.dp = D, l.ep = EP, l.mbs = 1, l.zero = 1;
+  const plan::Estimate e = est.estimate(l, spec.pp * D);
+  ASSERT_TRUE(e.valid) << e.reason;
+  ASSERT_EQ(e.stage_mem.size(), 2u);
+
+  for (int rank : {1, 6}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const parallel::RankPartition p = parallel::rank_partition(spec, rank, cfg, kGlobalBatch);
+    parallel::EmulatedMesh sizing = parallel::make_emulated_mesh(p);
+    const dsv4gpu::GpuModel::Footprint fp =
+        dsv4gpu::GpuModel::footprint(cfg, train::EmulatedRank::model_options(p, sizing, {}));
+    train::EmulatedRank r(cfg, p, kSeq, {}, 3);
+    cuda::AdamWStep a;
+    a.lr = 1e-4;
+    double loss = 0;
+    for (int s = 1; s <= 2; ++s) {
+      a.step = s;
+      loss = r.step(a);
+    }
+    TREX_CUDA(cudaDeviceSynchronize());
+    if (p.head) {
+      EXPECT_TRUE(std::isfinite(loss) && loss > 0) << loss;
+    } else {
+      EXPECT_EQ(loss, 0.0);
+    }
+    // What was allocated is the footprint.
+    const dsv4gpu::GpuModel::Impl& m = r.model().impl();
+    EXPECT_EQ(int64_t(m.compute.bytes()), fp.compute_bytes());
+    EXPECT_EQ(int64_t(m.grads.bytes()), fp.grad_bytes());
+    EXPECT_EQ(int64_t(m.master.bytes()), fp.master_bytes());
+    EXPECT_EQ(r.model().n_params(), fp.n_params);
+    // Its own layers and experts only.
+    for (const std::string& n : r.model().param_names()) {
+      const size_t at = n.find("layers.");
+      if (at == 0) {
+        const int64_t layer = std::stoll(n.substr(7));
+        EXPECT_TRUE(layer >= p.layer_begin && layer < p.layer_end) << n;
+      }
+      const size_t ex = n.find(".ffn.experts.");
+      if (ex != std::string::npos) {
+        const int64_t x = std::stoll(n.substr(ex + 13));
+        EXPECT_TRUE(x >= p.expert_begin && x < p.expert_end) << n;
+      }
+    }
+
+    // Against the planner's numbers for this stage.
+    int64_t bias = 0, region_r = 0, r_tensors = 0;
+    for (const dsv4::ParamSpec& s : dsv4::param_table(cfg)) {
+      const bool mine = (s.part == dsv4::ParamPart::Layer && s.layer >= p.layer_begin && s.layer < p.layer_end) ||
+                        (s.part == dsv4::ParamPart::Head && p.head) || (s.part == dsv4::ParamPart::Embed && p.embed);
+      if (!mine) continue;
+      if (s.kind == dsv4::ParamKind::RouterBias) bias += numel(s.shape);
+      if (s.trained() && s.dtype == DType::F32) region_r += numel(s.shape), ++r_tensors;
+    }
+    const int64_t buckets = (p.layer_end - p.layer_begin) + 2;  // the layers', the embedding's and the head's
+    const double pad = double(512 * (buckets + 1) + 8 * r_tensors);  // elements; +1: region X's alignment
+    const plan::MemoryBreakdown& pm = e.stage_mem[size_t(p.pp_rank)];
+    const double want_bf16 = pm.weights * kGiB - 2.0 * double(bias);
+    const double want_grads = pm.grads * kGiB - 4.0 * double(bias);
+    const double want_opt = pm.optimizer * kGiB - 12.0 * double(bias) / D + 12.0 * double(region_r) * (1.0 - 1.0 / D);
+    const double gpu_opt = double(fp.master_bytes() + fp.adamw_bytes());
+    std::printf("rank %d (stage %d): bf16 weights %.0f B (planner %.0f), grads %.0f (%.0f), optimizer %.0f (%.0f); "
+                "slack %.0f elements\n",
+                rank, p.pp_rank, double(fp.compute_bytes()), want_bf16, double(fp.grad_bytes()), want_grads,
+                gpu_opt, want_opt, pad);
+    EXPECT_GE(double(fp.compute_bytes()), want_bf16 - 1);
+    EXPECT_LE(double(fp.compute_bytes()), want_bf16 + 2 * pad);
+    EXPECT_GE(double(fp.grad_bytes()), want_grads - 1);
+    EXPECT_LE(double(fp.grad_bytes()), want_grads + 4 * pad);
+    EXPECT_NEAR(gpu_opt, want_opt, 12 * pad);
+
+    // The expert exchange at the balanced sizes.
+    const auto stats = r.comm_stats();
+    ASSERT_TRUE(stats.count("ep") && stats.at("ep").count("all_to_all_v"));
+    const int64_t moe_layers = p.layer_end - p.layer_begin, micro = 2 * p.micro_batches;  // 2 steps
+    const int64_t rows = kSeq * K / EP;  // per peer
+    const int64_t per = (EP - 1) * (E / EP) * 4 + 4 * (EP - 1) * rows * d * 2;
+    EXPECT_EQ(stats.at("ep").at("all_to_all_v").bytes, micro * moe_layers * per);
+    EXPECT_EQ(stats.at("ep").at("all_to_all_v").calls, micro * moe_layers * 5);
+    // The pipeline boundary: one bf16 [N, hc, d] stream per micro-batch out of stage 0, one fp32 gradient back in.
+    const int64_t stream = kSeq * cfg.hc_mult * d;
+    if (p.pp_rank == 0) {
+      EXPECT_EQ(stats.at("pp.act").at("send").bytes, micro * stream * 2 + 16);  // + the connection handshake
+      EXPECT_EQ(stats.at("pp.grad").at("recv").bytes, micro * stream * 4 + 16);
+    }
+  }
+}
+
+}  // namespace
