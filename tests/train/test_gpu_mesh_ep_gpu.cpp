@@ -8,6 +8,7 @@
 // - a sharded checkpoint written under ep=2 has each expert tensor and its moments in its owner's file, and
 //   resumes on one rank and on dp=2 x ep=2 continuing the one-rank run's losses; a one-rank checkpoint (the GPU
 //   engine's sharded one, and the CPU trainer's one-process one) resumes under ep=2;
+// - model.init_from_run under dp=2 x ep=2 places every rank's partition of that checkpoint bit for bit;
 // - a checkpoint missing an expert tensor fails, naming it, on the rank that holds that expert only;
 // - the bytes each rank allocates for weights, gradients and optimiser state are the planner's per-rank count
 //   (plan/rank_memory.h) plus the arena's alignment padding, for dp=2, ep=2 and dp=2 x ep=2.
@@ -35,6 +36,7 @@
 #include "train/dsv4_trainable.h"
 #include "train/local_engine.h"
 #include "train/metrics.h"
+#include "train/sharded_checkpoint.h"
 #include "train/tiny_gpu_config.h"
 #include "train/trainer.h"
 #include "train/yaml.h"
@@ -422,4 +424,32 @@ TEST(GpuMeshEpLayout, RefusesEpNotDividingDpOrTheExperts) {
     for (int r = 0; r < b.dp; ++r)
       EXPECT_NE(errors[size_t(r)].find(b.want), std::string::npos) << "rank " << r << ": '" << errors[size_t(r)] << "'";
   }
+}
+
+// model.init_from_run under dp=2 x ep=2: every rank reads its partition of ep=2's step-3 checkpoint; read back by
+// name (experts from their owners, gathered over their replicas) every tensor is the checkpoint's, bit for bit.
+TEST(GpuMeshEpCheckpoint, InitFromRunPlacesEachRanksPartition) {
+  const fs::path step3 = ep2_step3() / "checkpoints" / "step_00000003";
+  const CheckpointReader reader(step3);
+  TrainConfig cfg = run_config("parallel: {pp: 1, dp: 4, ep: 2}\n");
+  cfg.model["init_from_run"] = ep2_step3().string();
+  auto ranks = comm::make_thread_group(4, 120.0);
+  Values got;
+  trex::testing::run_ranks(4, [&](int r) {
+    GpuMeshEngine engine(cfg, model_config(), train_options(), *ranks[size_t(r)]);
+    for (const std::string& n : engine.param_names()) {
+      std::vector<float> v = engine.value(n);
+      if (r == 0) got[n] = std::move(v);
+    }
+  });
+  if (HasFailure()) return;
+  int experts = 0;
+  for (const auto& [name, v] : got) {
+    const Shape shape = reader.param_shape(name);
+    std::vector<float> want(size_t(numel(shape)));
+    reader.read_param(name, shape, want.data());
+    EXPECT_EQ(v, want) << name;
+    experts += name.find(".ffn.experts.") != std::string::npos;
+  }
+  EXPECT_EQ(experts, 3 * 8 * 3);
 }
