@@ -6,7 +6,8 @@
 //   router biases (the expert loads summed over every rank: identical on every rank, the one-rank values up to
 //   routing near-ties);
 // - a sharded checkpoint written under ep=2 has each expert tensor and its moments in its owner's file, and
-//   resumes on one rank and on dp=2 x ep=2 continuing the one-rank run's losses; a one-rank checkpoint (the GPU
+//   resumes on one rank and on dp=2 x ep=2 continuing the one-rank run's losses, as dp=2 x ep=2's resumes on
+//   ep=2; a one-rank checkpoint (the GPU
 //   engine's sharded one, and the CPU trainer's one-process one) resumes under ep=2;
 // - model.init_from_run under dp=2 x ep=2 places every rank's partition of that checkpoint bit for bit;
 // - a checkpoint missing an expert tensor fails, naming it, on the rank that holds that expert only;
@@ -273,7 +274,18 @@ TEST(GpuMeshEpCheckpoint, EachExpertIsWrittenByItsOwnerAndResumesInOtherLayouts)
     expect_steps_match(d, 3, fmt::format("ep=2 -> dp={} ep={}", l.dp, l.ep));
   }
 
-  // One rank -> ep=2: from the one-rank mesh run's sharded step 3, and from the local engine's one-process format.
+  // dp=2 x ep=2 (experts' state sharded over 2 replicas) -> ep=2 (held whole).
+  {
+    const fs::path d = dat().dir / "from_dp4_ep2_to_ep2";
+    fs::remove_all(d);
+    run_layout(4, 2, d, 3);
+    const LayoutRun r = run_layout(2, 2, d);
+    EXPECT_TRUE(r.res.resumed);
+    EXPECT_EQ(r.res.start_step, 3);
+    expect_steps_match(d, 3, "dp=2 x ep=2 -> ep=2");
+  }
+
+  // One rank -> ep=2: from the one-rank mesh run's sharded step 3, and from the CPU trainer's one-process format.
   {
     const fs::path d = dat().dir / "from_one_rank_to_ep2";
     copy_run(dat().dir / "ref", d);
