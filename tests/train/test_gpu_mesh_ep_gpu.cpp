@@ -9,6 +9,7 @@
 //   resumes on one rank and on dp=2 x ep=2 continuing the one-rank run's losses, as dp=2 x ep=2's resumes on
 //   ep=2; a one-rank checkpoint (the GPU
 //   engine's sharded one, and the CPU trainer's one-process one) resumes under ep=2;
+// - Muon under dp=2 x ep=2 (the experts' Newton-Schulz inputs gathered over their replicas) as one rank's Muon;
 // - model.init_from_run under dp=2 x ep=2 places every rank's partition of that checkpoint bit for bit;
 // - a checkpoint missing an expert tensor fails, naming it, on the rank that holds that expert only;
 // - the bytes each rank allocates for weights, gradients and optimiser state are the planner's per-rank count
@@ -82,12 +83,13 @@ Dsv4TrainOptions train_options() {
 }
 
 // 8 micro-batches per step, so dp = 2, 4 and 8 all split the same global batch (and dp = 2 accumulates 4).
-TrainConfig run_config(const std::string& parallel) {
+const char* kAdamW = "{kind: adamw, clip_grad_norm: 1.0, adamw: {eps: 1.0e-8, decay_vectors: true}}";
+TrainConfig run_config(const std::string& parallel, const std::string& optimizer = kAdamW) {
   return parse_train_config(parse_yaml(R"(
 seed: 3
 model: {type: dsv4, balance_alpha: 0}
 data: {shards: x, tokenizer: y, seq_len: 64, batch_size: 2, grad_accum: 8}
-optimizer: {kind: adamw, clip_grad_norm: 1.0, adamw: {eps: 1.0e-8, decay_vectors: true}}
+optimizer: )" + optimizer + R"(
 schedule: {lr: 0.003, min_lr: 0.0003, warmup_steps: 2}
 train: {max_steps: 6}
 checkpoint: {every: 3, keep_last: 2}
@@ -111,8 +113,8 @@ struct LayoutRun {
 };
 
 // parallel {pp: 1, dp: dp, ep: ep} as dp threads under the Trainer, output in `out`.
-LayoutRun run_layout(int dp, int ep, const fs::path& out, int64_t stop = -1) {
-  const TrainConfig cfg = run_config(fmt::format("parallel: {{pp: 1, dp: {}, ep: {}}}\n", dp, ep));
+LayoutRun run_layout(int dp, int ep, const fs::path& out, int64_t stop = -1, const std::string& optimizer = kAdamW) {
+  const TrainConfig cfg = run_config(fmt::format("parallel: {{pp: 1, dp: {}, ep: {}}}\n", dp, ep), optimizer);
   auto ranks = comm::make_thread_group(dp, 300.0);  // one rank: the one-GPU engine
   LayoutRun run;
   run.biases.resize(size_t(dp));
@@ -464,4 +466,33 @@ TEST(GpuMeshEpCheckpoint, InitFromRunPlacesEachRanksPartition) {
     experts += name.find(".ffn.experts.") != std::string::npos;
   }
   EXPECT_EQ(experts, 3 * 8 * 3);
+}
+
+// Muon under dp=2 x ep=2: the experts' Newton-Schulz inputs are all-gathered over their 2 replicas (each expert
+// matrix cut by a replica's slice is orthogonalised whole): every step's loss and norm, and the final weights by
+// name, as one rank's Muon run.
+TEST(GpuMeshEpMuon, TwoByTwoMatchesOneRank) {
+  const std::string muon = "{kind: muon, clip_grad_norm: 1.0, adamw: {eps: 1.0e-8, decay_vectors: false}}";
+  const fs::path one = dat().dir / "muon_one", four = dat().dir / "muon_dp4_ep2";
+  const LayoutRun a = run_layout(1, 1, one, -1, muon), b = run_layout(4, 2, four, -1, muon);
+  if (HasFailure()) return;
+  const auto m1 = read_jsonl(one / "metrics.jsonl"), m2 = read_jsonl(four / "metrics.jsonl");
+  ASSERT_EQ(m1.size(), 6u);
+  ASSERT_EQ(m2.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) {
+    const double la = m1[i]["loss"].get<double>(), lb = m2[i]["loss"].get<double>();
+    const double ga = m1[i]["grad_norm"].get<double>(), gb = m2[i]["grad_norm"].get<double>();
+    std::printf("  Muon step %zu: loss one rank %.6f, dp=2 x ep=2 %.6f; grad norm %.5f / %.5f\n", i + 1, la, lb, ga,
+                gb);
+    EXPECT_LT(std::abs(la - lb) / la, 5e-3) << "step " << i + 1;
+    EXPECT_LT(std::abs(ga - gb) / ga, 5e-2) << "step " << i + 1;
+  }
+  double worst = 0;
+  for (const auto& [name, w_ref] : a.values) {
+    if (is_bias(name) || w_ref.size() < 64) continue;
+    const double e = rel_l2(b.values.at(name), w_ref);
+    EXPECT_LT(e, 2e-2) << name;
+    worst = std::max(worst, e);
+  }
+  std::printf("Muon dp=2 x ep=2: final weights vs one rank, worst rel L2 %.2e\n", worst);
 }
