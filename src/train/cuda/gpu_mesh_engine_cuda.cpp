@@ -211,9 +211,11 @@ GpuMeshEngine::~GpuMeshEngine() = default;
 
 std::string GpuMeshEngine::describe() const {
   const State& s = *s_;
+  int64_t n = 0;  // the whole model's, whatever this rank holds
+  for (const Entry& p : s.params) n += numel(p.shape);
   return fmt::format("DeepSeek-V4 on CUDA (hidden {}, {} layers, {} experts top-{}, vocab {}, {} parameters): GPU "
                      "mesh dp={} ep={}{}, {} micro-batches per DP rank",
-                     s.mc.hidden, s.mc.n_layers, s.mc.n_routed_experts, s.mc.topk, s.mc.vocab_size, n_trained(),
+                     s.mc.hidden, s.mc.n_layers, s.mc.n_routed_experts, s.mc.topk, s.mc.vocab_size, n,
                      s.D, s.mesh.spec.ep, s.D > 1 ? " (ZeRO-1)" : "", s.cfg.grad_accum / s.D);
 }
 
@@ -332,8 +334,9 @@ void GpuMeshEngine::save(const fs::path& root, const TrainState& st, int64_t kee
   const int R = s.world.rank(), W = s.world.size();
   // A dense tensor is gathered whole from its ZeRO-1 slices (collective over the DP group, in table order on
   // every rank) and written by one rank, round robin, so the files are of similar size. A routed expert under ep
-  // is written (with its moments) by its owner, the edp-rank-0 holder of that expert, from its own copy: never
-  // sent to another rank. Host memory: the tensors this rank writes.
+  // is written (with its moments) by its owner, the edp-rank-0 holder of that expert, after a gather over its
+  // replicas only (collective over them, in table order): never sent to a rank that does not hold it. Host memory:
+  // the tensors this rank writes.
   std::deque<std::vector<float>> keep;
   std::vector<ShardedTensor> pt, ot;
   size_t dense = 0;
