@@ -1,5 +1,5 @@
 // What `trex train --device cuda` runs (train/gpu_mesh_config.h): one GPU and dp (ZeRO-1) with the V4 recipe
-// (AdamW or Muon, the balance loss, freeze, MTP) are accepted; every layout the GPU mesh engine does not run is
+// (AdamW or Muon, the balance loss, freeze, MTP), and ep folded into dp, are accepted; every layout the GPU mesh engine does not run is
 // refused on the config alone, naming the key to change and what is missing.
 #include <gtest/gtest.h>
 
@@ -32,6 +32,9 @@ void expect_refused(const TrainConfig& c, int world, const std::vector<std::stri
 TEST(GpuMeshConfig, AcceptsOneGpuAndDataParallelWithTheV4Recipe) {
   EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 2}\n"), 2), "");
   EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 4}\n"), 4), "");
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 2, ep: 2}\n"), 2), "") << "ep = dp";
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 4, ep: 2}\n"), 4), "") << "dp = 2 x ep = 2";
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 8, ep: 2}\n"), 8), "") << "dp = 4 x ep = 2";
   EXPECT_EQ(check_gpu_mesh_config(config(""), 4), "") << "no parallel section: plain data parallelism";
   EXPECT_EQ(check_gpu_mesh_config(config(""), 1), "") << "one GPU";
   // One rank and dp: Muon (whole matrices under ZeRO-1), AdamW without decay on vectors, the balance loss, the
@@ -49,7 +52,7 @@ TEST(GpuMeshConfig, AcceptsOneGpuAndDataParallelWithTheV4Recipe) {
 TEST(GpuMeshConfig, RefusesWhatTheGpuMeshDoesNotRunNamingWhatIsMissing) {
   expect_refused(config("parallel: {pp: 2, dp: 1}\n"), 2, {"parallel.pp=2", "gpu_pipeline.h", "pp: 1"});
   expect_refused(config("parallel: {pp: 2, dp: 1, vpp: 2}\n"), 2, {"parallel.pp=2"});
-  expect_refused(config("parallel: {dp: 4, ep: 2}\n"), 4, {"parallel.ep=2", "owner", "ep: 1"});
+  expect_refused(config("parallel: {dp: 4, ep: 3}\n"), 4, {"parallel.ep=3", "parallel.dp=4", "does not divide"});
   expect_refused(config("parallel: {dp: 3}\n"), 3, {"parallel.dp=3", "64"});
   expect_refused(config("parallel: {dp: 2}\n", "{kind: adamw}", "{type: toy}"), 2, {"dsv4 only", "toy"});
   expect_refused(config("", "{kind: adamw}", "{type: toy}"), 1, {"dsv4 only", "toy"});
@@ -83,6 +86,8 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
       {"parallel: {pp: 2, dp: 1}\n", "", "", 2, ask(2, 1, 1, 1, false, false)},
       {"parallel: {pp: 2, dp: 1, vpp: 2}\n", "", "", 2, ask(2, 2, 1, 1, false, false)},
       {"parallel: {dp: 4, ep: 2}\n", "", "", 4, ask(1, 1, 2, 4, false, false)},
+      {"parallel: {dp: 2, ep: 2}\n", "", "", 2, ask(1, 1, 2, 2, false, false)},
+      {"parallel: {dp: 4, ep: 3}\n", "", "", 4, ask(1, 1, 3, 4, false, false)},
       {"parallel: {dp: 2}\n", "{kind: muon}", "", 2, ask(1, 1, 1, 2, true, false)},
       {"parallel: {dp: 1}\n", "{kind: muon}", "", 1, ask(1, 1, 1, 1, true, false)},
       {"freeze: [router]\nparallel: {dp: 2}\n", "", "", 2, ask(1, 1, 1, 2, false, true)},
