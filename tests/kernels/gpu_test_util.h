@@ -54,6 +54,19 @@ inline double rel_err(const std::vector<float>& got, const std::vector<float>& r
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
+// Relative L2 distance of a tensor from a reference that may be all zeros (then the absolute L2 distance); INFINITY
+// when `a` has a non-finite element. The multi-rank training tests compare gradients and weights with it.
+inline double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
 template <typename T>
 trex::cuda::DeviceBuffer poisoned(size_t count) {
   trex::cuda::DeviceBuffer b(count * sizeof(T));

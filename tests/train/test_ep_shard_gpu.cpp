@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/gpu_test_util.h"
 #include "comm/rank_threads.h"
 #include "comm/thread_group.h"
 #include "comm/two_rank_threads.h"
@@ -38,15 +39,7 @@ namespace {
 using namespace trex;
 using Grads = std::map<std::string, std::vector<float>>;
 
-double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
+using trex::gpu_test::rel_l2;
 
 // Rank r's batch: 2 rows of 64 tokens (one packed with two documents); the label mask has the same pattern on
 // every rank, so every rank has the same number of labelled targets.

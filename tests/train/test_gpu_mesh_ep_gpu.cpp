@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/gpu_test_util.h"
 #include "comm/communicator.h"
 #include "comm/rank_threads.h"
 #include "comm/thread_group.h"
@@ -131,15 +132,7 @@ LayoutRun run_layout(int dp, int ep, const fs::path& out, int64_t stop = -1, con
   return run;
 }
 
-double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
+using trex::gpu_test::rel_l2;
 
 double max_abs(const std::vector<float>& a, const std::vector<float>& b) {
   double m = 0;

@@ -20,6 +20,7 @@
 #include <random>
 #include <thread>
 
+#include "kernels/gpu_test_util.h"
 #include "comm/nccl_communicator.h"
 #include "comm/thread_group.h"
 #include "comm/two_rank_threads.h"
@@ -39,15 +40,7 @@ dsv4::ModelConfig ep_config() { return trex::testing::tiny_gpu_config("EP test c
 
 using Grads = std::map<std::string, std::vector<float>>;
 
-double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
+using trex::gpu_test::rel_l2;
 
 struct Batch {
   dsv4::SeqLayout layout = dsv4::SeqLayout::packed(64, {{64}, {40, 24}});

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/gpu_test_util.h"
 #include "comm/rank_threads.h"
 #include "comm/thread_group.h"
 #include "comm/two_rank_threads.h"
@@ -45,15 +46,7 @@ struct Layout {
   const char* name;
 };
 
-double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
+using trex::gpu_test::rel_l2;
 
 // The global batch: D * M micro-batches of one 64-token sequence; DP rank d runs micro-batches [d M, (d+1) M).
 // Some unlabelled positions, differently many per micro-batch (so the normaliser is the step's, not a mean).
