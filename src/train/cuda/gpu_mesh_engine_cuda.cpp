@@ -61,6 +61,7 @@ struct GpuMeshEngine::State {
   float* acc = nullptr;                        // D > 1, M > 1: the reduced shard held between backwards
   float pending_scale = 1.f;                   // applied by the next optimiser step (1 / M, clipping)
   int64_t steps = 0;
+  double exposed_ms_seen = 0;  // GpuModel::exposed_comm_ms() at the last step's report (it accumulates)
   bool mtp = false;  // the MTP module trained (model.use_mtp and the config has it)
 
   State(const TrainConfig& c, const dsv4::ModelConfig& m, const Dsv4TrainOptions& opts, comm::Communicator& w)
@@ -295,6 +296,14 @@ EngineStep GpuMeshEngine::forward_backward(const std::vector<data::Batch>& mine,
   r.loss = red[0];
   r.targets = int64_t(red[1]);
   r.tokens = int64_t(red[2]);
+  if (s.D > 1) {
+    // Exposed communication: how long the compute stream waited on the gradient reduce-scatters of this step's
+    // backwards and the previous optimiser step's parameter all-gathers (the model's stall events; metrics report
+    // the slowest rank's).
+    const double total_ms = s.gpu->exposed_comm_ms();
+    r.slowest.push_back({"exposed_comm_s", (total_ms - s.exposed_ms_seen) / 1e3});
+    s.exposed_ms_seen = total_ms;
+  }
   return r;
 }
 
