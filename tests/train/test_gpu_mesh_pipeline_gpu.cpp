@@ -108,7 +108,8 @@ const fs::path& one_rank_run() {  // the reference: one rank, 6 steps (shared by
   return out;
 }
 
-void expect_matches_one_rank(const std::string& name, const std::string& parallel, int ranks) {
+// stages x DP ranks = ranks; 4 micro-batches a step, 4 / dp through each pipeline.
+void expect_matches_one_rank(const std::string& name, const std::string& parallel, int ranks, int stages) {
   const fs::path& one = one_rank_run();
   const fs::path out = dat().dir / name;
   train_ranks(run_config(parallel), ranks, out);
@@ -124,6 +125,10 @@ void expect_matches_one_rank(const std::string& name, const std::string& paralle
     EXPECT_LT(std::abs(a - b) / a, 5e-3) << name << " step " << i + 1;
     EXPECT_LT(std::abs(ga - gb) / ga, 5e-2) << name << " step " << i + 1;
     EXPECT_EQ(m1[i]["targets"], m2[i]["targets"]) << name << " step " << i + 1 << ": the global batch differs";
+    // The pipeline's per-step timings, and 1F1B's ideal bubble of P stages over M micro-batches.
+    const double M = 4.0 / double(ranks / stages);
+    EXPECT_TRUE(m2[i].contains("pipeline_wait_s") && m2[i]["stage_forward_s"].get<double>() > 0) << m2[i].dump();
+    EXPECT_NEAR(m2[i].value("bubble_fraction", -1.0), (stages - 1) / (M + stages - 1), 1e-12) << m2[i].dump();
   }
   EXPECT_LT(m2.back()["loss"].get<double>(), m2.front()["loss"].get<double>()) << name << ": the loss does not fall";
   // Each stage wrote its own tensors: together every parameter and optimiser state once (the manifest refuses
@@ -139,10 +144,10 @@ void expect_matches_one_rank(const std::string& name, const std::string& paralle
 
 }  // namespace
 
-TEST(GpuMeshPipeline, TwoStagesMatchOneRank) { expect_matches_one_rank("pp2", "{pp: 2, dp: 1, ep: 1}", 2); }
+TEST(GpuMeshPipeline, TwoStagesMatchOneRank) { expect_matches_one_rank("pp2", "{pp: 2, dp: 1, ep: 1}", 2, 2); }
 
 TEST(GpuMeshPipeline, TwoStagesTimesTwoDataParallelRanksMatchOneRank) {
-  expect_matches_one_rank("pp2_dp2", "{pp: 2, dp: 2, ep: 1}", 4);
+  expect_matches_one_rank("pp2_dp2", "{pp: 2, dp: 2, ep: 1}", 4, 2);
 }
 
 TEST(GpuMeshPipeline, OneRankContinuesATwoStageCheckpoint) {

@@ -282,6 +282,11 @@ EngineStep GpuMeshEngine::forward_backward(const std::vector<data::Batch>& mine,
   r.loss = red[0];
   r.targets = int64_t(red[1]);
   r.tokens = int64_t(red[2]);
+  if (s.pipe) {  // the slowest rank's, as the CPU mesh engine reports its pipeline
+    const GpuMeshPipeline::StepTimes& t = s.pipe->last_times();
+    r.slowest = {{"pipeline_wait_s", t.wait_s}, {"stage_forward_s", t.forward_s}, {"stage_backward_s", t.backward_s}};
+    r.extra = {{"bubble_fraction", s.pipe->ideal_bubble_fraction()}};
+  }
   return r;
 }
 

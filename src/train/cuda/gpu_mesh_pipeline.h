@@ -49,6 +49,15 @@ class GpuMeshPipeline {
   // after_forward(k): right after micro-batch k's forward on this stage (its slot's router selections are valid).
   // Returns this DP rank's share of the step's loss on the last stage, 0 on the others.
   double step(const std::vector<data::Batch>& mine, int64_t n_micro, const std::function<void(int64_t)>& after_forward);
+  // The last step's timings on this rank (the pipeline's per-operation CUDA events are drained every step, so a
+  // long run does not accumulate them): seconds the host waited for boundary tensors (bubble + exposed
+  // transfer), and the device seconds of the stage's forwards and backwards.
+  struct StepTimes {
+    double wait_s = 0, forward_s = 0, backward_s = 0;
+  };
+  const StepTimes& last_times() const { return times_; }
+  // The 1F1B schedule's ideal bubble fraction, (P - 1) / (M + P - 1).
+  double ideal_bubble_fraction() const;
   // The model's global gradient norm from this stage's (the same on every rank of the stage): the stages' squares
   // summed over the world (each stage counted once, by its DP rank 0). Collective over `host_world`.
   double global_norm(double stage_norm, comm::Communicator& host_world) const;
@@ -57,6 +66,8 @@ class GpuMeshPipeline {
   parallel::Mesh& mesh_;
   std::unique_ptr<comm::Communicator> grad_;  // the gradient direction's communicator over the pipeline ranks
   std::unique_ptr<dsv4gpu::GpuPipeline> pipe_;
+  int64_t micro_batches_ = 1;
+  StepTimes times_;
 };
 
 }  // namespace trex::train

@@ -20,7 +20,7 @@ void set_gpu_stage(dsv4gpu::GpuModelOptions& go, const dsv4::ModelConfig& mc, co
 
 GpuMeshPipeline::GpuMeshPipeline(dsv4gpu::GpuModel& stage, parallel::Mesh& mesh, comm::Communicator& world,
                                  int64_t micro_batches)
-    : mesh_(mesh) {
+    : mesh_(mesh), micro_batches_(micro_batches) {
   TREX_CHECK(mesh.pp_group && mesh.pp_group->size() == mesh.spec.pp,
              "GPU pipeline rank {}: the mesh has no pipeline group of {} stages", mesh.world_rank, mesh.spec.pp);
   // Each direction on its own communicator (gpu_pipeline.h: one serial stream for both would deadlock).
@@ -43,7 +43,16 @@ double GpuMeshPipeline::step(const std::vector<data::Batch>& mine, int64_t n_mic
     // global batch's mean of micro-batch means (the dp path's normaliser).
     mbs.push_back({b.input_ids.data(), b.labels.data(), &layouts.back(), b.n_targets * n_micro});
   }
-  return pipe_->step(mbs, n_micro, after_forward);
+  const double loss = pipe_->step(mbs, n_micro, after_forward);
+  const dsv4gpu::PipelineStats st = pipe_->stats();
+  times_ = {st.recv_wait_ms / 1e3, st.fwd_ms / 1e3, st.bwd_ms / 1e3};
+  pipe_->reset_stats();
+  return loss;
+}
+
+double GpuMeshPipeline::ideal_bubble_fraction() const {
+  const double P = mesh_.spec.pp, M = double(micro_batches_);
+  return (P - 1) / (M + P - 1);
 }
 
 double GpuMeshPipeline::global_norm(double stage_norm, comm::Communicator& host_world) const {
