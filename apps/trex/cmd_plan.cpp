@@ -21,6 +21,7 @@ struct PlanOptions {
   std::vector<std::string> layouts, hw_set;
   int64_t devices = 0, nodes = 0, seq = 4096, gbs = 0, top = 10;
   bool search = false, no_mtp = false, train_router = false;
+  bool runnable = false;  // --search only among the layouts the GPU trainer runs (train::gpu_layout_gaps empty)
   double fill = 1.0;
 };
 
@@ -102,8 +103,11 @@ void run_plan(const PlanOptions& o) {
   }
   std::vector<Estimate> best;
   if (o.search) {
-    SearchResult res = search_layouts(est, devices, size_t(o.top));
-    std::printf("\nsearch: %ld layouts considered, %ld refused, %ld out of memory; best %zu:\n%s",
+    std::function<bool(const Layout&)> accept;
+    if (o.runnable) accept = [&](const Layout& l) { return gaps(l).empty(); };
+    SearchResult res = search_layouts(est, devices, size_t(o.top), true, accept);
+    std::printf("\nsearch%s: %ld layouts considered, %ld refused, %ld out of memory; best %zu:\n%s",
+                o.runnable ? " (only layouts trex train --device cuda runs today)" : "",
                 long(res.considered), long(res.refused), long(res.out_of_memory), res.best.size(),
                 estimates_table(res.best).c_str());
     out["search"] = {{"considered", res.considered}, {"refused", res.refused}, {"out_of_memory", res.out_of_memory}};
@@ -148,6 +152,7 @@ const bool registered_plan = trex::cli::register_command(
        app.add_option("--layout", o->layouts, "e.g. TP2,PP8,VPP2,EP64,MBS1,RC=full,OFF=swap (repeatable)");
        app.add_flag("--search", o->search, "enumerate layouts and print the best");
        app.add_option("--top", o->top, "layouts kept by --search")->capture_default_str();
+       app.add_flag("--runnable", o->runnable, "--search only among the layouts trex train --device cuda runs today");
        app.add_option("--json", o->json_path, "write the results as JSON");
        app.add_option("--html", o->html_path, "write an HTML page with charts");
        app.callback([o] { run_plan(*o); });

@@ -16,13 +16,17 @@ one() {  # limit, args...
   echo "[$(( $(date +%s) - T0 )) s]"
 }
 F=.devdeps/v4-flash.json P=.devdeps/v4-pro.json
-# V4-Flash on 128 H200, global batch 128: CPT at 4096, SFT at 8192 (pp=4 x dp=32, ep=32 folded into dp).
+# V4-Flash on 128 H200, global batch 128: the best layout `trex plan --search --runnable --no-mtp` finds among those
+# trex train runs (pp=1 x dp=128, ep=128, recompute full), CPT at 4096 and SFT at 8192; then the founding report's
+# pp=4 x dp=32 x ep=32 (first and last stage) with recompute full and selective.
+one 150 --config $F --seq 4096 --batch 128 --mode cpt --emulate-rank 0 --layout pp=1,dp=128,ep=128 --recompute full --warmup 1 --steps 2
+one 150 --config $F --seq 8192 --batch 128 --mode sft --emulate-rank 0 --layout pp=1,dp=128,ep=128 --recompute full --warmup 1 --steps 2
 for r in 0 96; do
-  one 120 --config $F --seq 4096 --batch 128 --mode cpt --emulate-rank $r --layout pp=4,dp=32,ep=32 --warmup 1 --steps 2
-  one 150 --config $F --seq 8192 --batch 128 --mode sft --emulate-rank $r --layout pp=4,dp=32,ep=32 --warmup 1 --steps 2
+  one 120 --config $F --seq 4096 --batch 128 --mode cpt --emulate-rank $r --layout pp=4,dp=32,ep=32 --recompute full --warmup 1 --steps 2
 done
-# V4-Pro on 512 H200, global batch 256, SFT at 4096 (pp=8 x dp=64, ep=64).
+one 120 --config $F --seq 4096 --batch 128 --mode cpt --emulate-rank 0 --layout pp=4,dp=32,ep=32 --recompute selective --warmup 1 --steps 2
+# V4-Pro on 512 H200, global batch 256, SFT at 4096 (pp=8 x dp=64, ep=64), first and last stage.
 for r in 0 448; do
-  one 180 --config $P --seq 4096 --batch 256 --mode sft --emulate-rank $r --layout pp=8,dp=64,ep=64 --warmup 1 --steps 2
+  one 180 --config $P --seq 4096 --batch 256 --mode sft --emulate-rank $r --layout pp=8,dp=64,ep=64 --recompute full --warmup 1 --steps 2
 done
 echo "== emulate.sh done after $(( $(date +%s) - T0 )) s"

@@ -16,6 +16,8 @@ run_test "expert sharding" 90 $B/tests/test_train_gpu \
   --gtest_filter='Ranks/EpShardGpu.*:EpShardGpuState.*:Backends/MoeEpGpu.*'
 run_test "streamed checkpoint load" 60 $B/tests/test_train_gpu --gtest_filter='GpuCheckpointLoad.*'
 run_test "GPU step engine and trainer" 240 $B/tests/test_train_gpu --gtest_filter='GpuStepEngine.*:GpuTrainer.*:GpuMeshEngine.*'
+run_test "expert parallelism under the trainer" 300 $B/tests/test_train_gpu \
+  --gtest_filter='Layouts/GpuMeshEp.*:GpuMeshEpCheckpoint.*:GpuMeshEpMemory.*:GpuMeshEpLayout.*:GpuMeshEpMuon.*'
 run_test "GPU model regression" 120 $B/tests/test_train_gpu \
   --gtest_filter='Dsv4Gpu.*:ParityGpu.*:DataParallelGpu.*:OptimizerGpu.*:PipelineGpu.*:MoeGpuPaths.*:HeadGradGpu.*:MtpGpu.*'
 run_test "grouped GEMM" 60 $B/tests/test_kernels_gpu --gtest_filter='GroupedGemmGpu.*'

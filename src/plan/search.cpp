@@ -16,11 +16,13 @@ std::vector<int64_t> powers_of_two_upto(int64_t n) {
 }
 }  // namespace
 
-SearchResult search_layouts(const Estimator& est, int64_t devices, size_t keep, bool progress) {
+SearchResult search_layouts(const Estimator& est, int64_t devices, size_t keep, bool progress,
+                            const std::function<bool(const Layout&)>& accept) {
   const ModelSpec& m = est.math().spec();
   const HardwareProfile& hw = est.hardware();
   const Workload& w = est.workload();
   std::vector<Layout> candidates;
+  int64_t rejected = 0;  // by accept
   const int64_t blocks = est.math().n_blocks(w.mtp);
   for (int64_t tp : powers_of_two_upto(std::min<int64_t>(hw.devices_per_node, 8)))
     for (int64_t pp = 1; pp <= std::min<int64_t>(devices, 16); ++pp) {
@@ -37,12 +39,17 @@ SearchResult search_layouts(const Estimator& est, int64_t devices, size_t keep, 
                     l.tp = tp, l.pp = pp, l.vpp = vpp, l.cp = cp, l.ep = ep, l.etp = etp, l.mbs = mbs;
                     l.recompute = rc, l.offload = off, l.zero = 1, l.overlap = true;
                     if (pp * vpp > blocks) continue;
+                    if (accept && !accept(l)) {
+                      ++rejected;
+                      continue;
+                    }
                     candidates.push_back(l);
                   }
             }
         }
     }
   SearchResult res;
+  res.considered = res.refused = rejected;
   std::unique_ptr<ProgressBar> bar;
   if (progress) bar = std::make_unique<ProgressBar>("plan search", int64_t(candidates.size()), "layouts");
   std::vector<Estimate> fitting;

@@ -1,6 +1,7 @@
 // Layout search: enumerate TP/PP/VPP/EP/ETP/CP, micro-batch, recomputation and offload for a device
 // count, keep what the planner accepts and what fits in memory, rank by predicted MFU.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -15,7 +16,10 @@ struct SearchResult {
   int64_t considered = 0, refused = 0, out_of_memory = 0;
 };
 
-SearchResult search_layouts(const Estimator& est, int64_t devices, size_t keep = 10, bool progress = true);
+// accept (optional): only layouts it accepts are estimated (e.g. those a trainer runs today); the others count as
+// refused.
+SearchResult search_layouts(const Estimator& est, int64_t devices, size_t keep = 10, bool progress = true,
+                            const std::function<bool(const Layout&)>& accept = {});
 
 // Text table, JSON and a self-contained HTML page (inline SVG bars) of a set of estimates.
 std::string estimates_table(const std::vector<Estimate>& rows);

@@ -31,7 +31,7 @@ std::string gpu_layout_gaps(const GpuLayoutAsk& a) {
   need(a.etp > 1, "expert tensor parallelism");
   need(a.cp > 1, "context parallelism");
   need(a.vpp > 1, "interleaved stages");
-  need(a.ep > 1, "expert parallelism under trex train (each expert written by its owner)");
+  need(a.ep > 1 && a.dp % a.ep != 0, "expert parallelism whose degree does not divide dp (EP folds into DP)");
   need(a.optimizer_offload, "optimizer offload");
   need(a.fully_sharded, "fully sharded dense weights");
   need(a.dp > 1 && 64 % a.dp != 0, "data parallelism whose degree does not divide 64 (the ZeRO-1 bucket slicing)");
@@ -61,16 +61,14 @@ std::string check_gpu_mesh_config(const TrainConfig& cfg, int world_size) {
     return fmt::format("the sequence-wise balance loss (model.balance_alpha={}) is not implemented on GPU pipeline "
                        "stages (parallel.pp={}); set model.balance_alpha: 0 or pp: 1",
                        cfg.model.value("balance_alpha", 1e-4), m.pp);
-  if (m.ep > 1)
-    return fmt::format(
-        "expert parallelism (parallel.ep={}) is not run by `trex train --device cuda` yet: each rank holds only its "
-        "own experts, and the GPU checkpoint writer gathers every tensor over the data-parallel group instead of "
-        "writing each expert (and its moments) from its owner. Use ep: 1 (dp on the GPU), or device cpu for ep",
-        m.ep);
+  if (m.ep > 1 && m.dp % m.ep != 0)
+    return fmt::format("parallel.ep={} does not divide parallel.dp={} (expert parallelism is folded into the "
+                       "data-parallel ranks: each group of ep consecutive DP ranks holds all the experts)",
+                       m.ep, m.dp);
   if (m.dp > 1 && 64 % m.dp != 0)
     return fmt::format("parallel.dp={} must divide 64 on the GPU (the ZeRO-1 bucket slicing)", m.dp);
-  // Under expert parallelism (once the trainer runs it): the GPU model places the main layers' experts only, and
-  // its balance loss does not run in the expert exchange.
+  // Under expert parallelism the GPU model places the main layers' experts only, and its balance loss does not
+  // run in the expert exchange.
   if (m.ep > 1 && trains_mtp(cfg))
     return fmt::format("the MTP module (model.use_mtp) with expert parallelism (parallel.ep={}) is not implemented "
                        "on the GPU (the MTP block's experts are not placed); set model.use_mtp: false or ep: 1",

@@ -88,6 +88,26 @@ TEST(PlanEstimate, ImpossibleLayoutsAreRefusedWithAReason) {
   EXPECT_THROW(parse_layout("TP0"), trex::Error);
 }
 
+// A search restricted by a predicate (trex plan --search --runnable: the layouts the GPU trainer runs) returns only
+// accepted layouts, counts the others as refused, and its best is the best accepted layout of the full search.
+TEST(PlanSearch, AcceptPredicateKeepsOnlyAcceptedLayouts) {
+  Estimator e = make("flash", "nvidia-h200", 128);
+  const SearchResult all = search_layouts(e, 128, 100000, false);
+  const SearchResult tp1 = search_layouts(e, 128, 5, false, [](const Layout& l) { return l.tp == 1; });
+  ASSERT_FALSE(tp1.best.empty());
+  EXPECT_EQ(tp1.considered, all.considered);
+  EXPECT_GT(tp1.refused, all.refused);
+  for (const Estimate& x : tp1.best) EXPECT_EQ(x.layout.tp, 1) << to_string(x.layout);
+  const Estimate* first = nullptr;
+  for (const Estimate& x : all.best)
+    if (x.layout.tp == 1) {
+      first = &x;
+      break;
+    }
+  ASSERT_NE(first, nullptr);
+  EXPECT_DOUBLE_EQ(tp1.best[0].mfu, first->mfu) << to_string(tp1.best[0].layout) << " vs " << to_string(first->layout);
+}
+
 TEST(PlanSearch, NeverReturnsALayoutThatExceedsMemory) {
   for (const char* model : {"flash", "pro"}) {
     Estimator e = make(model, "nvidia-h200", 512);

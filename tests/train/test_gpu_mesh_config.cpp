@@ -1,6 +1,6 @@
 // What `trex train --device cuda` runs (train/gpu_mesh_config.h): one GPU and dp (ZeRO-1) with the V4 recipe
-// (AdamW or Muon, the balance loss, freeze, MTP) are accepted, and pipeline stages with dp (without MTP and the
-// balance loss); every layout the GPU mesh engine does not run is
+// (AdamW or Muon, the balance loss, freeze, MTP), ep folded into dp, and pipeline stages with dp / ep (without
+// MTP and the balance loss) are accepted; every layout the GPU mesh engine does not run is
 // refused on the config alone, naming the key to change and what is missing.
 #include <gtest/gtest.h>
 
@@ -33,6 +33,9 @@ void expect_refused(const TrainConfig& c, int world, const std::vector<std::stri
 TEST(GpuMeshConfig, AcceptsOneGpuAndDataParallelWithTheV4Recipe) {
   EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 2}\n"), 2), "");
   EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 4}\n"), 4), "");
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 2, ep: 2}\n"), 2), "") << "ep = dp";
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 4, ep: 2}\n"), 4), "") << "dp = 2 x ep = 2";
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 8, ep: 2}\n"), 8), "") << "dp = 4 x ep = 2";
   EXPECT_EQ(check_gpu_mesh_config(config(""), 4), "") << "no parallel section: plain data parallelism";
   EXPECT_EQ(check_gpu_mesh_config(config(""), 1), "") << "one GPU";
   // One rank and dp: Muon (whole matrices under ZeRO-1), AdamW without decay on vectors, the balance loss, the
@@ -48,6 +51,7 @@ TEST(GpuMeshConfig, AcceptsOneGpuAndDataParallelWithTheV4Recipe) {
   // Pipeline stages, alone and with dp; AdamW or Muon, freeze; the MTP config present but not trained.
   EXPECT_EQ(check_gpu_mesh_config(config("parallel: {pp: 2, dp: 1}\n"), 2), "");
   EXPECT_EQ(check_gpu_mesh_config(config("parallel: {pp: 2, dp: 2}\n"), 4), "");
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {pp: 2, dp: 2, ep: 2}\n"), 4), "");
   EXPECT_EQ(check_gpu_mesh_config(config("parallel: {pp: 4, dp: 2}\n", "{kind: muon}"), 8), "");
   EXPECT_EQ(check_gpu_mesh_config(config("freeze: [\"layers.*.ffn.gate.weight\"]\nparallel: {pp: 2, dp: 2}\n"), 4),
             "");
@@ -67,7 +71,7 @@ TEST(GpuMeshConfig, RefusesWhatTheGpuMeshDoesNotRunNamingWhatIsMissing) {
   expect_refused(config("parallel: {pp: 2, dp: 2}\n", "{kind: adamw}", "{type: dsv4, balance_alpha: 0.001}"), 4,
                  {"balance_alpha=0.001", "parallel.pp=2", "pp: 1"});
   expect_refused(config("parallel: {pp: 2, dp: 1}\n", "{kind: adamw}", "{type: dsv4}"), 2, {"balance_alpha"});
-  expect_refused(config("parallel: {dp: 4, ep: 2}\n"), 4, {"parallel.ep=2", "owner", "ep: 1"});
+  expect_refused(config("parallel: {dp: 4, ep: 3}\n"), 4, {"parallel.ep=3", "parallel.dp=4", "does not divide"});
   expect_refused(config("parallel: {dp: 3}\n"), 3, {"parallel.dp=3", "64"});
   expect_refused(config("parallel: {dp: 2}\n", "{kind: adamw}", "{type: toy}"), 2, {"dsv4 only", "toy"});
   expect_refused(config("", "{kind: adamw}", "{type: toy}"), 1, {"dsv4 only", "toy"});
@@ -104,7 +108,10 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
       {"parallel: {pp: 4, dp: 2}\n", "{kind: muon}", "", 8, ask(4, 1, 1, 2, true, false)},
       {"parallel: {pp: 2, dp: 2}\n", "", mtp, 4, ask(2, 1, 1, 2, false, false, true)},
       {"parallel: {pp: 2, dp: 3}\n", "", "", 6, ask(2, 1, 1, 3, false, false)},
+      {"parallel: {pp: 2, dp: 4, ep: 2}\n", "", "", 8, ask(2, 1, 2, 4, false, false)},
       {"parallel: {dp: 4, ep: 2}\n", "", "", 4, ask(1, 1, 2, 4, false, false)},
+      {"parallel: {dp: 2, ep: 2}\n", "", "", 2, ask(1, 1, 2, 2, false, false)},
+      {"parallel: {dp: 4, ep: 3}\n", "", "", 4, ask(1, 1, 3, 4, false, false)},
       {"parallel: {dp: 2}\n", "{kind: muon}", "", 2, ask(1, 1, 1, 2, true, false)},
       {"parallel: {dp: 1}\n", "{kind: muon}", "", 1, ask(1, 1, 1, 1, true, false)},
       {"freeze: [router]\nparallel: {dp: 2}\n", "", "", 2, ask(1, 1, 1, 2, false, true)},

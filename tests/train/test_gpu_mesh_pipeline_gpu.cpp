@@ -1,6 +1,7 @@
 // Pipeline stages under the Trainer (train/cuda/gpu_mesh_pipeline.h: the GPU mesh engine with pp > 1), every rank
 // a thread of this process on one GPU over the thread-group communicator (world rank = stage * dp + dp rank):
-//  - pp = 2 (2 ranks) and pp = 2 x dp = 2 (4 ranks) give the one-rank run of the same global batch (4 micro-batches
+//  - pp = 2 (2 ranks), pp = 2 x dp = 2 (4 ranks), and with ep = 2 folded into dp = 2 (4 ranks) or dp = 4 (8
+//    ranks) give the one-rank run of the same global batch (4 micro-batches
 //    a step): every step's loss (the last stage's, summed over DP), gradient norm (the stages' squares summed)
 //    and target count, with AdamW (decay on vectors too: every tensor's update depends on its own stage's
 //    gradient only) and the router-bias update (each stage's loads); their checkpoints hold every tensor and
@@ -148,6 +149,16 @@ TEST(GpuMeshPipeline, TwoStagesMatchOneRank) { expect_matches_one_rank("pp2", "{
 
 TEST(GpuMeshPipeline, TwoStagesTimesTwoDataParallelRanksMatchOneRank) {
   expect_matches_one_rank("pp2_dp2", "{pp: 2, dp: 2, ep: 1}", 4, 2);
+}
+
+// Expert parallelism folded into each stage's DP ranks (each rank holds its stage's layers and half of their
+// experts; an expert written by its owner).
+TEST(GpuMeshPipeline, TwoStagesTimesTwoDataParallelWithTwoExpertParallelMatchOneRank) {
+  expect_matches_one_rank("pp2_dp2_ep2", "{pp: 2, dp: 2, ep: 2}", 4, 2);
+}
+
+TEST(GpuMeshPipeline, TwoStagesTimesFourDataParallelWithTwoExpertParallelMatchOneRank) {
+  expect_matches_one_rank("pp2_dp4_ep2", "{pp: 2, dp: 4, ep: 2}", 8, 2);
 }
 
 TEST(GpuMeshPipeline, OneRankContinuesATwoStageCheckpoint) {

@@ -7,8 +7,8 @@
 // micro-batches per DP rank) with an AdamW step between, against one rank accumulating the global batch's D * M
 // micro-batches (same micro-batch shape, same kernels) under begin_step. Every step's loss (the last stage's
 // shares summed over DP) within bf16 noise; after step 1 every gradient by name: dense ones reduced over DP
-// (add_reduced_grads_to + gather_shard), experts summed over their expert-data-parallel replicas (what the
-// optimiser's all-reduce forms), each expert present on its owners only. Memory: each rank holds only its stage's
+// (add_reduced_grads_to + gather_shard), experts reduce-scattered over their expert-data-parallel replicas (the
+// same add_reduced_grads_to + gather_shard over the replicas), each expert present on its owners only. Memory: each rank holds only its stage's
 // tensors and 1/EP of their experts.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -128,7 +128,7 @@ TEST_P(PpMeshGpu, MatchesOneRankOnTheGlobalBatch) {
   const std::vector<dsv4::ModelPartition> parts = dsv4::split_layers(cfg, P);
   struct RankOut {
     std::vector<double> losses;
-    Grads dense, expert;  // dense: reduced over DP (every rank of the stage); expert: this rank's unreduced
+    Grads dense, expert;  // dense: reduced over DP (every rank of the stage); expert: reduced over its replicas
     int64_t n_params = 0;
   };
   std::vector<RankOut> out(static_cast<size_t>(N));
@@ -155,10 +155,8 @@ TEST_P(PpMeshGpu, MatchesOneRankOnTheGlobalBatch) {
         TREX_CUDA(cudaMemset(acc.as<float>(), 0, size_t(m.shard_elems()) * sizeof(float)));
         m.add_reduced_grads_to(acc.as<float>());
         for (const std::string& n : m.param_names()) {  // the same dense names on every rank of the stage
-          if (EP > 1 && is_expert(n))  // region X: complete on the owner, summed over EDP by the optimiser
-            r.expert[n] = m.grad(n);
-          else
-            r.dense[n] = m.gather_shard(n, acc.as<float>());
+          // Region X: complete on the owner, reduce-scattered over its EDP replicas (gathered over them here).
+          (EP > 1 && is_expert(n) ? r.expert : r.dense)[n] = m.gather_shard(n, acc.as<float>());
         }
       }
       opt.adamw_step(adamw(step));
@@ -200,17 +198,11 @@ TEST_P(PpMeshGpu, MatchesOneRankOnTheGlobalBatch) {
     int holders = 0;
     for (int w = 0; w < N; ++w) {
       const RankOut& r = out[size_t(w)];
-      if (sharded(name)) {
-        auto it = r.expert.find(name);
-        if (it == r.expert.end()) continue;
-        ++holders;
-        for (size_t i = 0; i < g.size(); ++i) g[i] += it->second[i];  // the EDP replicas' sum
-      } else {
-        auto it = r.dense.find(name);
-        if (it == r.dense.end()) continue;
-        if (++holders == 1) g = it->second;
-        EXPECT_EQ(it->second, g) << name << ": the DP ranks of a stage disagree on the reduced gradient";
-      }
+      const Grads& mine = sharded(name) ? r.expert : r.dense;
+      auto it = mine.find(name);
+      if (it == mine.end()) continue;
+      if (++holders == 1) g = it->second;
+      EXPECT_EQ(it->second, g) << name << ": the ranks holding it disagree on the reduced gradient";
     }
     const int want = sharded(name) ? D / EP : D;  // one stage: its DP ranks, or the expert's EDP replicas
     ASSERT_EQ(holders, want) << name << " is held by " << holders << " ranks";

@@ -122,8 +122,9 @@ struct GpuModel::Impl {
   // updated bf16 slice is all-gathered back before the next forward uses it. [region_a, total) the parameters
   // read in fp32 (mHC mixing weights, attention sinks, compressor ape): small, all-reduced and updated on
   // every rank. Under expert parallelism region X (the local experts, above) comes first, before the buckets.
-  // master (and the optimiser's moments) hold the shard layout (region X, own slices, then region R); with one
-  // rank it is the arena layout itself. The optimiser step itself lives in train/cuda/gpu_optimizer_cuda.cpp.
+  // master (and the optimiser's moments) hold the shard layout (region X's own slice, own bucket slices, then
+  // region R); with one rank it is the arena layout itself. The optimiser step itself lives in
+  // train/cuda/gpu_optimizer_cuda.cpp.
   struct Bucket {
     int64_t begin = 0, end = 0, shard_off = 0;
     int64_t slice(int n) const { return (end - begin) / n; }
@@ -132,20 +133,29 @@ struct GpuModel::Impl {
   // of every MoE layer, E / P of them, by the CPU model's rule (parallel/ep_exchange.h: rank r holds
   // [r E/P, (r+1) E/P)); the other experts' weights, gradients and optimiser moments exist on their owners only.
   // The local experts form region X at the arena's start, [0, region_x) (0 without EP): outside the data-parallel
-  // buckets, since each EP rank's experts differ; held whole by the rank (fp32 master and moments included). Their
+  // buckets, since each EP rank's experts differ; their bf16 weights and gradients held whole by the rank. Their
   // gradients are complete on the owner after the MoE's exchange (every rank's tokens), and are summed over the
   // expert-data-parallel replicas (edp: the DP ranks with the same EP rank, when DP is larger than EP) before the
-  // optimiser step (reduce_expert_grads).
+  // optimiser step (reduce_expert_grads). With replicas the experts' optimiser state is sharded over them as the
+  // dense buckets' is over DP (ZeRO-1): region X's gradients are reduce-scattered over edp, replica i owns the
+  // fp32 master and moments of region X's slice [x_own, x_own + x_shard) (x_own = i * x_shard, x_shard =
+  // region_x / edp size), updates it, and all-gathers the bf16 slice back; without replicas x_shard = region_x.
   int ep_size = 1, ep_rank = 0;
   int64_t e_begin = 0, e_end = 0;
   int64_t region_x = 0;
+  int64_t x_shard = 0, x_own = 0;
+  bool experts_sharded() const { return x_shard < region_x; }
   std::unique_ptr<comm::Communicator> edp;
   bool local_expert(int64_t e) const { return e >= e_begin && e < e_end; }
-  void reduce_expert_grads();  // queues region X's edp all-reduce on grad_work (nothing without replicas)
+  // Queues region X's edp reduce-scatter on grad_work (nothing without replicas), once per backward's gradients:
+  // data-parallel accumulation (add_reduced_grads_to / add_held_grads), the clipping norm (dp_grad_norm) and the
+  // optimiser step call it; a backward, set_grad or zero_grads re-arms it.
+  void reduce_expert_grads();
+  bool experts_reduced = false;
 
   comm::Communicator* dp = nullptr;  // null or size 1: one GPU
   int dp_size = 1, dp_rank = 0;
-  int64_t region_a = 0, shard_a = 0;  // shard_a = region_x + (region_a - region_x) / dp_size
+  int64_t region_a = 0, shard_a = 0;  // shard_a = x_shard + (region_a - region_x) / dp_size
   std::vector<Bucket> buckets;
   int embed_bucket = 0, head_bucket = 0, mtp_bucket = 0;
   std::vector<int> layer_bucket;
@@ -166,7 +176,8 @@ struct GpuModel::Impl {
   void require_gradients(const char* what) const;  // error unless the model was built with gradients
   int64_t shard_elems() const { return shard_a + (total - region_a); }  // master's length (== total on one GPU)
   // One piece of a tensor that this rank's shard holds: tensor elements [t, t + n) at shard offset s (arena offset
-  // p.offset + t). One GPU, region R or a local expert: the whole tensor; a bucket's tensor: its part of the
+  // p.offset + t). One GPU, region R or a local expert without replicas: the whole tensor; a replicated expert:
+  // its part of the replica's region-X slice; a bucket's tensor: its part of the
   // rank's slice (none, or one piece). gpu_shard_state_cuda.cpp.
   struct ShardPiece {
     int64_t t = 0, s = 0, n = 0;

@@ -236,6 +236,17 @@ class GpuModel {
   // gradients before the next forward; add_held_grads(acc) adds acc back after the step's last backward.
   void add_reduced_grads_to(float* acc);
   void add_held_grads(const float* acc);
+  // What this rank allocated for its parameters, and the tensor elements behind it: the planner's per-rank
+  // accounting (plan/rank_memory.h) predicts the element counts from the parameter table. Bytes include the
+  // arena's alignment padding; elements do not.
+  struct ParamMemory {
+    int64_t held_elems = 0;    // parameter elements held: the bf16 compute copy and the fp32 gradients hold these
+    int64_t master_elems = 0;  // parameter elements of the fp32 master this rank owns (ZeRO-1); each moment alike
+    int64_t weight_bytes = 0;  // the bf16 compute copy
+    int64_t grad_bytes = 0;    // the fp32 gradients (0 for an inference-only model)
+    int64_t master_bytes = 0;  // the fp32 master (each optimiser moment is as large: GpuOptimizer::state_bytes)
+  };
+  ParamMemory param_memory() const;
   // The compute stream waits for the pending gradient reductions (a step whose gradients are dropped, e.g. a
   // skipped loss spike, must not zero them while a reduce-scatter still writes them). No-op on one GPU.
   void wait_grad_reductions();

@@ -129,8 +129,19 @@ static void plan_arena(GpuModel::Impl& m, const dsv4::ModelConfig& cfg, const Gp
   m.slots.resize(size_t(opts.stage_slots));
   for (auto& sl : m.slots) sl.blocks.resize(size_t(cfg.n_layers));
   m.declare_all();
-  m.shard_a = m.region_x + (m.region_a - m.region_x) / m.dp_size;
-  int64_t off = m.region_x;
+  // The experts' ZeRO-1 over their replicas (region X is 512-aligned): replica r of R (the edp group's rank; the
+  // mesh's rule dp_rank / ep when footprint() makes no group) owns slice r.
+  m.x_shard = m.region_x, m.x_own = 0;
+  if (m.ep_size > 1 && m.dp_size > m.ep_size) {
+    const int R = m.dp_size / m.ep_size, r = m.edp ? m.edp->rank() : m.dp_rank / m.ep_size;
+    TREX_CHECK(!m.edp || m.edp->size() == R, "GPU model: {} expert-data-parallel replicas, expected {}",
+               m.edp ? m.edp->size() : 0, R);
+    TREX_CHECK(m.region_x % (8 * R) == 0, "GPU model: region X ({} elements) does not split into {} aligned slices",
+               m.region_x, R);
+    m.x_shard = m.region_x / R, m.x_own = r * m.x_shard;
+  }
+  m.shard_a = m.x_shard + (m.region_a - m.region_x) / m.dp_size;
+  int64_t off = m.x_shard;
   for (auto& b : m.buckets) b.shard_off = off, off += b.slice(m.dp_size);
 }
 
@@ -271,6 +282,7 @@ void GpuModel::backward_impl(const float* dx_out) {
   TREX_CHECK(m.last_stage() || dx_out, "GPU model stage [{}, {}): backward needs the gradient dx_out of its output",
              m.l0, m.l1);
   m.grads_zero = false;  // gradients accumulate from here on (zero_grads() must clear them again)
+  m.experts_reduced = false;
   const int64_t n_blocks = m.l1 - m.l0;
   // dx_in: the gradient of x_in, kept (in grad_out) for the send to the previous stage.
   float* dx_in = nullptr;

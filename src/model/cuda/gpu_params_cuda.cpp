@@ -189,7 +189,12 @@ void GpuModel::Impl::declare_fp32(const std::string& name, const Shape& shape, i
 }
 
 float* GpuModel::Impl::master_at(const GpuParam& p) const {
-  if (dp_size == 1 || p.offset < region_x) return master.as<float>() + p.offset;  // one GPU, or a local expert
+  if (dp_size == 1) return master.as<float>() + p.offset;
+  if (p.offset < region_x) {  // a local expert: whole unless sharded over its replicas
+    TREX_CHECK(!experts_sharded(), "GPU model: the fp32 master of '{}' is sharded over the expert-data-parallel "
+               "replicas (read its bf16 copy)", p.name);
+    return master.as<float>() + p.offset;
+  }
   TREX_CHECK(p.offset >= region_a,
              "GPU model: the fp32 master of '{}' is sharded over the data-parallel ranks (read its bf16 copy)", p.name);
   return master.as<float>() + shard_a + (p.offset - region_a);
@@ -202,8 +207,8 @@ void GpuModel::Impl::scatter_master(const float* full) {
       TREX_CUDA(cudaMemcpyAsync(master.as<float>(), full, size_t(total) * 4, cudaMemcpyDeviceToDevice, nullptr));
     return;
   }
-  if (region_x > 0)
-    TREX_CUDA(cudaMemcpyAsync(master.as<float>(), full, size_t(region_x) * 4, cudaMemcpyDeviceToDevice, nullptr));
+  if (region_x > 0)  // this rank's slice of the local experts (all of them without replicas)
+    TREX_CUDA(cudaMemcpyAsync(master.as<float>(), full + x_own, size_t(x_shard) * 4, cudaMemcpyDeviceToDevice, nullptr));
   for (const Bucket& b : buckets) {
     const int64_t n = b.slice(dp_size);
     TREX_CUDA(cudaMemcpyAsync(master.as<float>() + b.shard_off, full + b.begin + dp_rank * n, size_t(n) * 4,
@@ -235,8 +240,11 @@ void GpuModel::Impl::reduce_bucket(int bi) {
 }
 
 void GpuModel::Impl::reduce_expert_grads() {
-  if (!edp || edp->size() == 1 || region_x == 0) return;
-  grad_work.push_back(edp->all_reduce(grads.as<float>(), size_t(region_x), comm::ElemType::F32, comm::ReduceOp::Sum));
+  if (!edp || edp->size() == 1 || region_x == 0 || experts_reduced) return;
+  experts_reduced = true;
+  float* g = grads.as<float>();
+  // In place, as the buckets: this replica's slice of the sum lands where its own slice is.
+  grad_work.push_back(edp->reduce_scatter(g, g + x_own, size_t(x_shard), comm::ElemType::F32, comm::ReduceOp::Sum));
 }
 
 void GpuModel::Impl::wait_gather(int bi) {
@@ -407,7 +415,9 @@ void GpuModel::load_from(const dsv4::ParamTable<float>& cpu) {
 std::vector<float> GpuModel::value(const std::string& name) const {
   const GpuParam& p = impl_->info(name);
   std::vector<float> v(size_t(p.numel));
-  if (impl_->dp_size > 1 && p.offset >= impl_->region_x && p.offset < impl_->region_a) {  // sharded: the bf16 copy
+  const bool sharded = impl_->dp_size > 1 && p.offset < impl_->region_a &&
+                       (p.offset >= impl_->region_x || impl_->experts_sharded());
+  if (sharded) {  // the fp32 master is sharded: the bf16 copy
     std::vector<bf16> b(v.size());
     TREX_CUDA(cudaDeviceSynchronize());
     TREX_CUDA(cudaMemcpy(b.data(), impl_->b16(name), b.size() * sizeof(bf16), cudaMemcpyDeviceToHost));
@@ -445,6 +455,7 @@ void GpuModel::set_grad(const std::string& name, const std::vector<float>& g) {
              g.size());
   TREX_CUDA(cudaMemcpy(impl_->g32(name), g.data(), g.size() * sizeof(float), cudaMemcpyHostToDevice));
   impl_->grads_zero = false;
+  impl_->experts_reduced = false;
 }
 
 // ---- gradients ----
@@ -468,6 +479,7 @@ void GpuModel::zero_grads() {
   TREX_CHECK(!pending, "GPU model: zero_grads() between a training forward (HeadMode::LossAndGrad / forward_stage) "
              "and its backward would drop the LM head's gradient, which that forward computed; call zero_grads() "
              "before the forward");
+  impl_->experts_reduced = false;
   if (impl_->grads_zero) return;  // nothing wrote them since the last memset
   TREX_CUDA(cudaMemsetAsync(impl_->grads.as<float>(), 0, size_t(impl_->total) * sizeof(float), nullptr));
   impl_->grads_zero = true;

@@ -1,8 +1,8 @@
 // GpuModel's data-parallel shard state by tensor (gpu_model.h): whole tensors gathered from / written into the
 // ZeRO-1 shard layout (checkpoints of the official names), the distributed gradient norm, gradient accumulation
 // across in-place reduce-scatters, and a stage step's router selections. The shard layout (gpu_impl.h): the local
-// experts (region X, whole, at their arena offsets), bucket b's slice dp_rank (length (end - begin) / dp_size, at
-// shard_off), then region R (replicated) at shard_a.
+// experts (region X: this replica's slice [x_own, x_own + x_shard), all of it without replicas), bucket b's slice
+// dp_rank (length (end - begin) / dp_size, at shard_off), then region R (replicated) at shard_a.
 #include <cublas_v2.h>
 #include <fmt/format.h>
 
@@ -15,9 +15,16 @@
 
 namespace trex::dsv4gpu {
 
+// The pieces of p in this rank's shard (one GPU, or a local expert of region X without replicas: the whole
+// tensor at its arena offset; with replicas its part of this replica's region-X slice).
 std::vector<GpuModel::Impl::ShardPiece> GpuModel::Impl::own_pieces(const GpuParam& p) const {
   const int64_t lo = p.offset, hi = p.offset + p.numel;
-  if (dp_size == 1 || hi <= region_x) return {{0, lo, p.numel}};
+  if (dp_size == 1 || (hi <= region_x && !experts_sharded())) return {{0, lo, p.numel}};
+  if (hi <= region_x) {
+    const int64_t a = std::max(lo, x_own), e = std::min(hi, x_own + x_shard);
+    if (a >= e) return {};
+    return {{a - lo, a - x_own, e - a}};
+  }
   if (lo >= region_a) return {{0, shard_a + (lo - region_a), p.numel}};
   std::vector<ShardPiece> out;
   for (const Bucket& b : buckets) {
@@ -30,9 +37,10 @@ std::vector<GpuModel::Impl::ShardPiece> GpuModel::Impl::own_pieces(const GpuPara
 
 namespace {
 
-// Held whole by this rank: one GPU, region R (replicated), or a local expert (region X, whole on its owner).
+// Held whole by this rank: one GPU, region R (replicated), or a local expert without replicas (whole on its
+// owner).
 bool replicated(const GpuModel::Impl& m, const GpuParam& p) {
-  return m.dp_size == 1 || p.offset >= m.region_a || p.offset + p.numel <= m.region_x;
+  return m.dp_size == 1 || p.offset >= m.region_a || (p.offset + p.numel <= m.region_x && !m.experts_sharded());
 }
 
 // y += x on the device (cuBLAS saxpy with alpha 1: exact fp32 adds, in element order).
@@ -64,6 +72,19 @@ double host_sum_squares(const float* x, int64_t n, double* scratch) {
 }  // namespace
 
 int64_t GpuModel::shard_elems() const { return impl_->shard_elems(); }
+
+GpuModel::ParamMemory GpuModel::param_memory() const {
+  const Impl& m = *impl_;
+  ParamMemory r;
+  for (const GpuParam& p : m.params) {
+    r.held_elems += p.numel;
+    for (const Impl::ShardPiece& w : m.own_pieces(p)) r.master_elems += w.n;
+  }
+  r.weight_bytes = int64_t(m.compute.bytes());
+  r.grad_bytes = int64_t(m.grads.bytes());
+  r.master_bytes = int64_t(m.master.bytes());
+  return r;
+}
 int GpuModel::dp_size() const { return impl_->dp_size; }
 
 std::vector<float> GpuModel::gather_shard(const std::string& name, const float* shard) const {
@@ -78,13 +99,14 @@ std::vector<float> GpuModel::gather_shard(const std::string& name, const float* 
     return v;
   }
   // Each rank places its pieces into a zeroed copy of the tensor; the sum over the ranks is the tensor (x + 0 is
-  // exact, and every element has one owner).
+  // exact, and every element has one owner): the DP group for a dense tensor, a local expert's replicas for it.
   DevMem full(size_t(p.numel) * sizeof(float));
   TREX_CUDA(cudaMemset(full.as<float>(), 0, size_t(p.numel) * sizeof(float)));
   for (const Impl::ShardPiece& w : m.own_pieces(p))
     TREX_CUDA(cudaMemcpy(full.as<float>() + w.t, base + w.s, size_t(w.n) * sizeof(float), cudaMemcpyDeviceToDevice));
   TREX_CUDA(cudaDeviceSynchronize());
-  m.dp->all_reduce(full.as<float>(), size_t(p.numel), comm::ElemType::F32, comm::ReduceOp::Sum)->wait();
+  comm::Communicator& group = p.offset < m.region_x ? *m.edp : *m.dp;
+  group.all_reduce(full.as<float>(), size_t(p.numel), comm::ElemType::F32, comm::ReduceOp::Sum)->wait();
   TREX_CUDA(cudaMemcpy(v.data(), full.as<float>(), v.size() * sizeof(float), cudaMemcpyDeviceToHost));
   return v;
 }
@@ -116,10 +138,14 @@ double GpuModel::dp_grad_norm() {
   Impl& m = *impl_;
   if (m.dp_size == 1) return grad_norm();
   m.require_gradients("dp_grad_norm()");
+  m.reduce_expert_grads();  // the experts' replicas summed first (the optimiser step then finds them reduced)
   m.wait_grad_work();
   DevMem scratch(size_t(cuda::kSumSquaresBlocks + 1) * sizeof(double));
   const float* g = m.grads.as<float>();
-  double own = 0;  // this rank's slices, in bucket order (deterministic)
+  // Region X (expert parallel): this rank's slice of its experts' reduced gradients (all of them without
+  // replicas), so each expert element is counted once over the DP group.
+  double own = host_sum_squares(g + m.x_own, m.x_shard, scratch.as<double>());
+  // This rank's slices, in bucket order (deterministic).
   for (const Impl::Bucket& b : m.buckets) {
     const int64_t n = b.slice(m.dp_size);
     if (n == 0) continue;  // another pipeline stage's bucket
@@ -138,9 +164,11 @@ void GpuModel::add_reduced_grads_to(float* acc) {
   m.require_gradients("add_reduced_grads_to()");
   TREX_CHECK(m.dp_size > 1, "GPU model: add_reduced_grads_to is for data-parallel accumulation (one GPU "
              "accumulates in the arena)");
+  m.reduce_expert_grads();  // region X: this backward's expert gradients reduce-scattered over the replicas
   m.wait_grad_work();
   Axpy axpy;
   const float* g = m.grads.as<float>();
+  if (m.x_shard > 0) axpy(acc, g + m.x_own, m.x_shard);
   for (const Impl::Bucket& b : m.buckets) {
     const int64_t n = b.slice(m.dp_size);
     if (n > 0) axpy(acc + b.shard_off, g + b.begin + m.dp_rank * n, n);
@@ -153,16 +181,18 @@ void GpuModel::add_held_grads(const float* acc) {
   Impl& m = *impl_;
   m.require_gradients("add_held_grads()");
   TREX_CHECK(m.dp_size > 1, "GPU model: add_held_grads is for data-parallel accumulation");
+  m.reduce_expert_grads();  // the last backward's expert gradients, before the held ones are added
   m.wait_grad_work();
   Axpy axpy;
   float* g = m.grads.as<float>();
+  if (m.x_shard > 0) axpy(g + m.x_own, acc, m.x_shard);
   for (const Impl::Bucket& b : m.buckets) {
     const int64_t n = b.slice(m.dp_size);
     if (n > 0) axpy(g + b.begin + m.dp_rank * n, acc + b.shard_off, n);
   }
   axpy(g + m.region_a, acc + m.shard_a, m.total - m.region_a);
   TREX_CUDA(cudaDeviceSynchronize());
-  m.grads_zero = false;
+  m.grads_zero = false;  // region X stays reduced (experts_reduced): the norm and the step must not sum it again
 }
 
 void GpuModel::wait_grad_reductions() { impl_->wait_grad_work(); }

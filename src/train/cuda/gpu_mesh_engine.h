@@ -1,9 +1,11 @@
 // The step engine of one rank of a GPU mesh for the training loop of trainer.h: every `trex train --device cuda`
 // run (one GPU is a mesh of one rank; several under mpirun / srun / torchrun): the GPU model
 // (model/cuda/gpu_model.h) with dp = D (ZeRO-1 inside the model: gradients reduce-scattered by bucket, owners
-// update, bf16 all-gather) and ep = E folded into it (the MoE's dispatch / combine over the mesh's EP group). The
-// step's global batch is the single-process one: DP rank d runs micro-batches d*M .. d*M+M-1 (M = grad_accum / D),
-// as the CPU mesh engine deals them.
+// update, bf16 all-gather) and ep = E folded into it (DP rank d is EP rank d mod E and holds only its E-th of the
+// routed experts; the MoE's dispatch / combine runs over the mesh's EP group; the D / E replicas of the same
+// experts shard those experts' master and moments as ZeRO-1 does, docs/parallel.md). The step's global batch is
+// the single-process one: DP rank d runs micro-batches d*M .. d*M+M-1 (M = grad_accum / D), as the CPU mesh engine
+// deals them.
 //
 // Exactly the single-process step: with D = 1 each micro-batch's forward is normalised by its own targets and the
 // gradients scaled by 1 / M (the local engine's); with D > 1 each micro-batch runs as a stage step whose loss
@@ -11,8 +13,9 @@
 // 1 / grad_accum (GpuModel::begin_step), so the reduce-scatter sums the gradient of the global batch's mean of
 // micro-batch means. Accumulation over M > 1 micro-batches keeps the reduced shard aside between backwards
 // (GpuModel::add_reduced_grads_to). The loss and target counts are summed over the ranks; the clipping norm is the
-// ZeRO-1 shards' (GpuModel::dp_grad_norm); router biases (the MTP block's too) are updated from the expert loads
-// summed over the DP group (every rank shares every layer at pp = 1).
+// ZeRO-1 shards' (GpuModel::dp_grad_norm: each expert's reduced gradient counted once); router biases (the MTP
+// block's too) are updated from the expert loads summed over the DP group (every rank shares every layer at pp = 1,
+// and EP is folded into DP, so these are every rank's tokens).
 //
 // Pipeline stages (pp > 1, gpu_mesh_pipeline.h): each rank's GpuModel holds its stage's layers (with the stage's
 // DP group as above) and the step runs 1F1B over its DP rank's micro-batches; the loss comes from the last stage,
@@ -23,13 +26,17 @@
 // Muon or AdamW under any dp (gpu_optimizer.h); the sequence-wise balance loss.
 //
 // Checkpoints: the sharded manifest format of sharded_checkpoint.h (every tensor whole, by official name, written
-// by one rank after a gather of its ZeRO-1 slices; AdamW moments as .exp_avg / .exp_avg_sq, Muon's as .momentum,
-// none for frozen tensors), so a run resumes in another layout or on the CPU; load() reads either format from any
-// layout.
+// by one rank; AdamW moments as .exp_avg / .exp_avg_sq, Muon's as .momentum, none for frozen tensors), so a run
+// resumes in another layout or on the CPU. A dense tensor is gathered from its ZeRO-1 slices over the DP group and
+// written round robin; a routed expert under ep (and its moments) is written by its owner, the edp-rank-0 rank of
+// those holding it, after a gather over its replicas only: no rank ever receives an expert it does not hold.
+// load() reads either format from any layout, each rank only the tensors of its partition (the dense ones and its
+// own experts).
 //
 // Start weights: model.init_from streams this rank's tensors from the checkpoint straight to the GPU
 // (GpuModel::load_checkpoint, the load time printed); otherwise the host model's seeded init is copied over
-// (the same values as one process and the CPU); model.init_from_run then reads each tensor by name.
+// (the same values as one process and the CPU; every rank keeps its part); model.init_from_run then reads each
+// tensor of the rank's partition by name.
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -72,8 +79,9 @@ class GpuMeshEngine final : public StepEngine {
   void barrier() override;
   void max_over_ranks(double* v, int n) override;
 
-  // Host copies by official name (collective under dp: every rank calls them alike). Tests compare them with
-  // the local engine's.
+  // Host copies by official name (collective under dp: every rank calls them alike, in the same order; a routed
+  // expert under ep comes from its owner). param_names: every trained tensor of the model and the router biases,
+  // whatever this rank holds. Tests compare them with the local engine's.
   std::vector<float> value(const std::string& name);
   std::vector<std::string> param_names() const;
   // Host-buffer collectives over the world (train/cuda/staged_communicator.h).

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <deque>
+#include <set>
 
 #include "comm/launch_env.h"
 #include "comm/nccl_communicator.h"
@@ -20,6 +21,7 @@
 #include "model/dsv4/checkpoint.h"
 #include "model/dsv4/loss.h"
 #include "model/dsv4/moe.h"
+#include "model/dsv4/param_table.h"
 #include "optim/param_groups.h"
 #include "parallel/mesh.h"
 #include "train/cuda/gpu_mesh_pipeline.h"
@@ -35,10 +37,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Entry {  // a checkpointed tensor: name, shape, optimiser group
+struct Entry {  // a checkpointed tensor: name, shape, optimiser group; the routed expert (-1: dense)
   std::string name;
   Shape shape;
   optim::ParamGroup group;
+  int64_t expert = -1;
+  bool held = true;  // in this rank's partition (every dense tensor; under ep only the rank's own experts)
 };
 
 }  // namespace
@@ -110,8 +114,11 @@ GpuMeshEngine::GpuMeshEngine(const TrainConfig& cfg, const dsv4::ModelConfig& mc
   dsv4::ModelConfig gpu_cfg = s.mc;
   if (!o.model.use_mtp) gpu_cfg.n_mtp = 0;  // the host model declares no MTP tensors either
   s.mtp = gpu_cfg.n_mtp > 0;
-  s.host = make_staged_communicator(world);
   parallel::MeshSpec spec = cfg.parallel.present ? cfg.parallel.mesh : parallel::MeshSpec{1, world.size(), 1, 1};
+  // Before anything is allocated: ep must divide dp and the routed experts (with the numbers).
+  const std::string bad = parallel::check_mesh(spec, world.size(), {int(s.mc.n_layers), int(s.mc.n_routed_experts)});
+  TREX_CHECK(bad.empty(), "{}: impossible parallel layout: {}", s.who(), bad);
+  s.host = make_staged_communicator(world);
   s.mesh = parallel::build_mesh(world, spec, {int(s.mc.n_layers), int(s.mc.n_routed_experts)});
   s.D = s.mesh.spec.dp;
   TREX_CHECK(cfg.grad_accum % s.D == 0, "{}: grad_accum {} is not a multiple of dp={}", s.who(), cfg.grad_accum, s.D);
@@ -127,11 +134,22 @@ GpuMeshEngine::GpuMeshEngine(const TrainConfig& cfg, const dsv4::ModelConfig& mc
   if (s.mesh.spec.pp > 1) set_gpu_stage(go, s.mc, s.mesh);  // this rank's layers only
   s.gpu = std::make_unique<dsv4gpu::GpuModel>(gpu_cfg, go);
   s.opt = std::make_unique<dsv4gpu::GpuOptimizer>(*s.gpu);
-  // The freeze list as the CPU trainer applies it (optim::apply_freeze over the parameters and buffers: a pattern
-  // matching nothing is an error; buffers stay buffers).
+  // Every trained tensor of the model (the parameter table's order, the same on every rank) and the router
+  // biases, with the freeze list applied as the CPU trainer applies it (optim::apply_freeze: a pattern matching
+  // nothing is an error; buffers stay buffers), each marked with whether this rank holds it: under ep a rank holds
+  // its own experts only.
+  std::set<std::string> mine;
+  for (const auto& n : s.gpu->param_names()) mine.insert(n);
   std::vector<optim::ParamRef> refs;
-  for (const auto& p : s.gpu->impl().params)
-    refs.push_back({p.name, p.shape, nullptr, nullptr, optim::dsv4_param_group(p.name, p.shape)});
+  std::vector<int64_t> expert_of;
+  for (const dsv4::ParamSpec& t : dsv4::param_table(gpu_cfg))
+    if (t.trained()) {
+      refs.push_back({t.name, t.shape, nullptr, nullptr, optim::dsv4_param_group(t.name, t.shape)});
+      expert_of.push_back(t.expert);
+    }
+  TREX_CHECK(int64_t(mine.size()) ==
+                 int64_t(std::count_if(refs.begin(), refs.end(), [&](const auto& r) { return mine.count(r.name); })),
+             "{}: the GPU model holds tensors outside the parameter table", s.who());
   for (const auto& n : s.gpu->router_bias_names())
     refs.push_back({n, {s.mc.n_routed_experts}, nullptr, nullptr, optim::ParamGroup::Buffer});
   try {
@@ -140,9 +158,15 @@ GpuMeshEngine::GpuMeshEngine(const TrainConfig& cfg, const dsv4::ModelConfig& mc
     fail("{}: freeze: {}", s.who(), e.what());
   }
   std::vector<std::string> frozen;
-  for (const auto& r : refs) {
-    (r.group == optim::ParamGroup::Buffer ? s.buffers : s.params).push_back({r.name, r.shape, r.group});
-    if (r.group == optim::ParamGroup::Frozen) frozen.push_back(r.name);
+  for (size_t i = 0; i < refs.size(); ++i) {
+    const optim::ParamRef& r = refs[i];
+    if (r.group == optim::ParamGroup::Buffer) {
+      s.buffers.push_back({r.name, r.shape, r.group});
+      continue;
+    }
+    const bool held = mine.count(r.name) > 0;
+    s.params.push_back({r.name, r.shape, r.group, expert_of[i], held});
+    if (r.group == optim::ParamGroup::Frozen && held) frozen.push_back(r.name);
   }
   s.opt->set_frozen(frozen);
 
@@ -168,6 +192,7 @@ GpuMeshEngine::GpuMeshEngine(const TrainConfig& cfg, const dsv4::ModelConfig& mc
     const CheckpointReader r(*last);
     std::vector<float> buf;
     for (const Entry& p : s.params) {
+      if (!p.held) continue;  // another expert-parallel rank's expert: never read here
       buf.assign(size_t(numel(p.shape)), 0.f);
       r.read_param(p.name, p.shape, buf.data());
       s.gpu->set_shard(p.name, buf);
@@ -192,9 +217,11 @@ GpuMeshEngine::~GpuMeshEngine() = default;
 
 std::string GpuMeshEngine::describe() const {
   const State& s = *s_;
+  int64_t n = 0;  // the whole model's, whatever this rank holds
+  for (const Entry& p : s.params) n += numel(p.shape);
   return fmt::format("DeepSeek-V4 on CUDA (hidden {}, {} layers, {} experts top-{}, vocab {}, {} parameters): GPU "
                      "mesh pp={} dp={} ep={}{}, {} micro-batches per DP rank",
-                     s.mc.hidden, s.mc.n_layers, s.mc.n_routed_experts, s.mc.topk, s.mc.vocab_size, s.gpu->n_params(),
+                     s.mc.hidden, s.mc.n_layers, s.mc.n_routed_experts, s.mc.topk, s.mc.vocab_size, n,
                      s.mesh.spec.pp, s.D, s.mesh.spec.ep, s.D > 1 ? " (ZeRO-1)" : "", s.cfg.grad_accum / s.D);
 }
 
@@ -327,15 +354,21 @@ void GpuMeshEngine::optimizer_step(double lr) {
 
 void GpuMeshEngine::save(const fs::path& root, const TrainState& st, int64_t keep_last, const FaultHook& fault) {
   State& s = *s_;
-  // Each stage's tensors (all of them with pp = 1) are written by the ranks of its DP group.
+  // Each stage's tensors (all of them with pp = 1) are written by the ranks of its DP group; another stage's
+  // (not held here) by that stage's.
   const int R = s.mesh.dp_rank, W = s.D;
-  // Every tensor is gathered whole (collective over the stage's DP group, in model order on every rank) and
-  // written by one rank, round robin, so the files are of similar size; host memory: the tensors this rank writes.
+  // A dense tensor is gathered whole from its ZeRO-1 slices (collective over the stage's DP group, in table order
+  // on every rank) and written by one rank, round robin, so the files are of similar size. A routed expert under
+  // ep is written (with its moments) by its owner, the edp-rank-0 holder of that expert, after a gather over its
+  // replicas only (collective over them, in table order): never sent to a rank that does not hold it. Host memory:
+  // the tensors this rank writes.
   std::deque<std::vector<float>> keep;
   std::vector<ShardedTensor> pt, ot;
-  for (size_t i = 0; i < s.params.size(); ++i) {
-    const Entry& p = s.params[i];
-    const bool mine = int(i % size_t(W)) == R;
+  size_t dense = 0;
+  for (const Entry& p : s.params) {
+    if (!p.held) continue;  // another expert-parallel rank's expert (its owner writes it)
+    const bool own_expert = p.expert >= 0 && s.mesh.spec.ep > 1;  // without ep an expert is a dense tensor
+    const bool mine = own_expert ? s.mesh.edp_rank == 0 : int(dense++ % size_t(W)) == R;
     std::vector<float> v = s.gpu->gather_shard(p.name);
     if (mine) {
       keep.push_back(std::move(v));
@@ -361,12 +394,13 @@ void GpuMeshEngine::save(const fs::path& root, const TrainState& st, int64_t kee
 }
 
 TrainState GpuMeshEngine::load(const fs::path& dir) {
-  // Either format, saved by any layout (tensors by official name): every rank reads each whole tensor and keeps
-  // its shard of it.
+  // Either format, saved by any layout (tensors by official name): every rank reads each whole tensor of its
+  // partition (the dense ones, and under ep its own experts only) and keeps its shard of it.
   State& s = *s_;
   const CheckpointReader r(dir);
   std::vector<float> buf;
   for (const Entry& p : s.params) {
+    if (!p.held) continue;
     buf.assign(size_t(numel(p.shape)), 0.f);
     r.read_param(p.name, p.shape, buf.data());
     s.gpu->set_shard(p.name, buf);
@@ -385,9 +419,21 @@ TrainState GpuMeshEngine::load(const fs::path& dir) {
 }
 
 std::vector<float> GpuMeshEngine::value(const std::string& name) {
-  for (const Entry& b : s_->buffers)
-    if (b.name == name) return s_->gpu->router_bias(name);
-  return s_->gpu->gather_shard(name);
+  State& s = *s_;
+  for (const Entry& b : s.buffers)
+    if (b.name == name) return s.gpu->router_bias(name);
+  auto it = std::find_if(s.params.begin(), s.params.end(), [&](const Entry& p) { return p.name == name; });
+  TREX_CHECK(it != s.params.end(), "{}: no parameter '{}'", s.who(), name);
+  if (it->expert < 0 || s.mesh.spec.ep == 1) return s.gpu->gather_shard(name);
+  // A routed expert under ep: its holders gather it (collective over its replicas), the edp-rank-0 holder
+  // contributes it to a sum over the world that every other rank enters with zeros (x + 0 is exact).
+  std::vector<double> sum(size_t(numel(it->shape)), 0.0);
+  if (it->held) {
+    const std::vector<float> v = s.gpu->gather_shard(name);
+    if (s.mesh.edp_rank == 0) std::copy(v.begin(), v.end(), sum.begin());
+  }
+  s.host->all_reduce(sum.data(), sum.size(), comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
+  return std::vector<float>(sum.begin(), sum.end());
 }
 
 std::vector<std::string> GpuMeshEngine::param_names() const {

@@ -52,6 +52,8 @@ class GpuOptimizer {
   // shard layout (GpuModel::shard_elems() floats on the device): the data-parallel checkpoints read and write it
   // by tensor through GpuModel::gather_shard / set_shard.
   float* moment(int which);
+  // Bytes of optimiser state allocated on this rank (both moments, the master's shard layout).
+  int64_t state_bytes() const;
 
   struct Impl;
 

@@ -19,9 +19,9 @@ namespace trex::dsv4gpu {
 // with the same decay rule merged: the padding between them has zero w, g, m, v and stays zero) and the Muon
 // matrices bucketed by shape into batches of at most kMuonBatchElems elements (the Newton-Schulz scratch).
 // Data parallel (ZeRO-1), this rank's pieces of every tensor: AdamW runs (arena offset for g and the bf16 copy,
-// shard offset for w, m, v) per region (the local experts, region R, each bucket), the Muon elements it holds
-// (momentum runs), the buckets whose Muon inputs are all-gathered, and the Muon matrices it holds a part of, with
-// that part (lo, hi, shard offset). Frozen tensors appear nowhere.
+// shard offset for w, m, v) per region (the local experts or this replica's slice of them, region R, each
+// bucket), the Muon elements it holds (momentum runs), the buckets whose Muon inputs are all-gathered, and the Muon
+// matrices it holds a part of, with that part (lo, hi, shard offset). Frozen tensors appear nowhere.
 struct OptPlan {
   std::string kind;
   bool decay_vectors = true;
@@ -48,6 +48,10 @@ struct OptPlan {
   std::vector<char> bucket_trained;            // per bucket: any tensor not frozen (the same on every rank)
   std::vector<Run> momentum;                   // this rank's Muon elements
   std::vector<int> input_buckets;              // buckets holding Muon matrices (the same on every rank)
+  // Region X (the local experts) when it is sharded over the expert-data-parallel replicas (the same on every
+  // replica): any expert trained (its bf16 slice all-gathered after the update), any expert a Muon matrix (the
+  // Newton-Schulz inputs all-gathered in fp32 first, as the buckets').
+  bool experts_trained = false, muon_experts = false;
 };
 
 namespace {
@@ -162,6 +166,9 @@ std::unique_ptr<OptPlan> sharded_plan(const GpuModel::Impl& m, const optim::Opti
     }
     if (bucket >= 0) plan->bucket_trained[size_t(bucket)] = 1;
     const optim::ParamGroup g = trained_group(p);
+    const bool expert = p.offset < m.region_x;
+    plan->experts_trained = plan->experts_trained || expert;
+    plan->muon_experts = plan->muon_experts || (expert && c.kind == "muon" && g == optim::ParamGroup::Muon);
     const std::vector<GpuModel::Impl::ShardPiece> pieces = m.own_pieces(p);
     if (c.kind == "muon" && g == optim::ParamGroup::Muon) {
       check_muon_matrix(p);
@@ -266,14 +273,20 @@ void GpuOptimizer::adamw_step(const cuda::AdamWStep& a_in) {
     return;
   }
   // Gradients: every bucket's reduce-scatter, the region-R all-reduce and (expert parallel with replicas) the
-  // region-X all-reduce must have landed.
+  // region-X reduce-scatter must have landed.
   m.reduce_expert_grads();
   m.wait_grad_work();
   float* g = m.grads.as<float>();
   bf16* c = m.compute.as<bf16>();
-  // Region X (expert parallel): this rank's experts, held whole: updated in place like one GPU's arena.
-  if (m.region_x > 0)
-    cuda::adamw_step(m.master.as<float>(), g, adam_m.as<float>(), adam_v.as<float>(), c, m.region_x, a);
+  // Region X (expert parallel): this rank's slice of its experts (all of them without replicas); with replicas
+  // the updated bf16 slice is all-gathered over them, which the compute stream waits for at the end.
+  comm::WorkPtr expert_gather;
+  if (m.x_shard > 0) {
+    cuda::adamw_step(m.master.as<float>(), g + m.x_own, adam_m.as<float>(), adam_v.as<float>(), c + m.x_own, m.x_shard,
+                     a);
+    if (m.experts_sharded())
+      expert_gather = m.edp->all_gather(c + m.x_own, c, size_t(m.x_shard), comm::ElemType::BF16);
+  }
   // Region R first (replicated, read in fp32 by the next forward), then each bucket's own slice, whose
   // all-gather starts right away so it overlaps the remaining updates and the next forward's first layers.
   const int64_t nr = m.total - m.region_a;
@@ -289,6 +302,7 @@ void GpuOptimizer::adamw_step(const cuda::AdamWStep& a_in) {
                      adam_v.as<float>() + b.shard_off, c + own, n, a);
     m.gather_work[bi] = m.dp->all_gather(c + own, c + b.begin, size_t(n), comm::ElemType::BF16);
   }
+  if (expert_gather) m.stream_wait(*expert_gather);
   m.section("optimizer", false);
 }
 
@@ -337,6 +351,10 @@ void GpuOptimizer::step(const optim::OptimizerConfig& c, double lr, int64_t step
     auto work = m.dp->all_gather(g + own, g + b.begin, size_t(n), comm::ElemType::F32);
     m.stream_wait(*work);
   }
+  if (plan.muon_experts && m.experts_sharded()) {  // the local experts' inputs, sliced over their replicas
+    auto work = m.edp->all_gather(g + m.x_own, g, size_t(m.x_shard), comm::ElemType::F32);
+    m.stream_wait(*work);
+  }
   for (const auto& b : plan.muon) {
     cuda::muon_orthogonalise_batched(m.gemm, plan.scratch, b.offsets.as<int64_t>(), b.count, b.rows, b.cols, g, ms);
     cuda::muon_apply_ranges(plan.scratch, b.offsets.as<int64_t>(), b.ranges.as<int64_t>(), b.count, b.rows, b.cols, w,
@@ -345,6 +363,9 @@ void GpuOptimizer::step(const optim::OptimizerConfig& c, double lr, int64_t step
   // AdamW: region X and R, then each bucket's runs with the all-gather of its updated bf16 slice.
   for (const auto& r : plan.local_adamw)
     cuda::adamw_step(w + r.shard, g + r.arena, mom + r.shard, v + r.shard, wb + r.arena, r.n, without_decay(a, r.decay));
+  comm::WorkPtr expert_gather;  // the updated bf16 slice of the local experts, over their replicas
+  if (plan.experts_trained && m.experts_sharded())
+    expert_gather = m.edp->all_gather(wb + m.x_own, wb, size_t(m.x_shard), comm::ElemType::BF16);
   m.gather_work.clear();
   m.gather_work.resize(m.buckets.size());
   for (size_t bi = 0; bi < m.buckets.size(); ++bi) {
@@ -356,6 +377,7 @@ void GpuOptimizer::step(const optim::OptimizerConfig& c, double lr, int64_t step
     const int64_t n = b.slice(m.dp_size), own = b.begin + m.dp_rank * n;
     m.gather_work[bi] = m.dp->all_gather(wb + own, wb + b.begin, size_t(n), comm::ElemType::BF16);
   }
+  if (expert_gather) m.stream_wait(*expert_gather);
   m.section("optimizer", false);
 }
 
@@ -385,6 +407,8 @@ void GpuOptimizer::set_state(const std::string& name, int which, const std::vect
   float* dst = (which == 0 ? impl_->m : impl_->v).as<float>() + p.offset;
   TREX_CUDA(cudaMemcpy(dst, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
 }
+
+int64_t GpuOptimizer::state_bytes() const { return int64_t(impl_->m.bytes() + impl_->v.bytes()); }
 
 float* GpuOptimizer::moment(int which) {
   TREX_CHECK(which == 0 || which == 1, "GPU optimizer moment: which {} (0 or 1)", which);

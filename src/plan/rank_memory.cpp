@@ -1,0 +1,30 @@
+#include "plan/rank_memory.h"
+
+#include "core/error.h"
+#include "model/dsv4/param_table.h"
+
+namespace trex::plan {
+
+RankParamState rank_param_state(const dsv4::ModelConfig& cfg, int64_t dp, int64_t ep, int64_t dp_rank) {
+  const int64_t E = cfg.n_routed_experts;
+  TREX_CHECK(dp >= 1 && ep >= 1 && dp % ep == 0, "rank state: ep={} must divide dp={}", ep, dp);
+  TREX_CHECK(E % ep == 0, "rank state: ep={} does not divide the {} routed experts", ep, E);
+  TREX_CHECK(dp_rank >= 0 && dp_rank < dp, "rank state: DP rank {} outside [0, {})", dp_rank, dp);
+  const int64_t ep_rank = dp_rank % ep, per = E / ep, edp = dp / ep;
+  RankParamState r;
+  for (const dsv4::ParamSpec& s : dsv4::param_table(cfg)) {
+    if (!s.trained()) continue;  // router biases and hash tables: buffers, no gradient or optimiser state
+    const int64_t n = numel(s.shape);
+    if (s.expert >= 0) {
+      if (s.expert / per != ep_rank) continue;
+      r.experts += n;
+      r.owned += double(n) / double(edp);
+    } else {
+      r.dense += n;
+      r.owned += s.dtype == DType::BF16 ? double(n) / double(dp) : double(n);
+    }
+  }
+  return r;
+}
+
+}  // namespace trex::plan

@@ -1,0 +1,33 @@
+// The planner's per-rank count of the parameter state `trex train --device cuda` allocates under data and expert
+// parallelism (pp = 1), read from the model's parameter table (dsv4::param_table) with the GPU trainer's
+// partition rules (docs/parallel.md):
+// - every rank holds the dense tensors and its own E / ep routed experts (EP rank = DP rank mod ep, experts
+//   [ep_rank E/ep, (ep_rank+1) E/ep)): their bf16 weights and fp32 gradients;
+// - ZeRO-1 over the dp ranks: the fp32 master and the AdamW moments of the dense tensors the kernels read in bf16
+//   are sharded dp ways; the small fp32-read tensors (mHC mixing, attention sinks, compressor ape) are replicated;
+// - a routed expert's master and moments are sharded over its dp / ep expert-data-parallel replicas.
+// Element counts without the arena's alignment padding; the GPU test (tests/train/test_gpu_mesh_ep_gpu.cpp)
+// compares them with what each rank really allocates.
+#pragma once
+#include <cstdint>
+
+#include "model/dsv4/config.h"
+
+namespace trex::plan {
+
+struct RankParamState {
+  int64_t dense = 0;      // dense parameter elements held (every rank)
+  int64_t experts = 0;    // routed-expert parameter elements held (this rank's experts)
+  double owned = 0;       // parameter elements whose fp32 master (and each AdamW moment) this rank owns
+  int64_t held() const { return dense + experts; }
+  // Bytes: bf16 weights, fp32 gradients, fp32 master + two fp32 moments.
+  double weight_bytes() const { return 2.0 * double(held()); }
+  double grad_bytes() const { return 4.0 * double(held()); }
+  double optimizer_bytes() const { return 12.0 * owned; }
+};
+
+// DP rank dp_rank of a layout of dp ranks with ep folded in (ep divides dp and the routed experts; refused with
+// the numbers otherwise). cfg as the GPU model is built (n_mtp 0 when the trainer runs without MTP).
+RankParamState rank_param_state(const dsv4::ModelConfig& cfg, int64_t dp, int64_t ep, int64_t dp_rank);
+
+}  // namespace trex::plan

@@ -1,0 +1,105 @@
+// The planner's per-rank parameter state under dp x ep (plan/rank_memory.h) against an independent count from the
+// parameter table and the partition rules (dsv4::partition_holds with the rank's expert range), against the
+// invariants of the layout (every expert held by dp / ep ranks, every master element owned once, the fp32-read
+// tensors on every rank), and against the planner's estimate (its weights per rank are the same tensors plus the
+// router biases, which the GPU keeps outside the trained arena). tests/train/test_gpu_mesh_ep_gpu.cpp compares the
+// same numbers with what the GPU trainer allocates.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "model/dsv4/param_table.h"
+#include "model/dsv4/partition.h"
+#include "plan/model_math.h"
+#include "plan/model_spec.h"
+#include "plan/rank_memory.h"
+#include "plan/search.h"
+#include "train/tiny_gpu_config.h"
+
+using namespace trex;
+using namespace trex::plan;
+
+namespace {
+
+struct Counts {
+  int64_t held = 0, dense_bf16 = 0, dense_f32 = 0, experts_held = 0, buffers = 0;
+};
+
+// The same partition from other pieces: the model's own rule for which tensors a partition holds.
+Counts independent(const dsv4::ModelConfig& cfg, int64_t ep, int64_t ep_rank) {
+  dsv4::ModelPartition p;
+  p.expert_begin = ep_rank * (cfg.n_routed_experts / ep);
+  p.expert_end = p.expert_begin + cfg.n_routed_experts / ep;
+  p = p.resolved(cfg);
+  Counts c;
+  for (const dsv4::ParamSpec& s : dsv4::param_table(cfg)) {
+    if (s.kind == dsv4::ParamKind::HashTable) continue;
+    const int64_t n = numel(s.shape);
+    if (!s.trained()) {
+      c.buffers += n;
+      continue;
+    }
+    if (!dsv4::partition_holds(p, s, cfg.n_mtp > 0)) continue;
+    c.held += n;
+    if (s.expert >= 0)
+      c.experts_held += n;
+    else
+      (dsv4::keeps_fp32(s.name) ? c.dense_f32 : c.dense_bf16) += n;
+  }
+  return c;
+}
+
+}  // namespace
+
+TEST(PlanRankMemory, MatchesThePartitionRulesAndTheLayoutInvariants) {
+  dsv4::ModelConfig tiny = trex::testing::tiny_gpu_config("tiny");
+  dsv4::ModelConfig flash = model_config(model_preset("flash"));
+  flash.n_mtp = 0;
+  for (const dsv4::ModelConfig* cfg : {&tiny, &flash}) {
+    const Counts whole = independent(*cfg, 1, 0);
+    for (int64_t dp : {1, 2, 4, 8})
+      for (int64_t ep : {1, 2, 4, 8}) {
+        if (dp % ep != 0) continue;
+        double owned_sum = 0;
+        for (int64_t r = 0; r < dp; ++r) {
+          const RankParamState s = rank_param_state(*cfg, dp, ep, r);
+          const Counts c = independent(*cfg, ep, r % ep);
+          EXPECT_EQ(s.held(), c.held) << "dp=" << dp << " ep=" << ep << " rank " << r;
+          EXPECT_EQ(s.experts, c.experts_held) << "dp=" << dp << " ep=" << ep << " rank " << r;
+          EXPECT_EQ(s.experts * ep, whole.experts_held) << "E / ep experts per rank";
+          const double want = double(c.dense_bf16) / double(dp) + double(c.dense_f32) +
+                              double(c.experts_held) / double(dp / ep);
+          EXPECT_NEAR(s.owned, want, 1e-9 * want) << "dp=" << dp << " ep=" << ep << " rank " << r;
+          EXPECT_DOUBLE_EQ(s.weight_bytes(), 2.0 * double(s.held()));
+          EXPECT_DOUBLE_EQ(s.optimizer_bytes(), 12.0 * s.owned);
+          owned_sum += s.owned;
+        }
+        // Over the ranks every bf16-read dense and every expert element is owned once, the fp32-read ones dp times.
+        const double total = double(whole.dense_bf16 + whole.experts_held) + double(dp) * double(whole.dense_f32);
+        EXPECT_NEAR(owned_sum, total, 1e-9 * total) << "dp=" << dp << " ep=" << ep;
+      }
+  }
+  EXPECT_THROW(rank_param_state(tiny, 4, 3, 0), Error);  // ep does not divide dp
+  EXPECT_THROW(rank_param_state(tiny, 3, 3, 0), Error);  // 3 does not divide the 8 experts
+}
+
+TEST(PlanRankMemory, AgreesWithTheEstimatorsWeightsPerRank) {
+  Workload w;
+  w.seq = 4096, w.gbs = 64, w.mode = "cpt", w.mtp = false, w.frozen_router = false;
+  const ModelSpec spec = model_preset("flash");
+  Estimator est(spec, load_hardware("nvidia-h200"), ImplProfile{}, w);
+  dsv4::ModelConfig cfg = model_config(spec);
+  cfg.n_mtp = 0;
+  const int64_t buffers = independent(cfg, 1, 0).buffers;  // router biases: in the planner's count, no GPU arena
+  for (const char* layout : {"TP1,PP1,EP8,MBS1", "TP1,PP1,EP16,MBS1", "TP1,PP1,EP64,MBS1"}) {
+    const Estimate e = est.estimate(parse_layout(layout), 64);
+    ASSERT_TRUE(e.valid) << layout << ": " << e.reason;
+    const RankParamState s = rank_param_state(cfg, e.layout.dp, e.layout.ep, 0);
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    const double planner_params = e.mem.weights * gib / ImplProfile{}.weight_bytes;
+    std::printf("%s: estimator %.0f parameters per rank, rank state %lld held + %lld router-bias elements\n", layout,
+                planner_params, (long long)s.held(), (long long)buffers);
+    EXPECT_NEAR(planner_params, double(s.held() + buffers), 1.0) << layout;
+    EXPECT_NEAR(e.mem.grads * gib / ImplProfile{}.grad_bytes, double(s.held() + buffers), 1.0) << layout;
+  }
+}
