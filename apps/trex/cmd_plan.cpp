@@ -104,7 +104,11 @@ void run_plan(const PlanOptions& o) {
   std::vector<Estimate> best;
   if (o.search) {
     std::function<bool(const Layout&)> accept;
-    if (o.runnable) accept = [&](const Layout& l) { return gaps(l).empty(); };
+    if (o.runnable)
+      accept = [&](Layout l) {  // the search's candidates leave dp to the estimate: the ranks left over
+        if (l.dp <= 0) l.dp = devices / (l.tp * l.pp * l.cp);
+        return gaps(l).empty();
+      };
     SearchResult res = search_layouts(est, devices, size_t(o.top), true, accept);
     std::printf("\nsearch%s: %ld layouts considered, %ld refused, %ld out of memory; best %zu:\n%s",
                 o.runnable ? " (only layouts trex train --device cuda runs today)" : "",

@@ -34,7 +34,6 @@ std::string gpu_layout_gaps(const GpuLayoutAsk& a) {
   need(a.ep > 1 && a.dp % a.ep != 0, "expert parallelism whose degree does not divide dp (EP folds into DP)");
   need(a.optimizer_offload, "optimizer offload");
   need(a.fully_sharded, "fully sharded dense weights");
-  need(a.dp > 1 && 64 % a.dp != 0, "data parallelism whose degree does not divide 64 (the ZeRO-1 bucket slicing)");
   need(a.mtp && a.ep > 1, "the MTP module under expert parallelism (its block's experts are not placed)");
   need(a.mtp && a.pp > 1, "the MTP module on pipeline stages (its input reads the first stage's embedding)");
   std::string out;
@@ -65,8 +64,6 @@ std::string check_gpu_mesh_config(const TrainConfig& cfg, int world_size) {
     return fmt::format("parallel.ep={} does not divide parallel.dp={} (expert parallelism is folded into the "
                        "data-parallel ranks: each group of ep consecutive DP ranks holds all the experts)",
                        m.ep, m.dp);
-  if (m.dp > 1 && 64 % m.dp != 0)
-    return fmt::format("parallel.dp={} must divide 64 on the GPU (the ZeRO-1 bucket slicing)", m.dp);
   // Under expert parallelism the GPU model places the main layers' experts only, and its balance loss does not
   // run in the expert exchange.
   if (m.ep > 1 && trains_mtp(cfg))

@@ -107,7 +107,6 @@ static void plan_arena(GpuModel::Impl& m, const dsv4::ModelConfig& cfg, const Gp
     TREX_CHECK(device_memory_comm(*m.dp),
                "GPU model rank {}: the data-parallel group must be a device-memory communicator (nccl or threads), "
                "got '{}'", m.dp_rank, m.dp->backend());
-    TREX_CHECK(64 % m.dp_size == 0, "GPU model: data-parallel size {} must divide 64 (bucket slicing)", m.dp_size);
   }
   configure_experts(m, cfg, opts, make_groups);
   m.l0 = opts.layer_begin, m.l1 = opts.layer_end < 0 ? cfg.n_layers : opts.layer_end;

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <map>
+#include <numeric>
 #include <random>
 #include <set>
 
@@ -57,8 +58,9 @@ const GpuParam& GpuModel::Impl::info(const std::string& name) const {
 void GpuModel::Impl::pad_to(int64_t multiple) { total = (total + multiple - 1) / multiple * multiple; }
 
 namespace {
-// Bucket boundaries are multiples of this many elements, so any DP size dividing 64 cuts them into equal,
-// 16-byte aligned slices.
+// Bucket boundaries (and region X's end) are multiples of lcm(this, 8 x DP size) elements, so the DP ranks' slices
+// (and the expert-data-parallel replicas' slices of region X, EDP dividing DP) are equal and 16-byte aligned for
+// any DP size: 512 for every DP size up to 64.
 constexpr int64_t kBucketAlign = 512;
 
 // Where a tensor sits inside its layer's part of the arena. Region A (bf16-read): the table's order, except that
@@ -107,8 +109,9 @@ void GpuModel::Impl::declare_all() {
     count(dsv4::ParamPart::Mtp, 0, DType::BF16);
     count(dsv4::ParamPart::Mtp, 0, DType::F32);
   }
+  const int64_t bucket_align = std::lcm(kBucketAlign, 8 * int64_t(std::max(dp_size, 1)));
   auto close_bucket = [&](int64_t begin) {
-    pad_to(kBucketAlign);
+    pad_to(bucket_align);
     buckets.push_back(Bucket{begin, total, 0});
     return int(buckets.size()) - 1;
   };
@@ -133,7 +136,7 @@ void GpuModel::Impl::declare_all() {
         if (s.expert >= 0 && local_expert(s.expert)) declare(s.name, s.shape, ordinal.at(s.name));
     }
     declaring = true;
-    pad_to(kBucketAlign);
+    pad_to(bucket_align);
   }
   region_x = total;
   // Region A, bucketed in the order backward finishes them (reverse): embed, head + final norm, layers.
