@@ -30,12 +30,12 @@ std::string gpu_layout_gaps(const GpuLayoutAsk& a) {
   need(a.tp > 1, "tensor parallelism");
   need(a.etp > 1, "expert tensor parallelism");
   need(a.cp > 1, "context parallelism");
-  need(a.pp > 1, "pipeline stages under trex train (bench train only)");
   need(a.vpp > 1, "interleaved stages");
   need(a.ep > 1 && a.dp % a.ep != 0, "expert parallelism whose degree does not divide dp (EP folds into DP)");
   need(a.optimizer_offload, "optimizer offload");
   need(a.fully_sharded, "fully sharded dense weights");
   need(a.mtp && a.ep > 1, "the MTP module under expert parallelism (its block's experts are not placed)");
+  need(a.mtp && a.pp > 1, "the MTP module on pipeline stages (its input reads the first stage's embedding)");
   std::string out;
   for (const auto& g : gaps) out += (out.empty() ? "" : "; ") + g;
   return out;
@@ -45,15 +45,21 @@ std::string check_gpu_mesh_config(const TrainConfig& cfg, int world_size) {
   const parallel::MeshSpec m = cfg.parallel.present ? cfg.parallel.mesh : parallel::MeshSpec{1, world_size, 1, 1};
   if (cfg.model_type != "dsv4")
     return fmt::format("device cuda trains model type dsv4 only (not {})", cfg.model_type);
-  if (m.pp > 1)
-    return fmt::format(
-        "pipeline stages (parallel.pp={}) are not run by `trex train --device cuda` yet: the GPU 1F1B pipeline "
-        "(train/cuda/gpu_pipeline.h) runs only in `trex bench train` on random tokens; missing under the trainer: "
-        "its step's target normaliser and loss, the stage-shared embedding's gradient, per-stage sharded "
-        "checkpoints, and the engine driving the GPU model's stages (GpuModel combines a stage with dp / ep, "
-        "GpuPipeline runs 1F1B over a DP group). Use pp: 1 (dp / ep on the GPU) or device cpu",
-        m.pp);
-  if (m.vpp > 1) return fmt::format("interleaved stages (parallel.vpp={}) are not implemented on the GPU", m.vpp);
+  if (m.vpp > 1)
+    return fmt::format("interleaved stages (parallel.vpp={}) are not implemented on the GPU: its pipeline "
+                       "(train/cuda/gpu_pipeline.h) runs 1F1B over one layer range per rank; set vpp: 1",
+                       m.vpp);
+  // Pipeline stages (train/cuda/gpu_mesh_pipeline.h): the MTP module trains on the whole model only (its input
+  // embeds token t+1 with the first stage's embedding), and the balance loss runs in whole-model steps only.
+  if (m.pp > 1 && trains_mtp(cfg))
+    return fmt::format("the MTP module (model.use_mtp) on pipeline stages (parallel.pp={}) is not implemented on "
+                       "the GPU (its input reads embed.weight, which only the first stage holds); set "
+                       "model.use_mtp: false or pp: 1",
+                       m.pp);
+  if (m.pp > 1 && cfg.model.value("balance_alpha", 1e-4) != 0)
+    return fmt::format("the sequence-wise balance loss (model.balance_alpha={}) is not implemented on GPU pipeline "
+                       "stages (parallel.pp={}); set model.balance_alpha: 0 or pp: 1",
+                       cfg.model.value("balance_alpha", 1e-4), m.pp);
   if (m.ep > 1 && m.dp % m.ep != 0)
     return fmt::format("parallel.ep={} does not divide parallel.dp={} (expert parallelism is folded into the "
                        "data-parallel ranks: each group of ep consecutive DP ranks holds all the experts)",

@@ -1,5 +1,6 @@
 // What `trex train --device cuda` runs (train/gpu_mesh_config.h): one GPU and dp (ZeRO-1) with the V4 recipe
-// (AdamW or Muon, the balance loss, freeze, MTP), and ep folded into dp, are accepted; every layout the GPU mesh engine does not run is
+// (AdamW or Muon, the balance loss, freeze, MTP), ep folded into dp, and pipeline stages with dp / ep (without
+// MTP and the balance loss) are accepted; every layout the GPU mesh engine does not run is
 // refused on the config alone, naming the key to change and what is missing.
 #include <gtest/gtest.h>
 
@@ -47,6 +48,18 @@ TEST(GpuMeshConfig, AcceptsOneGpuAndDataParallelWithTheV4Recipe) {
     EXPECT_EQ(check_gpu_mesh_config(config("freeze: [\"layers.*.ffn.gate.weight\"]\n" + par), dp), "") << dp;
     EXPECT_EQ(check_gpu_mesh_config(config(par, "{kind: muon}", mtp), dp), "") << dp;
   }
+  // Pipeline stages, alone and with dp; AdamW or Muon, freeze; the MTP config present but not trained.
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {pp: 2, dp: 1}\n"), 2), "");
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {pp: 2, dp: 2}\n"), 4), "");
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {pp: 2, dp: 2, ep: 2}\n"), 4), "");
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {pp: 4, dp: 2}\n", "{kind: muon}"), 8), "");
+  EXPECT_EQ(check_gpu_mesh_config(config("freeze: [\"layers.*.ffn.gate.weight\"]\nparallel: {pp: 2, dp: 2}\n"), 4),
+            "");
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {pp: 2, dp: 1}\n", "{kind: adamw}",
+                                         "{type: dsv4, balance_alpha: 0, use_mtp: false, dsv4: "
+                                         "{num_nextn_predict_layers: 1}}"),
+                                  2),
+            "");
 }
 
 // Any data-parallel degree: the ZeRO-1 buckets are padded to a multiple of 8 x dp elements (gpu_params_cuda.cpp).
@@ -56,8 +69,14 @@ TEST(GpuMeshConfig, AcceptsAnyDataParallelDegree) {
 }
 
 TEST(GpuMeshConfig, RefusesWhatTheGpuMeshDoesNotRunNamingWhatIsMissing) {
-  expect_refused(config("parallel: {pp: 2, dp: 1}\n"), 2, {"parallel.pp=2", "gpu_pipeline.h", "pp: 1"});
-  expect_refused(config("parallel: {pp: 2, dp: 1, vpp: 2}\n"), 2, {"parallel.pp=2"});
+  // On pipeline stages: interleaving, the MTP module, the balance loss (the default weight too).
+  expect_refused(config("parallel: {pp: 2, dp: 1, vpp: 2}\n"), 2, {"parallel.vpp=2", "vpp: 1"});
+  expect_refused(config("parallel: {pp: 2, dp: 1}\n", "{kind: adamw}",
+                        "{type: dsv4, balance_alpha: 0, dsv4: {num_nextn_predict_layers: 1}}"),
+                 2, {"MTP", "parallel.pp=2", "embed.weight", "use_mtp: false"});
+  expect_refused(config("parallel: {pp: 2, dp: 2}\n", "{kind: adamw}", "{type: dsv4, balance_alpha: 0.001}"), 4,
+                 {"balance_alpha=0.001", "parallel.pp=2", "pp: 1"});
+  expect_refused(config("parallel: {pp: 2, dp: 1}\n", "{kind: adamw}", "{type: dsv4}"), 2, {"balance_alpha"});
   expect_refused(config("parallel: {dp: 4, ep: 3}\n"), 4, {"parallel.ep=3", "parallel.dp=4", "does not divide"});
   expect_refused(config("parallel: {dp: 2}\n", "{kind: adamw}", "{type: toy}"), 2, {"dsv4 only", "toy"});
   expect_refused(config("", "{kind: adamw}", "{type: toy}"), 1, {"dsv4 only", "toy"});
@@ -90,6 +109,11 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
       {"parallel: {dp: 128}\n", "", "", 128, ask(1, 1, 1, 128, false, false)},
       {"parallel: {pp: 2, dp: 1}\n", "", "", 2, ask(2, 1, 1, 1, false, false)},
       {"parallel: {pp: 2, dp: 1, vpp: 2}\n", "", "", 2, ask(2, 2, 1, 1, false, false)},
+      {"parallel: {pp: 2, dp: 2}\n", "", "", 4, ask(2, 1, 1, 2, false, false)},
+      {"parallel: {pp: 4, dp: 2}\n", "{kind: muon}", "", 8, ask(4, 1, 1, 2, true, false)},
+      {"parallel: {pp: 2, dp: 2}\n", "", mtp, 4, ask(2, 1, 1, 2, false, false, true)},
+      {"parallel: {pp: 2, dp: 3}\n", "", "", 6, ask(2, 1, 1, 3, false, false)},
+      {"parallel: {pp: 2, dp: 4, ep: 2}\n", "", "", 8, ask(2, 1, 2, 4, false, false)},
       {"parallel: {dp: 4, ep: 2}\n", "", "", 4, ask(1, 1, 2, 4, false, false)},
       {"parallel: {dp: 2, ep: 2}\n", "", "", 2, ask(1, 1, 2, 2, false, false)},
       {"parallel: {dp: 4, ep: 3}\n", "", "", 4, ask(1, 1, 3, 4, false, false)},

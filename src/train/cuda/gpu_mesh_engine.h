@@ -1,5 +1,5 @@
 // The step engine of one rank of a GPU mesh for the training loop of trainer.h: every `trex train --device cuda`
-// run (one GPU is a mesh of one rank; several under mpirun / srun / torchrun with pp = 1): the GPU model
+// run (one GPU is a mesh of one rank; several under mpirun / srun / torchrun): the GPU model
 // (model/cuda/gpu_model.h) with dp = D (ZeRO-1 inside the model: gradients reduce-scattered by bucket, owners
 // update, bf16 all-gather) and ep = E folded into it (DP rank d is EP rank d mod E and holds only its E-th of the
 // routed experts; the MoE's dispatch / combine runs over the mesh's EP group; the D / E replicas of the same
@@ -16,6 +16,10 @@
 // ZeRO-1 shards' (GpuModel::dp_grad_norm: each expert's reduced gradient counted once); router biases (the MTP
 // block's too) are updated from the expert loads summed over the DP group (every rank shares every layer at pp = 1,
 // and EP is folded into DP, so these are every rank's tokens).
+//
+// Pipeline stages (pp > 1, gpu_mesh_pipeline.h): each rank's GpuModel holds its stage's layers (with the stage's
+// DP group as above) and the step runs 1F1B over its DP rank's micro-batches; the loss comes from the last stage,
+// the clipping norm sums the stages' squares, each stage updates its own router biases and writes its own tensors.
 //
 // The V4 recipe as the CPU trainer runs it: the MTP module (model.use_mtp) with the schedule's weight per step; the
 // freeze list (optim::apply_freeze: frozen tensors get no update, keep their moments, and leave the clipping norm);

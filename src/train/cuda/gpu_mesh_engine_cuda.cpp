@@ -24,6 +24,7 @@
 #include "model/dsv4/param_table.h"
 #include "optim/param_groups.h"
 #include "parallel/mesh.h"
+#include "train/cuda/gpu_mesh_pipeline.h"
 #include "train/cuda/gpu_optimizer.h"
 #include "train/cuda/staged_communicator.h"
 #include "train/gpu_mesh_config.h"
@@ -56,6 +57,7 @@ struct GpuMeshEngine::State {
   int D = 1;
   std::unique_ptr<dsv4gpu::GpuModel> gpu;
   std::unique_ptr<dsv4gpu::GpuOptimizer> opt;
+  std::unique_ptr<GpuMeshPipeline> pipe;  // pp > 1: this rank's stage in the pipeline (gpu_mesh_pipeline.h)
   std::vector<Entry> params, buffers;
   std::vector<std::vector<int64_t>> load_sum;  // per block (the MTP block last), this rank's step so far
   float* acc = nullptr;                        // D > 1, M > 1: the reduced shard held between backwards
@@ -83,7 +85,8 @@ struct GpuMeshEngine::State {
     std::vector<int64_t> load(size_t(mc.n_routed_experts));
     for (const Entry& b : buffers) {
       const int64_t l = layer_of(b.name);
-      const std::vector<int32_t> sel = D > 1 ? gpu->stage_router_selection(micro, l) : gpu->router_selection(l);
+      const std::vector<int32_t> sel =
+          D > 1 || pipe ? gpu->stage_router_selection(micro, l) : gpu->router_selection(l);
       dsv4::moe_expert_load(sel.data(), n_tok, mc.topk, mc.n_routed_experts, load.data());
       for (size_t e = 0; e < load.size(); ++e) load_sum[size_t(l)][e] += load[e];
     }
@@ -129,6 +132,7 @@ GpuMeshEngine::GpuMeshEngine(const TrainConfig& cfg, const dsv4::ModelConfig& mc
   go.deterministic = o.deterministic;
   go.mtp_weight = o.model.mtp_weight;  // then the schedule's, step by step (begin_step)
   go.recompute = o.recompute;
+  if (s.mesh.spec.pp > 1) set_gpu_stage(go, s.mc, s.mesh);  // this rank's layers only
   s.gpu = std::make_unique<dsv4gpu::GpuModel>(gpu_cfg, go);
   s.opt = std::make_unique<dsv4gpu::GpuOptimizer>(*s.gpu);
   // Every trained tensor of the model (the parameter table's order, the same on every rank) and the router
@@ -204,7 +208,9 @@ GpuMeshEngine::GpuMeshEngine(const TrainConfig& cfg, const dsv4::ModelConfig& mc
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   s.load_sum.assign(size_t(s.mc.n_layers + 1), std::vector<int64_t>(size_t(s.mc.n_routed_experts), 0));
-  if (s.D > 1 && cfg.grad_accum / s.D > 1)
+  if (s.mesh.spec.pp > 1)
+    s.pipe = std::make_unique<GpuMeshPipeline>(*s.gpu, s.mesh, world, cfg.grad_accum / s.D);
+  else if (s.D > 1 && cfg.grad_accum / s.D > 1)
     TREX_CUDA(cudaMalloc(&s.acc, size_t(s.gpu->shard_elems()) * sizeof(float)));
 }
 
@@ -215,9 +221,9 @@ std::string GpuMeshEngine::describe() const {
   int64_t n = 0;  // the whole model's, whatever this rank holds
   for (const Entry& p : s.params) n += numel(p.shape);
   return fmt::format("DeepSeek-V4 on CUDA (hidden {}, {} layers, {} experts top-{}, vocab {}, {} parameters): GPU "
-                     "mesh dp={} ep={}{}, {} micro-batches per DP rank",
+                     "mesh pp={} dp={} ep={}{}, {} micro-batches per DP rank",
                      s.mc.hidden, s.mc.n_layers, s.mc.n_routed_experts, s.mc.topk, s.mc.vocab_size, n,
-                     s.D, s.mesh.spec.ep, s.D > 1 ? " (ZeRO-1)" : "", s.cfg.grad_accum / s.D);
+                     s.mesh.spec.pp, s.D, s.mesh.spec.ep, s.D > 1 ? " (ZeRO-1)" : "", s.cfg.grad_accum / s.D);
 }
 
 int64_t GpuMeshEngine::n_params() const {
@@ -261,7 +267,15 @@ EngineStep GpuMeshEngine::forward_backward(const std::vector<data::Batch>& mine,
   TREX_CHECK(int64_t(mine.size()) == M, "{}: {} micro-batches for a DP share of {}", s.who(), mine.size(), M);
   double local = 0;
   int64_t targets = 0, tokens = 0;
-  for (int64_t k = 0; k < M; ++k) {
+  if (s.pipe) {  // 1F1B over the stages; the loss and the batch's counts from the last stage
+    const bool loads = s.o.bias_update_speed != 0 && !s.buffers.empty();
+    local = s.pipe->step(mine, n_micro, [&](int64_t k) {
+      if (loads) s.add_loads(mine[size_t(k)].batch * mine[size_t(k)].seq, k);
+    });
+    if (s.pipe->last_stage())
+      for (const data::Batch& b : mine) targets += b.n_targets, tokens += b.batch * b.seq;
+  }
+  for (int64_t k = 0; k < (s.pipe ? 0 : M); ++k) {
     const data::Batch& b = mine[size_t(k)];
     const dsv4::SeqLayout layout = batch_layout(b);
     if (s.D == 1) {
@@ -287,15 +301,20 @@ EngineStep GpuMeshEngine::forward_backward(const std::vector<data::Batch>& mine,
     targets += b.n_targets;
     tokens += b.batch * b.seq;
   }
-  if (s.D > 1 && M > 1) s.gpu->add_held_grads(s.acc);
+  if (!s.pipe && s.D > 1 && M > 1) s.gpu->add_held_grads(s.acc);
   s.gpu->wait_grad_reductions();  // a skipped step's next zero_grads() must find them done
-  if (s.D == 1) s.pending_scale = float(1.0 / double(n_micro));
+  if (s.D == 1 && !s.pipe) s.pending_scale = float(1.0 / double(n_micro));  // the pipeline's are normalised
   double red[3] = {local, double(targets), double(tokens)};
   if (s.world.size() > 1) s.host->all_reduce(red, 3, comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
   EngineStep r;
   r.loss = red[0];
   r.targets = int64_t(red[1]);
   r.tokens = int64_t(red[2]);
+  if (s.pipe) {  // the slowest rank's, as the CPU mesh engine reports its pipeline
+    const GpuMeshPipeline::StepTimes& t = s.pipe->last_times();
+    r.slowest = {{"pipeline_wait_s", t.wait_s}, {"stage_forward_s", t.forward_s}, {"stage_backward_s", t.backward_s}};
+    r.extra = {{"bubble_fraction", s.pipe->ideal_bubble_fraction()}};
+  }
   if (s.D > 1) {
     // Exposed communication: how long the compute stream waited on the gradient reduce-scatters of this step's
     // backwards and the previous optimiser step's parameter all-gathers (the model's stall events; metrics report
@@ -310,7 +329,8 @@ EngineStep GpuMeshEngine::forward_backward(const std::vector<data::Batch>& mine,
 double GpuMeshEngine::clip_gradients() {
   State& s = *s_;
   s.opt->zero_frozen_grads();  // the norm leaves frozen tensors out, as the CPU optimiser's
-  const double norm = s.gpu->dp_grad_norm() * double(s.pending_scale);
+  double norm = s.gpu->dp_grad_norm() * double(s.pending_scale);
+  if (s.pipe) norm = s.pipe->global_norm(norm, *s.host);  // every stage's
   const double clip = s.cfg.optimizer.clip_grad_norm;
   if (clip > 0 && norm > clip && std::isfinite(norm))
     s.pending_scale *= float(clip / (norm + 1e-6));  // as optim::Optimizer::clip_gradients
@@ -321,8 +341,11 @@ void GpuMeshEngine::optimizer_step(double lr) {
   State& s = *s_;
   s.opt->step(s.cfg.optimizer, lr, ++s.steps, s.pending_scale);
   s.pending_scale = 1.f;
-  if (s.o.bias_update_speed == 0 || s.buffers.empty()) return;
-  if (s.D > 1) {  // the global batch's loads: every DP rank shares every layer at pp = 1
+  // (A stage without a score-routed layer still joins the sum below: the other stages' ranks are in it.)
+  if (s.o.bias_update_speed == 0 || (s.buffers.empty() && !s.pipe)) return;
+  if (s.world.size() > 1) {
+    // The global batch's loads. At pp = 1 every DP rank shares every layer; with stages, a layer's loads come
+    // only from its stage's DP ranks (the other stages add zeros), so the world's sum is the stage's DP sum.
     std::vector<double> all;
     for (const auto& l : s.load_sum) all.insert(all.end(), l.begin(), l.end());
     s.host->all_reduce(all.data(), all.size(), comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
@@ -340,10 +363,12 @@ void GpuMeshEngine::optimizer_step(double lr) {
 
 void GpuMeshEngine::save(const fs::path& root, const TrainState& st, int64_t keep_last, const FaultHook& fault) {
   State& s = *s_;
-  const int R = s.world.rank(), W = s.world.size();
-  // A dense tensor is gathered whole from its ZeRO-1 slices (collective over the DP group, in table order on
-  // every rank) and written by one rank, round robin, so the files are of similar size. A routed expert under ep
-  // is written (with its moments) by its owner, the edp-rank-0 holder of that expert, after a gather over its
+  // Each stage's tensors (all of them with pp = 1) are written by the ranks of its DP group; another stage's
+  // (not held here) by that stage's.
+  const int R = s.mesh.dp_rank, W = s.D;
+  // A dense tensor is gathered whole from its ZeRO-1 slices (collective over the stage's DP group, in table order
+  // on every rank) and written by one rank, round robin, so the files are of similar size. A routed expert under
+  // ep is written (with its moments) by its owner, the edp-rank-0 holder of that expert, after a gather over its
   // replicas only (collective over them, in table order): never sent to a rank that does not hold it. Host memory:
   // the tensors this rank writes.
   std::deque<std::vector<float>> keep;

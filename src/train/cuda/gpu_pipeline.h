@@ -14,6 +14,7 @@
 // the next one; a slot's buffers are reused only after its sends have left.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -56,7 +57,10 @@ class GpuPipeline {
     const dsv4::SeqLayout* layout = nullptr;
     int64_t normaliser = 0;
   };
-  double step(const std::vector<MicroBatch>& micro, int64_t step_micro_batches);
+  // after_forward(m), when given, runs right after micro-batch m's forward on this stage, while its slot still
+  // holds what the forward saved (e.g. its router selections: a slot is reused by a later forward of the step).
+  double step(const std::vector<MicroBatch>& micro, int64_t step_micro_batches,
+              const std::function<void(int64_t)>& after_forward = {});
   // The last stage's loss values summed over the pipeline group (every rank gets them): call it outside the
   // timed loop, it synchronises the ranks.
   std::vector<double> global_losses(const std::vector<double>& local);
@@ -72,7 +76,8 @@ class GpuPipeline {
   static std::vector<int64_t> one_f_one_b(int r, int P, int64_t M);
 
  private:
-  double run(const std::vector<MicroBatch>& micro, int64_t step_micro_batches);
+  double run(const std::vector<MicroBatch>& micro, int64_t step_micro_batches,
+             const std::function<void(int64_t)>& after_forward);
   struct Impl;
   std::unique_ptr<Impl> impl_;
   int rank_ = 0, P_ = 1;

@@ -150,10 +150,11 @@ double GpuPipeline::step(const int32_t* ids, const int32_t* labels, const dsv4::
   }
   std::vector<MicroBatch> mbs(size_t(p.M));
   for (int64_t m = 0; m < p.M; ++m) mbs[size_t(m)] = {ids + m * n_mb, labels + m * n_mb, &layout, targets};
-  return run(mbs, p.M);
+  return run(mbs, p.M, {});
 }
 
-double GpuPipeline::step(const std::vector<MicroBatch>& micro, int64_t step_micro_batches) {
+double GpuPipeline::step(const std::vector<MicroBatch>& micro, int64_t step_micro_batches,
+                         const std::function<void(int64_t)>& after_forward) {
   Impl& p = *impl_;
   TREX_CHECK(int64_t(micro.size()) == p.M, "pipeline rank {}: {} micro-batches for a pipeline of {}", p.r,
              micro.size(), p.M);
@@ -165,10 +166,11 @@ double GpuPipeline::step(const std::vector<MicroBatch>& micro, int64_t step_micr
                "pipeline rank {}: micro-batch {} has {} tokens, micro-batch 0 {} (the boundary tensors are sized "
                "once per step)", p.r, m, b.layout->B * b.layout->T, micro[0].layout->B * micro[0].layout->T);
   }
-  return run(micro, step_micro_batches);
+  return run(micro, step_micro_batches, after_forward);
 }
 
-double GpuPipeline::run(const std::vector<MicroBatch>& micro, int64_t step_micro_batches) {
+double GpuPipeline::run(const std::vector<MicroBatch>& micro, int64_t step_micro_batches,
+                        const std::function<void(int64_t)>& after_forward) {
   Impl& p = *impl_;
   GpuModel& st = p.st;
   const bool first = p.r == 0, last = p.r == p.P - 1;
@@ -200,6 +202,7 @@ double GpuPipeline::run(const std::vector<MicroBatch>& micro, int64_t step_micro
       auto e = p.begin_ev();
       loss += st.forward_stage(m, b.ids, b.labels, *b.layout, first ? nullptr : p.recv_act[m % 2].as<void>());
       p.end_ev(e, p.fwd_ev);
+      if (after_forward) after_forward(m);
       if (!last) p.send_act_w[size_t(s)] = p.act.send(st.stage_output(m), size_t(elems) * 2, p.r + 1, int(m));
     } else {  // backward of m
       if (!last) p.post_recv_grad(m), p.wait_recv(p.recv_grad_w[m % 2]);

@@ -1,0 +1,64 @@
+#include "train/cuda/gpu_mesh_pipeline.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "model/dsv4/partition.h"
+#include "train/cuda/gpu_pipeline.h"
+#include "train/dsv4_trainable.h"
+
+namespace trex::train {
+
+void set_gpu_stage(dsv4gpu::GpuModelOptions& go, const dsv4::ModelConfig& mc, const parallel::Mesh& mesh) {
+  const int P = mesh.spec.pp;
+  const dsv4::ModelPartition part = dsv4::split_layers(mc, P)[size_t(mesh.pp_rank)].resolved(mc);
+  TREX_CHECK(part.layer_end > part.layer_begin, "GPU pipeline rank {}: stage {} of {} gets no layer of the model's {}",
+             mesh.world_rank, mesh.pp_rank, P, mc.n_layers);
+  go.layer_begin = part.layer_begin, go.layer_end = part.layer_end;
+  go.stage_slots = P - mesh.pp_rank;
+}
+
+GpuMeshPipeline::GpuMeshPipeline(dsv4gpu::GpuModel& stage, parallel::Mesh& mesh, comm::Communicator& world,
+                                 int64_t micro_batches)
+    : mesh_(mesh), micro_batches_(micro_batches) {
+  TREX_CHECK(mesh.pp_group && mesh.pp_group->size() == mesh.spec.pp,
+             "GPU pipeline rank {}: the mesh has no pipeline group of {} stages", mesh.world_rank, mesh.spec.pp);
+  // Each direction on its own communicator (gpu_pipeline.h: one serial stream for both would deadlock).
+  grad_ = world.split(mesh.dp_rank, mesh.pp_rank);
+  pipe_ = std::make_unique<dsv4gpu::GpuPipeline>(stage, *mesh.pp_group, *grad_, micro_batches);
+}
+
+GpuMeshPipeline::~GpuMeshPipeline() = default;
+
+bool GpuMeshPipeline::last_stage() const { return mesh_.pp_rank == mesh_.spec.pp - 1; }
+
+double GpuMeshPipeline::step(const std::vector<data::Batch>& mine, int64_t n_micro,
+                             const std::function<void(int64_t)>& after_forward) {
+  std::vector<dsv4::SeqLayout> layouts;
+  layouts.reserve(mine.size());  // the micro-batches point into it
+  std::vector<dsv4gpu::GpuPipeline::MicroBatch> mbs;
+  for (const data::Batch& b : mine) {
+    layouts.push_back(batch_layout(b));
+    // Its own labelled targets x the step's micro-batches: the sum over the DP ranks' micro-batches is the
+    // global batch's mean of micro-batch means (the dp path's normaliser).
+    mbs.push_back({b.input_ids.data(), b.labels.data(), &layouts.back(), b.n_targets * n_micro});
+  }
+  const double loss = pipe_->step(mbs, n_micro, after_forward);
+  const dsv4gpu::PipelineStats st = pipe_->stats();
+  times_ = {st.recv_wait_ms / 1e3, st.fwd_ms / 1e3, st.bwd_ms / 1e3};
+  pipe_->reset_stats();
+  return loss;
+}
+
+double GpuMeshPipeline::ideal_bubble_fraction() const {
+  const double P = mesh_.spec.pp, M = double(micro_batches_);
+  return (P - 1) / (M + P - 1);
+}
+
+double GpuMeshPipeline::global_norm(double stage_norm, comm::Communicator& host_world) const {
+  double sq = mesh_.dp_rank == 0 ? stage_norm * stage_norm : 0.0;
+  host_world.all_reduce(&sq, 1, comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
+  return std::sqrt(sq);
+}
+
+}  // namespace trex::train
