@@ -99,7 +99,10 @@ WorkPtr EmulatedGroup::all_reduce(void*, size_t count_, ElemType t, ReduceOp) {
 WorkPtr EmulatedGroup::all_gather(const void* send, void* recv, size_t n, ElemType t) {
   const size_t b = n * elem_size(t);
   count("all_gather", b);
-  for (int r = 0; r < size_; ++r) copy(static_cast<char*>(recv) + size_t(r) * b, send, b);
+  // Only R's own block: the other blocks keep what they hold (the peers' values as of their last gather: for the
+  // ZeRO-1 weight gather in place, the weights the other ranks' slices started with), so the emulated model keeps
+  // sane weights instead of R's slice copied over every other slice.
+  copy(static_cast<char*>(recv) + size_t(rank_) * b, send, b);
   return done();
 }
 

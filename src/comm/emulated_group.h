@@ -4,7 +4,8 @@
 // ranks. Per operation (what rank R would receive if every peer sent what R sends, i.e. perfectly balanced
 // traffic):
 //  - all_reduce: nothing moves (the buffer keeps R's own contribution);
-//  - all_gather: R's chunk replicated into all N blocks of recv;
+//  - all_gather: R's chunk into R's block of recv only; the other blocks keep their values (in the ZeRO-1 weight
+//    gather in place: the other ranks' slices as they started, so the emulated weights stay sane);
 //  - reduce_scatter: R's own block of send copied to recv (no arithmetic: the sum of N equal contributions would
 //    only scale it);
 //  - all_to_all_v: block p of send (R's chunk for peer p) lands at recv block p, min(send, recv) bytes: R

@@ -35,11 +35,12 @@ TEST(EmulatedGroup, CollectivesMoveTheRanksOwnDataAtTheRealSizes) {
   g.all_reduce(a.data(), a.size(), ElemType::F32, ReduceOp::Sum)->wait();
   EXPECT_EQ(a, iota(6, 1.f));
 
-  // all_gather: the own chunk in every rank's block.
+  // all_gather: the own chunk in the own block (rank 2: elements [6, 9)); the other blocks keep their values.
   std::vector<float> chunk = iota(3, 10.f), gathered(12, -1.f);
   g.all_gather(chunk.data(), gathered.data(), 3, ElemType::F32)->wait();
   for (int r = 0; r < 4; ++r)
-    for (int i = 0; i < 3; ++i) EXPECT_EQ(gathered[size_t(r * 3 + i)], 10.f + float(i)) << "block " << r;
+    for (int i = 0; i < 3; ++i)
+      EXPECT_EQ(gathered[size_t(r * 3 + i)], r == 2 ? 10.f + float(i) : -1.f) << "block " << r;
 
   // reduce_scatter: this rank's block (rank 2: elements [6, 9)) of the send buffer.
   std::vector<float> send = iota(12, 0.f), recv(3, -1.f);
