@@ -36,6 +36,8 @@ std::string gpu_layout_gaps(const GpuLayoutAsk& a) {
   need(a.fully_sharded, "fully sharded dense weights");
   need(a.mtp && a.ep > 1, "the MTP module under expert parallelism (its block's experts are not placed)");
   need(a.mtp && a.pp > 1, "the MTP module on pipeline stages (its input reads the first stage's embedding)");
+  need(a.balance_loss && a.ep > 1, "the balance loss under expert parallelism");
+  need(a.balance_loss && a.pp > 1, "the balance loss on pipeline stages");
   std::string out;
   for (const auto& g : gaps) out += (out.empty() ? "" : "; ") + g;
   return out;

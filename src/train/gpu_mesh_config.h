@@ -17,6 +17,7 @@ struct GpuLayoutAsk {
   bool muon = false;
   bool freeze = false;          // any frozen group (the SFT recipe freezes the router)
   bool mtp = false;             // the MTP module trained
+  bool balance_loss = false;    // the sequence-wise balance loss (model.balance_alpha != 0; the trainer's default)
 };
 // Empty when `trex train --device cuda` runs this layout today, else every missing piece, "; "-separated: what
 // `trex plan` reports beside each layout. check_gpu_mesh_config refuses the same things per config key (a test

@@ -102,6 +102,11 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
     a.recompute = true;
     return a;
   };
+  const char* balance = "{type: dsv4, balance_alpha: 0.0001}";  // the trainer's default alpha
+  auto with_balance = [](GpuLayoutAsk a) {
+    a.balance_loss = true;
+    return a;
+  };
   const std::vector<Case> cases = {
       {"parallel: {dp: 2}\n", "", "", 2, ask(1, 1, 1, 2, false, false)},
       {"parallel: {dp: 4}\n", "", "", 4, ask(1, 1, 1, 4, false, false)},
@@ -125,6 +130,9 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
       {"", "{kind: muon}", mtp, 1, ask(1, 1, 1, 1, true, false, true)},
       {"recompute: full\nparallel: {dp: 2}\n", "", "", 2, recompute(ask(1, 1, 1, 2, false, false))},
       {"recompute: selective\nparallel: {dp: 2}\n", "", "", 2, recompute(ask(1, 1, 1, 2, false, false))},
+      {"parallel: {dp: 2}\n", "", balance, 2, with_balance(ask(1, 1, 1, 2, false, false))},
+      {"parallel: {dp: 4, ep: 2}\n", "", balance, 4, with_balance(ask(1, 1, 2, 4, false, false))},
+      {"parallel: {pp: 2, dp: 2}\n", "", balance, 4, with_balance(ask(2, 1, 1, 2, false, false))},
   };
   for (const Case& c : cases) {
     const TrainConfig cfg = config(c.parallel, c.optimizer[0] ? c.optimizer : "{kind: adamw}",
