@@ -14,10 +14,10 @@
 #include <cstring>
 #include <map>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/rank_threads.h"
 #include "comm/thread_group.h"
 #include "data/shards.h"
 #include "train/config.h"
@@ -97,26 +97,15 @@ TrainResult train_mesh(const fs::path& out, int64_t stop = -1) {
 void train_ranks(const TrainConfig& cfg, int64_t n_mtp, const Dsv4TrainOptions& o, int ranks, const fs::path& out,
                  std::map<std::string, std::vector<float>>* values = nullptr) {
   auto group = comm::make_thread_group(ranks, 120.0);
-  std::vector<std::string> errors(static_cast<size_t>(ranks));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        GpuMeshEngine engine(cfg, model_config(n_mtp), o, *group[size_t(r)]);
-        Trainer(cfg, out, engine, *dat().ds, 1, quiet()).run();
-        if (values)
-          for (auto& [name, v] : *values) {
-            std::vector<float> got = engine.value(name);
-            if (r == 0) v = std::move(got);
-          }
-      } catch (const std::exception& e) {
-        errors[size_t(r)] = e.what();
+  trex::testing::run_ranks(ranks, [&](int r) {
+    GpuMeshEngine engine(cfg, model_config(n_mtp), o, *group[size_t(r)]);
+    Trainer(cfg, out, engine, *dat().ds, 1, quiet()).run();
+    if (values)
+      for (auto& [name, v] : *values) {
+        std::vector<float> got = engine.value(name);  // collective: every rank, same order
+        if (r == 0) v = std::move(got);
       }
-    });
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < ranks; ++r) {
-    ASSERT_TRUE(errors[size_t(r)].empty()) << "rank " << r << ": " << errors[size_t(r)];
-  }
+  });
 }
 
 // dp=1 and dp=2 of the config with `extra` (e.g. a freeze line): every step's loss, norm and targets.

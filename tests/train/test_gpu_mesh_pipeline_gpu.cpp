@@ -14,10 +14,10 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/rank_threads.h"
 #include "comm/thread_group.h"
 #include "train/config.h"
 #include "train/cuda/gpu_mesh_engine.h"
@@ -80,24 +80,13 @@ parallel: )" + parallel + "\n",
 // `ranks` ranks of the config's layout as threads, under the Trainer (stop: TrainerOptions::stop_at).
 void train_ranks(const TrainConfig& cfg, int ranks, const fs::path& out, int64_t stop = -1) {
   auto group = comm::make_thread_group(ranks, 120.0);
-  std::vector<std::string> errors(static_cast<size_t>(ranks));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        GpuMeshEngine engine(cfg, model_config(), train_options(), *group[size_t(r)]);
-        TrainerOptions q;
-        q.show_progress = false;
-        q.stop_at = stop;
-        Trainer(cfg, out, engine, *dat().ds, 1, q).run();
-      } catch (const std::exception& e) {
-        errors[size_t(r)] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < ranks; ++r) {
-    ASSERT_TRUE(errors[size_t(r)].empty()) << "rank " << r << ": " << errors[size_t(r)];
-  }
+  trex::testing::run_ranks(ranks, [&](int r) {
+    GpuMeshEngine engine(cfg, model_config(), train_options(), *group[size_t(r)]);
+    TrainerOptions q;
+    q.show_progress = false;
+    q.stop_at = stop;
+    Trainer(cfg, out, engine, *dat().ds, 1, q).run();
+  });
 }
 
 const fs::path& one_rank_run() {  // the reference: one rank, 6 steps (shared by the tests)
