@@ -180,7 +180,9 @@ void bench_train_emulated(const TrainBenchArgs& a) {
              double(rm.boundary) / kGiB, double(rm.lm_head) / kGiB, double(rm.moe_bwd) / kGiB,
              pm.activations + pm.logits, pm.inflight, pm.total);
 
-  train::EmulatedRank rank(cfg, p, a.seq, base, a.seed);
+  const auto payload = a.emulate_comm == "none" ? comm::EmulatedGroup::Payload::CountOnly
+                                                 : comm::EmulatedGroup::Payload::Copy;
+  train::EmulatedRank rank(cfg, p, a.seq, base, a.seed, payload);
   cuda::AdamWStep opt;
   opt.lr = 1e-5, opt.eps = 1e-8, opt.weight_decay = 0.01;
   int64_t step = 0;
@@ -253,6 +255,7 @@ void bench_train_emulated(const TrainBenchArgs& a) {
     for (const auto& [op, s] : ops)
       comm[group][op] = {{"calls", s.calls}, {"gib", gib(double(s.bytes))}};
   j["emulated_comm_total"] = comm;  // warm-up and timed steps together
+  j["emulated_comm"] = a.emulate_comm == "none" ? "counted only (own compute)" : "local copies";
   j["loss_last"] = loss;
   j["planner"] = pred;
   j["warmup"] = a.warmup;

@@ -37,6 +37,10 @@ struct TrainBenchArgs {
   int emulate_rank = -1;
   std::string layout;
   int64_t micro_batch_seqs = 1;
+  // What the emulated collectives do with their bytes: "copy" (local copies of the real sizes, queued on the
+  // compute's stream: the step then pays their memory traffic serially) or "none" (counted only: the rank's own
+  // compute, what its MFU is judged on; a real collective runs on its own stream and links).
+  std::string emulate_comm = "copy";
   std::string mode = "sft", hardware = "nvidia-h200", impl = "trex-prior";
 };
 

@@ -143,6 +143,11 @@ const bool registered = trex::cli::register_command(
        t->add_option("--layout", targs->layout, "the emulated layout, e.g. pp=4,dp=32,ep=32 (EP folded into DP)");
        t->add_option("--micro-batch-seqs", targs->micro_batch_seqs, "sequences per micro-batch (emulation)")
            ->capture_default_str();
+       t->add_option("--emulate-comm", targs->emulate_comm,
+                     "emulated collectives: copy (local copies of the real sizes, serial with the compute) or none "
+                     "(counted only: the rank's own compute time and MFU)")
+           ->check(CLI::IsMember({"copy", "none"}))
+           ->capture_default_str();
        t->add_option("--mode", targs->mode, "planner workload for the prediction: cpt or sft")->capture_default_str();
        t->add_option("--hardware", targs->hardware, "planner hardware profile")->capture_default_str();
        t->add_option("--impl", targs->impl, "planner implementation profile")->capture_default_str();

@@ -25,6 +25,11 @@ for r in 0 96; do
   one 120 --config $F --seq 4096 --batch 128 --mode cpt --emulate-rank $r --layout pp=4,dp=32,ep=32 --recompute full --warmup 1 --steps 2
 done
 one 120 --config $F --seq 4096 --batch 128 --mode cpt --emulate-rank 0 --layout pp=4,dp=32,ep=32 --recompute selective --warmup 1 --steps 2
+# The rank's own compute (the collectives counted, no bytes moved: --emulate-comm none), what its MFU is judged on.
+for L in pp=4,dp=32,ep=32 pp=8,dp=16,ep=16; do
+  one 120 --config $F --seq 4096 --batch 128 --mode cpt --emulate-rank 0 --layout $L --recompute selective --emulate-comm none --warmup 1 --steps 2
+done
+one 150 --config $F --seq 4096 --batch 128 --mode cpt --emulate-rank 0 --layout pp=1,dp=128,ep=128 --recompute full --emulate-comm none --warmup 1 --steps 2
 # V4-Pro on 512 H200, global batch 256, SFT at 4096 (pp=8 x dp=64, ep=64), first and last stage.
 for r in 0 448; do
   one 180 --config $P --seq 4096 --batch 256 --mode sft --emulate-rank $r --layout pp=8,dp=64,ep=64 --recompute full --warmup 1 --steps 2

@@ -20,8 +20,8 @@ class DoneWork final : public Work {
 WorkPtr done() { return std::make_unique<DoneWork>(); }
 }  // namespace
 
-EmulatedGroup::EmulatedGroup(int rank, int size, std::string name, SplitRule split)
-    : rank_(rank), size_(size), name_(std::move(name)), split_(std::move(split)) {
+EmulatedGroup::EmulatedGroup(int rank, int size, std::string name, SplitRule split, Payload payload)
+    : rank_(rank), size_(size), name_(std::move(name)), split_(std::move(split)), payload_(payload) {
   TREX_CHECK(size >= 1 && rank >= 0 && rank < size, "emulated group '{}': rank {} of {} ranks", name_, rank, size);
 }
 
@@ -40,6 +40,10 @@ void EmulatedGroup::copy(void* dst, const void* src, size_t bytes) {
     tg::copy_async(dst, src, bytes, nullptr);
   else
     std::memmove(dst, src, bytes);
+}
+
+void EmulatedGroup::copy_payload(void* dst, const void* src, size_t bytes) {
+  if (payload_ == Payload::Copy) copy(dst, src, bytes);
 }
 
 void EmulatedGroup::count(const char* op, size_t bytes) {
@@ -102,14 +106,14 @@ WorkPtr EmulatedGroup::all_gather(const void* send, void* recv, size_t n, ElemTy
   // Only R's own block: the other blocks keep what they hold (the peers' values as of their last gather: for the
   // ZeRO-1 weight gather in place, the weights the other ranks' slices started with), so the emulated model keeps
   // sane weights instead of R's slice copied over every other slice.
-  copy(static_cast<char*>(recv) + size_t(rank_) * b, send, b);
+  copy_payload(static_cast<char*>(recv) + size_t(rank_) * b, send, b);
   return done();
 }
 
 WorkPtr EmulatedGroup::reduce_scatter(const void* send, void* recv, size_t n, ElemType t, ReduceOp) {
   const size_t b = n * elem_size(t);
   count("reduce_scatter", b * size_t(size_));
-  copy(recv, static_cast<const char*>(send) + size_t(rank_) * b, b);
+  copy_payload(recv, static_cast<const char*>(send) + size_t(rank_) * b, b);
   return done();
 }
 
@@ -123,8 +127,8 @@ WorkPtr EmulatedGroup::all_to_all_v(const void* send, const std::vector<size_t>&
   size_t out = 0;
   for (size_t p = 0; p < n; ++p) {
     if (int(p) != rank_) out += send_bytes[p];
-    copy(static_cast<char*>(recv) + recv_offsets[p], static_cast<const char*>(send) + send_offsets[p],
-         std::min(send_bytes[p], recv_bytes[p]));
+    copy_payload(static_cast<char*>(recv) + recv_offsets[p], static_cast<const char*>(send) + send_offsets[p],
+                 std::min(send_bytes[p], recv_bytes[p]));
   }
   count("all_to_all_v", out);
   return done();
@@ -157,7 +161,7 @@ std::unique_ptr<Communicator> EmulatedGroup::split(int color, int key) {
              "group", name_, rank_, size_, color, key);
   if (color < 0) return nullptr;
   const auto [n, r] = split_(color, key);
-  return std::make_unique<EmulatedGroup>(r, n, name_ + ".split");
+  return std::make_unique<EmulatedGroup>(r, n, name_ + ".split", SplitRule{}, payload_);
 }
 
 }  // namespace trex::comm

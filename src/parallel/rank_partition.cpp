@@ -47,7 +47,7 @@ RankPartition rank_partition(const MeshSpec& spec, int rank, const dsv4::ModelCo
   return p;
 }
 
-EmulatedMesh make_emulated_mesh(const RankPartition& p) {
+EmulatedMesh make_emulated_mesh(const RankPartition& p, comm::EmulatedGroup::Payload payload) {
   EmulatedMesh m;
   const int D = p.spec.dp, E = p.spec.ep;
   if (D > 1) {
@@ -55,9 +55,9 @@ EmulatedMesh make_emulated_mesh(const RankPartition& p) {
     // this rank at dp_rank / E (mesh.h's edp_rank).
     m.dp = std::make_unique<comm::EmulatedGroup>(p.dp_rank, D, "dp", [D, E](int, int key) {
       return std::make_pair(D / E, key / E);
-    });
+    }, payload);
   }
-  if (E > 1) m.ep = std::make_unique<comm::EmulatedGroup>(p.ep_rank, E, "ep");
+  if (E > 1) m.ep = std::make_unique<comm::EmulatedGroup>(p.ep_rank, E, "ep", comm::EmulatedGroup::SplitRule{}, payload);
   if (p.spec.pp > 1) {
     m.act = std::make_unique<comm::EmulatedGroup>(p.pp_rank, p.spec.pp, "pp.act");
     m.grad = std::make_unique<comm::EmulatedGroup>(p.pp_rank, p.spec.pp, "pp.grad");

@@ -34,10 +34,12 @@ RankPartition rank_partition(const MeshSpec& spec, int rank, const dsv4::ModelCo
                              int64_t micro_batch_seqs = 1);
 
 // The rank's groups as emulated communicators (null where the degree is 1): dp (its split gives the expert-data-
-// parallel group, as GpuModel asks for it), ep, and the pipeline's two direction groups (act, grad).
+// parallel group, as GpuModel asks for it), ep, and the pipeline's two direction groups (act, grad). `payload`
+// applies to the collectives (comm/emulated_group.h: CountOnly times the rank's own compute).
 struct EmulatedMesh {
   std::unique_ptr<comm::EmulatedGroup> dp, ep, act, grad;
 };
-EmulatedMesh make_emulated_mesh(const RankPartition& p);
+EmulatedMesh make_emulated_mesh(const RankPartition& p,
+                                comm::EmulatedGroup::Payload payload = comm::EmulatedGroup::Payload::Copy);
 
 }  // namespace trex::parallel

@@ -67,6 +67,35 @@ TEST(EmulatedGroup, CollectivesMoveTheRanksOwnDataAtTheRealSizes) {
   EXPECT_EQ(g.loopback_bytes(), 0);
 }
 
+TEST(EmulatedGroup, CountOnlyMovesNoCollectivePayloadButCountsTheSameBytes) {
+  EmulatedGroup copy(1, 2, "ep"), none(1, 2, "ep", EmulatedGroup::SplitRule{}, EmulatedGroup::Payload::CountOnly);
+  for (EmulatedGroup* g : {&copy, &none}) {
+    std::vector<float> chunk = iota(2, 5.f), gathered(4, -1.f), send = iota(4, 0.f), recv(2, -1.f);
+    g->all_gather(chunk.data(), gathered.data(), 2, ElemType::F32)->wait();
+    g->reduce_scatter(send.data(), recv.data(), 2, ElemType::F32, ReduceOp::Sum)->wait();
+    std::vector<uint8_t> s8 = {1, 2, 3}, r8(3, 0);
+    g->all_to_all_v(s8.data(), {1, 2}, {0, 1}, r8.data(), {1, 2}, {0, 1})->wait();
+    const bool moved = g == &copy;
+    EXPECT_EQ(gathered, moved ? (std::vector<float>{-1.f, -1.f, 5.f, 6.f}) : std::vector<float>(4, -1.f));
+    EXPECT_EQ(recv, moved ? (std::vector<float>{2.f, 3.f}) : std::vector<float>(2, -1.f));
+    EXPECT_EQ(r8, moved ? s8 : std::vector<uint8_t>(3, 0));
+    // send / recv still carry their bytes (the pipeline boundary keeps realistic values).
+    float out = 7.f, in = 0.f;
+    g->send(&out, sizeof out, 0, 0)->wait();
+    g->recv(&in, sizeof in, 0, 0)->wait();
+    EXPECT_EQ(in, 7.f);
+  }
+  for (const char* op : {"all_gather", "reduce_scatter", "all_to_all_v", "send", "recv"})
+    EXPECT_EQ(copy.stats().at(op).bytes, none.stats().at(op).bytes) << op;
+  // Splits keep the payload mode.
+  EmulatedGroup dp(0, 4, "dp", [](int, int key) { return std::make_pair(2, key / 2); },
+                   EmulatedGroup::Payload::CountOnly);
+  auto sub = dp.split(0, 0);
+  std::vector<float> c = {1.f}, g(2, -1.f);
+  sub->all_gather(c.data(), g.data(), 1, ElemType::F32)->wait();
+  EXPECT_EQ(g, std::vector<float>(2, -1.f));
+}
+
 TEST(EmulatedGroup, SendRecvLoopBackAtTheBoundarySize) {
   EmulatedGroup g(1, 3, "pp.act");  // a middle stage
   std::vector<float> x(4, 0.f), y = iota(4, 5.f);

@@ -31,7 +31,8 @@ class EmulatedRank {
   // Allocates the rank's model (random weights from seed), its AdamW moments and, with pp > 1, its pipeline.
   // Check GpuModel::footprint first: this allocates.
   EmulatedRank(const dsv4::ModelConfig& cfg, const parallel::RankPartition& p, int64_t seq,
-               dsv4gpu::GpuModelOptions base, uint64_t seed);
+               dsv4gpu::GpuModelOptions base, uint64_t seed,
+               comm::EmulatedGroup::Payload payload = comm::EmulatedGroup::Payload::Copy);
   ~EmulatedRank();
   EmulatedRank(const EmulatedRank&) = delete;
   EmulatedRank& operator=(const EmulatedRank&) = delete;
