@@ -42,8 +42,8 @@ void EmulatedGroup::copy(void* dst, const void* src, size_t bytes) {
     std::memmove(dst, src, bytes);
 }
 
-void EmulatedGroup::copy_payload(void* dst, const void* src, size_t bytes) {
-  if (payload_ == Payload::Copy) copy(dst, src, bytes);
+void EmulatedGroup::copy_payload(void* dst, const void* src, size_t bytes, size_t op_bytes) {
+  if (payload_ == Payload::Copy || op_bytes < kCountOnlyMovesBelow) copy(dst, src, bytes);
 }
 
 void EmulatedGroup::count(const char* op, size_t bytes) {
@@ -106,14 +106,14 @@ WorkPtr EmulatedGroup::all_gather(const void* send, void* recv, size_t n, ElemTy
   // Only R's own block: the other blocks keep what they hold (the peers' values as of their last gather: for the
   // ZeRO-1 weight gather in place, the weights the other ranks' slices started with), so the emulated model keeps
   // sane weights instead of R's slice copied over every other slice.
-  copy_payload(static_cast<char*>(recv) + size_t(rank_) * b, send, b);
+  copy_payload(static_cast<char*>(recv) + size_t(rank_) * b, send, b, b * size_t(size_));
   return done();
 }
 
 WorkPtr EmulatedGroup::reduce_scatter(const void* send, void* recv, size_t n, ElemType t, ReduceOp) {
   const size_t b = n * elem_size(t);
   count("reduce_scatter", b * size_t(size_));
-  copy_payload(recv, static_cast<const char*>(send) + size_t(rank_) * b, b);
+  copy_payload(recv, static_cast<const char*>(send) + size_t(rank_) * b, b, b * size_t(size_));
   return done();
 }
 
@@ -124,12 +124,14 @@ WorkPtr EmulatedGroup::all_to_all_v(const void* send, const std::vector<size_t>&
   TREX_CHECK(send_bytes.size() == n && send_offsets.size() == n && recv_bytes.size() == n && recv_offsets.size() == n,
              "emulated group '{}': all_to_all_v with {} / {} / {} / {} entries for {} ranks", name_, send_bytes.size(),
              send_offsets.size(), recv_bytes.size(), recv_offsets.size(), n);
-  size_t out = 0;
+  size_t out = 0, total = 0;
   for (size_t p = 0; p < n; ++p) {
     if (int(p) != rank_) out += send_bytes[p];
-    copy_payload(static_cast<char*>(recv) + recv_offsets[p], static_cast<const char*>(send) + send_offsets[p],
-                 std::min(send_bytes[p], recv_bytes[p]));
+    total += send_bytes[p];
   }
+  for (size_t p = 0; p < n; ++p)
+    copy_payload(static_cast<char*>(recv) + recv_offsets[p], static_cast<const char*>(send) + send_offsets[p],
+                 std::min(send_bytes[p], recv_bytes[p]), total);
   count("all_to_all_v", out);
   return done();
 }

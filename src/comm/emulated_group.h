@@ -19,8 +19,10 @@
 //    RMS norm divide by sqrt(eps), the backward multiplies its gradient by 1 / sqrt(eps) per norm and overflows to
 //    inf / NaN within a few layers; a last stage never receives a forward tensor, so it would see zeros only);
 //  - split: a sub-group by a caller-given rule (the emulated mesh knows every rank's coordinates), else an error.
-// Payload::CountOnly (`trex bench train --emulate-comm none`): all_gather, reduce_scatter and all_to_all_v are counted
-// but move no bytes (the receive buffers keep what they held), so the step time is the rank's own compute: the
+// Payload::CountOnly (`trex bench train --emulate-comm none`): all_gather, reduce_scatter and all_to_all_v of at
+// least kCountOnlyMovesBelow bytes are counted but move nothing (the receive buffers keep what they held); smaller
+// ones still move (the expert counts' exchange steers the host's row plan). The step time is then the rank's own
+// compute: the
 // local copies run on the compute's stream and would otherwise be charged to it (a real collective runs on its own
 // stream and links). send / recv still copy (the pipeline boundary's random source keeps every stage's values sane).
 // Host buffers are copied with memcpy, device buffers (any pointer on a device) with cudaMemcpyAsync on the legacy
@@ -47,6 +49,7 @@ struct EmulatedOpStats {
 class EmulatedGroup final : public Communicator {
  public:
   enum class Payload { Copy, CountOnly };
+  static constexpr size_t kCountOnlyMovesBelow = size_t(64) << 10;
   // (color, key) of split -> (size, rank) of the new group on the emulated rank; empty: split is an error.
   using SplitRule = std::function<std::pair<int, int>(int color, int key)>;
   EmulatedGroup(int rank, int size, std::string name, SplitRule split = {}, Payload payload = Payload::Copy);
@@ -80,7 +83,8 @@ class EmulatedGroup final : public Communicator {
 
  private:
   void copy(void* dst, const void* src, size_t bytes);
-  void copy_payload(void* dst, const void* src, size_t bytes);  // copy() unless Payload::CountOnly
+  // copy() unless Payload::CountOnly and the operation's payload (`op_bytes`) is at least kCountOnlyMovesBelow.
+  void copy_payload(void* dst, const void* src, size_t bytes, size_t op_bytes);
   void count(const char* op, size_t bytes);
   void check_peer(int peer, const char* op) const;
   struct Loop {

@@ -67,18 +67,25 @@ TEST(EmulatedGroup, CollectivesMoveTheRanksOwnDataAtTheRealSizes) {
   EXPECT_EQ(g.loopback_bytes(), 0);
 }
 
-TEST(EmulatedGroup, CountOnlyMovesNoCollectivePayloadButCountsTheSameBytes) {
+TEST(EmulatedGroup, CountOnlyMovesNoLargeCollectivePayloadButCountsTheSameBytes) {
   EmulatedGroup copy(1, 2, "ep"), none(1, 2, "ep", EmulatedGroup::SplitRule{}, EmulatedGroup::Payload::CountOnly);
+  const size_t big = EmulatedGroup::kCountOnlyMovesBelow / sizeof(float);  // floats per rank: 2x is past the bound
   for (EmulatedGroup* g : {&copy, &none}) {
-    std::vector<float> chunk = iota(2, 5.f), gathered(4, -1.f), send = iota(4, 0.f), recv(2, -1.f);
-    g->all_gather(chunk.data(), gathered.data(), 2, ElemType::F32)->wait();
-    g->reduce_scatter(send.data(), recv.data(), 2, ElemType::F32, ReduceOp::Sum)->wait();
-    std::vector<uint8_t> s8 = {1, 2, 3}, r8(3, 0);
-    g->all_to_all_v(s8.data(), {1, 2}, {0, 1}, r8.data(), {1, 2}, {0, 1})->wait();
     const bool moved = g == &copy;
-    EXPECT_EQ(gathered, moved ? (std::vector<float>{-1.f, -1.f, 5.f, 6.f}) : std::vector<float>(4, -1.f));
-    EXPECT_EQ(recv, moved ? (std::vector<float>{2.f, 3.f}) : std::vector<float>(2, -1.f));
-    EXPECT_EQ(r8, moved ? s8 : std::vector<uint8_t>(3, 0));
+    std::vector<float> chunk = iota(big, 5.f), gathered(2 * big, -1.f), send = iota(2 * big, 0.f), recv(big, -1.f);
+    g->all_gather(chunk.data(), gathered.data(), big, ElemType::F32)->wait();
+    EXPECT_EQ(gathered[big], moved ? 5.f : -1.f);
+    EXPECT_EQ(gathered[0], -1.f);
+    g->reduce_scatter(send.data(), recv.data(), big, ElemType::F32, ReduceOp::Sum)->wait();
+    EXPECT_EQ(recv[0], moved ? float(big) : -1.f);
+    const size_t half = EmulatedGroup::kCountOnlyMovesBelow;  // bytes per peer
+    std::vector<uint8_t> s8(2 * half, 7), r8(2 * half, 0);
+    g->all_to_all_v(s8.data(), {half, half}, {0, half}, r8.data(), {half, half}, {0, half})->wait();
+    EXPECT_EQ(r8[0], moved ? 7 : 0);
+    // A small exchange (the expert counts) moves in both modes: the host plans the rows from it.
+    std::vector<int32_t> c = {3, 4}, rc(2, 0);
+    g->all_to_all_v(c.data(), {4, 4}, {0, 4}, rc.data(), {4, 4}, {0, 4})->wait();
+    EXPECT_EQ(rc, c);
     // send / recv still carry their bytes (the pipeline boundary keeps realistic values).
     float out = 7.f, in = 0.f;
     g->send(&out, sizeof out, 0, 0)->wait();
@@ -91,9 +98,9 @@ TEST(EmulatedGroup, CountOnlyMovesNoCollectivePayloadButCountsTheSameBytes) {
   EmulatedGroup dp(0, 4, "dp", [](int, int key) { return std::make_pair(2, key / 2); },
                    EmulatedGroup::Payload::CountOnly);
   auto sub = dp.split(0, 0);
-  std::vector<float> c = {1.f}, g(2, -1.f);
-  sub->all_gather(c.data(), g.data(), 1, ElemType::F32)->wait();
-  EXPECT_EQ(g, std::vector<float>(2, -1.f));
+  std::vector<float> c(big, 1.f), g(2 * big, -1.f);
+  sub->all_gather(c.data(), g.data(), big, ElemType::F32)->wait();
+  EXPECT_EQ(g[0], -1.f);
 }
 
 TEST(EmulatedGroup, SendRecvLoopBackAtTheBoundarySize) {

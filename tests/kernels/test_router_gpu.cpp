@@ -7,6 +7,9 @@
 // combine and its backward 1e-2 (bf16 outputs).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <numeric>
+
 #include "gpu_test_util.h"
 #include "kernels/cuda/router.h"
 #include "model/dsv4/moe.h"  // the CPU reference (trex_model)
@@ -215,3 +218,25 @@ TEST(GpuRouter, GatherCombineAndBackwardFollowThePlan) {
   EXPECT_LT(rel_err(to_f32(g_dye.to_host<uint16_t>()), dye_ref), 1e-2);
   EXPECT_LT(rel_err(g_dw.to_host<float>(), dw_ref), 1e-5);
 }
+
+namespace {
+TEST(GpuRouter, RowsGatherAndScatterPermuteWholeRows) {
+  const int64_t n = 77, d = 48;
+  std::vector<int32_t> idx(static_cast<size_t>(n));
+  std::iota(idx.begin(), idx.end(), 0);
+  std::shuffle(idx.begin(), idx.end(), std::mt19937(91));
+  auto src = random_bf16(n * d, 92);
+  auto d_src = DeviceBuffer::from_host(src.bits), d_idx = DeviceBuffer::from_host(idx);
+  auto g = poisoned<uint16_t>(n * d), s = poisoned<uint16_t>(n * d);
+  trex::cuda::rows_gather(g.as<bf16>(), d_src.as<bf16>(), d_idx.as<int32_t>(), n, d);
+  trex::cuda::rows_scatter(s.as<bf16>(), d_src.as<bf16>(), d_idx.as<int32_t>(), n, d);
+  TREX_CUDA(cudaDeviceSynchronize());
+  const std::vector<uint16_t> hg = g.to_host<uint16_t>(), hs = s.to_host<uint16_t>();
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < d; ++j) {
+      const size_t from = size_t(idx[size_t(i)] * d + j), to = size_t(i * d + j);
+      ASSERT_EQ(hg[to], src.bits[from]) << "gather row " << i;
+      ASSERT_EQ(hs[from], src.bits[to]) << "scatter row " << i;
+    }
+}
+}  // namespace

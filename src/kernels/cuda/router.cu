@@ -180,6 +180,15 @@ __global__ void gather_kernel(bf16* xe, const bf16* u, const int32_t* order, int
   for (int64_t v = threadIdx.x; v < d / 8; v += blockDim.x) dst[v] = src[v];
 }
 
+// One row per block: dst row (gather ? i : idx[i]) = src row (gather ? idx[i] : i).
+template <bool kGather>
+__global__ void rows_permute_kernel(bf16* dst, const bf16* src, const int32_t* idx, int64_t d) {
+  const int64_t i = blockIdx.x, j = idx[i];
+  const uint4* s = reinterpret_cast<const uint4*>(src + (kGather ? j : i) * d);
+  uint4* o = reinterpret_cast<uint4*>(dst + (kGather ? i : j) * d);
+  for (int64_t v = threadIdx.x; v < d / 8; v += blockDim.x) o[v] = s[v];
+}
+
 using vec::unpack8;
 using vec::pack8;
 
@@ -320,6 +329,20 @@ void moe_gather(bf16* xe, const bf16* u, const int32_t* order, int64_t n_tok, in
   TREX_CHECK(d % 8 == 0, "moe_gather: d = {} must be a multiple of 8", d);
   if (n_tok * topk == 0) return;
   gather_kernel<<<unsigned(n_tok * topk), 128, 0, stream>>>(xe, u, order, int(topk), d);
+  TREX_CUDA_LAUNCHED();
+}
+
+void rows_gather(bf16* dst, const bf16* src, const int32_t* idx, int64_t n, int64_t d, cudaStream_t stream) {
+  TREX_CHECK(d % 8 == 0, "rows_gather: d = {} must be a multiple of 8", d);
+  if (n == 0) return;
+  rows_permute_kernel<true><<<unsigned(n), 128, 0, stream>>>(dst, src, idx, d);
+  TREX_CUDA_LAUNCHED();
+}
+
+void rows_scatter(bf16* dst, const bf16* src, const int32_t* idx, int64_t n, int64_t d, cudaStream_t stream) {
+  TREX_CHECK(d % 8 == 0, "rows_scatter: d = {} must be a multiple of 8", d);
+  if (n == 0) return;
+  rows_permute_kernel<false><<<unsigned(n), 128, 0, stream>>>(dst, src, idx, d);
   TREX_CUDA_LAUNCHED();
 }
 

@@ -48,6 +48,11 @@ void moe_route_plan(const int32_t* sel, int64_t n_tok, int64_t topk, int64_t n_e
 // xe [N*K, d] (written): xe[p] = u[order[p] / K]. d % 8 == 0.
 void moe_gather(bf16* xe, const bf16* u, const int32_t* order, int64_t n_tok, int64_t topk, int64_t d,
                 cudaStream_t stream = nullptr);
+// Row permutations of [*, d] bf16 rows by an int32 index (the expert exchange's source-major <-> expert-major
+// regroup: one launch instead of one copy per (source rank, expert) block). d % 8 == 0.
+// rows_gather: dst[i] = src[idx[i]]; rows_scatter: dst[idx[i]] = src[i]; i in [0, n).
+void rows_gather(bf16* dst, const bf16* src, const int32_t* idx, int64_t n, int64_t d, cudaStream_t stream = nullptr);
+void rows_scatter(bf16* dst, const bf16* src, const int32_t* idx, int64_t n, int64_t d, cudaStream_t stream = nullptr);
 // Backward of the gather: du [N, d] (fp32, accumulated) += sum_k dxe[slot_pos[t*K+k]].
 void moe_gather_bwd(float* du, const bf16* dxe, const int32_t* slot_pos, int64_t n_tok, int64_t topk,
                     int64_t d, cudaStream_t stream = nullptr);

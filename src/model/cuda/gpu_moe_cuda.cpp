@@ -64,10 +64,10 @@ void post_router_status(MoeActs& m, const int32_t* status) {
 // Rows of one expert-parallel exchange, from this rank's point of view.
 struct EpRows {
   std::vector<size_t> send_rows, send_row0, recv_rows, recv_row0;  // per peer rank
-  struct Block {
-    int64_t src_row, dst_row, rows;  // source-major position -> expert-major position
-  };
-  std::vector<Block> blocks;
+  // int32 [n_recv] on the device: expert-major row j holds source-major received row expert_src[j] (one launch per
+  // regroup, kernels/cuda/router.h rows_gather / rows_scatter).
+  DevMem expert_src;
+  int64_t n_rows = 0;
 };
 
 }  // namespace
@@ -194,15 +194,21 @@ std::shared_ptr<MoeEpState> ep_plan(const Ctx& c, const GpuBlock& b, const int32
     for (int p = 0; p < P; ++p) n += rc[size_t(p * El + j)];
     loc[size_t(j + 1)] = loc[size_t(j)] + int32_t(n);
   }
+  std::vector<int32_t> expert_src(run);
   for (int p = 0; p < P; ++p) {
     int64_t src = int64_t(R.recv_row0[size_t(p)]);
     for (int64_t j = 0; j < El; ++j) {
       const int64_t n = rc[size_t(p * El + j)];
       int64_t dst = loc[size_t(j)];
       for (int q = 0; q < p; ++q) dst += rc[size_t(q * El + j)];
-      if (n > 0) R.blocks.push_back({src, dst, n});
+      for (int64_t i = 0; i < n; ++i) expert_src[size_t(dst + i)] = int32_t(src + i);
       src += n;
     }
+  }
+  R.n_rows = int64_t(run);
+  if (run > 0) {
+    R.expert_src = DevMem(run * 4);
+    TREX_CUDA(cudaMemcpy(R.expert_src.as<int32_t>(), expert_src.data(), run * 4, cudaMemcpyHostToDevice));
   }
   st->local_offsets = DevMem(size_t(El + 1) * 4);
   TREX_CUDA(cudaMemcpy(st->local_offsets.as<int32_t>(), loc.data(), loc.size() * 4, cudaMemcpyHostToDevice));
@@ -212,11 +218,11 @@ std::shared_ptr<MoeEpState> ep_plan(const Ctx& c, const GpuBlock& b, const int32
 
 // Source-major received rows <-> expert-major rows, [*, d] bf16.
 void ep_regroup(bf16* dst, const bf16* src, const EpRows& R, int64_t d, bool to_expert_major) {
-  for (const EpRows::Block& k : R.blocks) {
-    const int64_t from = to_expert_major ? k.src_row : k.dst_row, to = to_expert_major ? k.dst_row : k.src_row;
-    TREX_CUDA(cudaMemcpyAsync(dst + to * d, src + from * d, size_t(k.rows * d) * sizeof(bf16),
-                              cudaMemcpyDeviceToDevice, nullptr));
-  }
+  const int32_t* idx = R.expert_src.as<int32_t>();
+  if (to_expert_major)
+    cuda::rows_gather(dst, src, idx, R.n_rows, d);
+  else
+    cuda::rows_scatter(dst, src, idx, R.n_rows, d);
 }
 
 // Sends [*, d] bf16 rows: dispatch = expert-grouped rows of this rank's tokens -> owners (source-major on
