@@ -1,5 +1,7 @@
 #include "parallel/expert_dispatch.h"
 
+#include "model/dsv4/expert_exchange.h"
+
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -54,13 +56,6 @@ DispatchHandle ExpertDispatcher::plan(const int32_t* topk_experts, int64_t n_tok
   h.send_slots.assign(size_t(n_tokens * topk), 0);
   std::vector<int64_t> cursor(expert_offset.begin(), expert_offset.end() - 1);
   for (int64_t s = 0; s < n_tokens * topk; ++s) h.send_slots[size_t(cursor[size_t(topk_experts[s])]++)] = s;
-  h.send_rows.assign(size_t(ranks), 0);
-  h.send_offsets.assign(size_t(ranks), 0);
-  for (int r = 0; r < ranks; ++r) {
-    h.send_offsets[size_t(r)] = size_t(expert_offset[size_t(r * per_rank)]);
-    h.send_rows[size_t(r)] = size_t(expert_offset[size_t((r + 1) * per_rank)] - expert_offset[size_t(r * per_rank)]);
-  }
-
   // Exchange the per-expert counts: rank r learns how many rows each source sends to each of its experts.
   std::vector<int64_t> recv_counts(size_t(ranks * per_rank), 0);
   {
@@ -69,26 +64,10 @@ DispatchHandle ExpertDispatcher::plan(const int32_t* topk_experts, int64_t n_tok
     for (int r = 0; r < ranks; ++r) offs[size_t(r)] = size_t(r) * size_t(per_rank) * sizeof(int64_t);
     comm_.all_to_all_v(per_expert.data(), bytes, offs, recv_counts.data(), bytes, offs)->wait();
   }
-  // recv_counts[src * per_rank + e]: rows from src for local expert e. Wire order per source is by
-  // expert, so the grouped position of wire row i follows from prefix sums.
-  h.expert_counts.assign(size_t(per_rank), 0);
-  for (int src = 0; src < ranks; ++src)
-    for (int e = 0; e < per_rank; ++e) h.expert_counts[size_t(e)] += recv_counts[size_t(src * per_rank + e)];
-  std::vector<int64_t> group_cursor(size_t(per_rank), 0);
-  for (int e = 1; e < per_rank; ++e)
-    group_cursor[size_t(e)] = group_cursor[size_t(e - 1)] + h.expert_counts[size_t(e - 1)];
-  h.recv_rows.assign(size_t(ranks), 0);
-  h.recv_offsets.assign(size_t(ranks), 0);
-  size_t wire = 0;
-  for (int src = 0; src < ranks; ++src) {
-    h.recv_offsets[size_t(src)] = wire;
-    for (int e = 0; e < per_rank; ++e) {
-      int64_t n = recv_counts[size_t(src * per_rank + e)];
-      for (int64_t i = 0; i < n; ++i) h.recv_to_grouped.push_back(group_cursor[size_t(e)]++);
-      h.recv_rows[size_t(src)] += size_t(n);
-      wire += size_t(n);
-    }
-  }
+  dsv4::ExchangeRows x = dsv4::plan_exchange_rows(expert_offset, recv_counts, ranks, per_rank);
+  h.send_rows = std::move(x.send_rows), h.send_offsets = std::move(x.send_offsets);
+  h.recv_rows = std::move(x.recv_rows), h.recv_offsets = std::move(x.recv_offsets);
+  h.recv_to_grouped = std::move(x.recv_to_grouped), h.expert_counts = std::move(x.expert_counts);
   return h;
 }
 

@@ -21,6 +21,7 @@
 #include "kernels/cuda/router.h"
 #include "kernels/cuda/tensor_ops.h"
 #include "model/cuda/gpu_internal.h"
+#include "model/dsv4/expert_exchange.h"
 
 namespace trex::dsv4gpu {
 
@@ -64,9 +65,9 @@ void post_router_status(MoeActs& m, const int32_t* status) {
 // Rows of one expert-parallel exchange, from this rank's point of view.
 struct EpRows {
   std::vector<size_t> send_rows, send_row0, recv_rows, recv_row0;  // per peer rank
-  // int32 [n_recv] on the device: expert-major row j holds source-major received row expert_src[j] (one launch per
-  // regroup, kernels/cuda/router.h rows_gather / rows_scatter).
-  DevMem expert_src;
+  // int32 [n_recv] on the device: source-major received row i sits at expert-major row recv_to_grouped[i]
+  // (dsv4::plan_exchange_rows; one launch per regroup, kernels/cuda/router.h rows_scatter / rows_gather).
+  DevMem recv_to_grouped;
   int64_t n_rows = 0;
 };
 
@@ -175,41 +176,20 @@ std::shared_ptr<MoeEpState> ep_plan(const Ctx& c, const GpuBlock& b, const int32
   std::vector<int32_t> rc(static_cast<size_t>(E));  // [source rank][local expert]
   TREX_CUDA(cudaMemcpy(rc.data(), d_recv.as<int32_t>(), size_t(E) * 4, cudaMemcpyDeviceToHost));
 
+  // The row plan shared with the CPU's exchange (model/dsv4/expert_exchange.h).
+  std::vector<int64_t> expert_offset(off.begin(), off.end()), recv_counts(rc.begin(), rc.end());
+  dsv4::ExchangeRows x = dsv4::plan_exchange_rows(expert_offset, recv_counts, P, int(El));
   EpRows& R = st->rows;
-  R.send_rows.resize(size_t(P)), R.send_row0.resize(size_t(P)), R.recv_rows.resize(size_t(P));
-  R.recv_row0.resize(size_t(P));
-  size_t run = 0;
-  for (int p = 0; p < P; ++p) {
-    R.send_row0[size_t(p)] = size_t(off[size_t(p * El)]);
-    R.send_rows[size_t(p)] = size_t(off[size_t((p + 1) * El)] - off[size_t(p * El)]);
-    size_t n = 0;
-    for (int64_t j = 0; j < El; ++j) n += size_t(rc[size_t(p * El + j)]);
-    R.recv_row0[size_t(p)] = run, R.recv_rows[size_t(p)] = n;
-    run += n;
+  R.send_rows = std::move(x.send_rows), R.send_row0 = std::move(x.send_offsets);
+  R.recv_rows = std::move(x.recv_rows), R.recv_row0 = std::move(x.recv_offsets);
+  R.n_rows = st->n_recv = int64_t(x.recv_to_grouped.size());
+  if (R.n_rows > 0) {
+    const std::vector<int32_t> r2g(x.recv_to_grouped.begin(), x.recv_to_grouped.end());
+    R.recv_to_grouped = DevMem(r2g.size() * 4);
+    TREX_CUDA(cudaMemcpy(R.recv_to_grouped.as<int32_t>(), r2g.data(), r2g.size() * 4, cudaMemcpyHostToDevice));
   }
-  st->n_recv = int64_t(run);
   std::vector<int32_t> loc(static_cast<size_t>(El + 1), 0);
-  for (int64_t j = 0; j < El; ++j) {
-    int64_t n = 0;
-    for (int p = 0; p < P; ++p) n += rc[size_t(p * El + j)];
-    loc[size_t(j + 1)] = loc[size_t(j)] + int32_t(n);
-  }
-  std::vector<int32_t> expert_src(run);
-  for (int p = 0; p < P; ++p) {
-    int64_t src = int64_t(R.recv_row0[size_t(p)]);
-    for (int64_t j = 0; j < El; ++j) {
-      const int64_t n = rc[size_t(p * El + j)];
-      int64_t dst = loc[size_t(j)];
-      for (int q = 0; q < p; ++q) dst += rc[size_t(q * El + j)];
-      for (int64_t i = 0; i < n; ++i) expert_src[size_t(dst + i)] = int32_t(src + i);
-      src += n;
-    }
-  }
-  R.n_rows = int64_t(run);
-  if (run > 0) {
-    R.expert_src = DevMem(run * 4);
-    TREX_CUDA(cudaMemcpy(R.expert_src.as<int32_t>(), expert_src.data(), run * 4, cudaMemcpyHostToDevice));
-  }
+  for (int64_t j = 0; j < El; ++j) loc[size_t(j + 1)] = loc[size_t(j)] + int32_t(x.expert_counts[size_t(j)]);
   st->local_offsets = DevMem(size_t(El + 1) * 4);
   TREX_CUDA(cudaMemcpy(st->local_offsets.as<int32_t>(), loc.data(), loc.size() * 4, cudaMemcpyHostToDevice));
   st->h_local_offsets = std::move(loc);
@@ -218,11 +198,11 @@ std::shared_ptr<MoeEpState> ep_plan(const Ctx& c, const GpuBlock& b, const int32
 
 // Source-major received rows <-> expert-major rows, [*, d] bf16.
 void ep_regroup(bf16* dst, const bf16* src, const EpRows& R, int64_t d, bool to_expert_major) {
-  const int32_t* idx = R.expert_src.as<int32_t>();
+  const int32_t* idx = R.recv_to_grouped.as<int32_t>();
   if (to_expert_major)
-    cuda::rows_gather(dst, src, idx, R.n_rows, d);
-  else
     cuda::rows_scatter(dst, src, idx, R.n_rows, d);
+  else
+    cuda::rows_gather(dst, src, idx, R.n_rows, d);
 }
 
 // Sends [*, d] bf16 rows: dispatch = expert-grouped rows of this rank's tokens -> owners (source-major on

@@ -6,6 +6,41 @@
 
 namespace trex::dsv4 {
 
+ExchangeRows plan_exchange_rows(const std::vector<int64_t>& expert_offset, const std::vector<int64_t>& recv_counts,
+                                int ranks, int per_rank) {
+  TREX_CHECK(ranks >= 1 && per_rank >= 1 && expert_offset.size() == size_t(ranks) * size_t(per_rank) + 1 &&
+                 recv_counts.size() == size_t(ranks) * size_t(per_rank),
+             "expert exchange plan: {} expert offsets and {} received counts for {} ranks x {} experts",
+             expert_offset.size(), recv_counts.size(), ranks, per_rank);
+  ExchangeRows x;
+  x.send_rows.assign(size_t(ranks), 0), x.send_offsets.assign(size_t(ranks), 0);
+  for (int r = 0; r < ranks; ++r) {
+    x.send_offsets[size_t(r)] = size_t(expert_offset[size_t(r * per_rank)]);
+    x.send_rows[size_t(r)] = size_t(expert_offset[size_t((r + 1) * per_rank)] - expert_offset[size_t(r * per_rank)]);
+  }
+  x.expert_counts.assign(size_t(per_rank), 0);
+  for (int src = 0; src < ranks; ++src)
+    for (int e = 0; e < per_rank; ++e) {
+      const int64_t n = recv_counts[size_t(src * per_rank + e)];
+      TREX_CHECK(n >= 0, "expert exchange plan: rank {} announces {} rows for local expert {}", src, n, e);
+      x.expert_counts[size_t(e)] += n;
+    }
+  std::vector<int64_t> cursor(size_t(per_rank), 0);
+  for (int e = 1; e < per_rank; ++e) cursor[size_t(e)] = cursor[size_t(e - 1)] + x.expert_counts[size_t(e - 1)];
+  x.recv_rows.assign(size_t(ranks), 0), x.recv_offsets.assign(size_t(ranks), 0);
+  size_t wire = 0;
+  for (int src = 0; src < ranks; ++src) {
+    x.recv_offsets[size_t(src)] = wire;
+    for (int e = 0; e < per_rank; ++e) {
+      const int64_t n = recv_counts[size_t(src * per_rank + e)];
+      for (int64_t i = 0; i < n; ++i) x.recv_to_grouped.push_back(cursor[size_t(e)]++);
+      x.recv_rows[size_t(src)] += size_t(n);
+      wire += size_t(n);
+    }
+  }
+  return x;
+}
+
 template <class T>
 typename LocalExpertExchange<T>::Handle& LocalExpertExchange<T>::handle(const ExchangeKey& key, const char* what) {
   auto it = handles_.find(key);

@@ -9,11 +9,26 @@
 // tests). The expert-parallel implementation (parallel/ep_exchange.h) moves rows over the EP group; the
 // model never includes comm/ or parallel/ headers, it only holds this interface.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <vector>
 
 namespace trex::dsv4 {
+
+// The row plan of an expert-parallel exchange, the same for every backend (the CPU's parallel::ExpertDispatcher
+// and the GPU MoE's exchange): from this rank's send order (rows sorted by global expert; expert_offset [E + 1]
+// its prefix sums) and the counts the peers announced (recv_counts [ranks * per_rank]: rows from source rank s for
+// local expert e at s * per_rank + e), which rows go to and come from each peer and where each received row sits
+// once the rows are grouped by local expert (wire order: by source rank, then expert, then the source's order).
+struct ExchangeRows {
+  std::vector<size_t> send_rows, send_offsets;  // per destination rank, in rows
+  std::vector<size_t> recv_rows, recv_offsets;  // per source rank, in rows of the wire buffer
+  std::vector<int64_t> recv_to_grouped;         // wire row i -> its row in the expert-grouped buffer
+  std::vector<int64_t> expert_counts;           // rows per local expert (grouped GEMM sizes)
+};
+ExchangeRows plan_exchange_rows(const std::vector<int64_t>& expert_offset, const std::vector<int64_t>& recv_counts,
+                                int ranks, int per_rank);
 
 // One handle per (MoE layer, micro-batch): a pipeline keeps several micro-batches' handles alive at once.
 struct ExchangeKey {
