@@ -51,6 +51,12 @@ struct Estimate {
   // micro-batches with its exposed TP / EP / CP communication (seconds; no bubble, DP or optimizer).
   std::vector<MemoryBreakdown> stage_mem;
   std::vector<double> stage_compute;
+  // Per pipeline stage: one rank of that stage run alone with every collective replaced by a local copy of the
+  // same bytes (what `trex bench train --emulate-rank` runs): the micro-batches' forward, backward and
+  // recomputation, the EP exchange's bytes copied at HBM speed, the optimizer step of that stage's own shard and
+  // the step overhead. No bubble (the stage never waits for a neighbour) and no DP / PP traffic.
+  std::vector<double> stage_alone;
+  std::vector<double> stage_optimizer;  // of which the optimizer step of the stage's shard
 };
 
 class Estimator {
