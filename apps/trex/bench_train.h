@@ -37,7 +37,7 @@ struct TrainBenchArgs {
   int emulate_rank = -1;
   std::string layout;
   int64_t micro_batch_seqs = 1;
-  std::string mode = "sft", hardware = "nvidia-h200", impl = "trex-prior";
+  std::string mode = "sft", hardware = "nvidia-h200", impl = "calibrated";  // calibrated: configs/plan/calibration-trex-<hardware>.json
 };
 
 void bench_train(const TrainBenchArgs& a);

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <sstream>
 
 #include "core/error.h"
@@ -91,19 +93,33 @@ const HardwareProfile& cached_hardware(const std::string& name) {
   return it->second;
 }
 
-Estimate predict(const Measurement& r, const ImplProfile& p) {
-  const HardwareProfile& hw = cached_hardware(r.hardware);
-  Estimator est(r.model, hw, p, r.workload);
-  if (r.emulated_stage >= 0) {  // the trainer's stage layers, not the planner's balanced split
-    std::vector<std::vector<int64_t>> chunks;
-    int64_t next = 0;
-    for (int64_t n : r.stage_layers) {
-      chunks.emplace_back();
-      for (int64_t k = 0; k < n; ++k) chunks.back().push_back(next++);
+// The record's estimator, built once per record (the model's parameter table is the costly part: the fit
+// evaluates every record hundreds of times) and given the profile of each evaluation.
+Estimator& estimator_for(const Measurement& r, const ImplProfile& p) {
+  static std::mutex mu;
+  static std::map<std::string, std::unique_ptr<Estimator>> cache;
+  const std::string key = r.raw.dump();
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    auto est = std::make_unique<Estimator>(r.model, cached_hardware(r.hardware), p, r.workload);
+    if (r.emulated_stage >= 0) {  // the trainer's stage layers, not the planner's balanced split
+      std::vector<std::vector<int64_t>> chunks;
+      int64_t next = 0;
+      for (int64_t n : r.stage_layers) {
+        chunks.emplace_back();
+        for (int64_t k = 0; k < n; ++k) chunks.back().push_back(next++);
+      }
+      est->set_partition(r.layout.pp, 1, chunks);
     }
-    est.set_partition(r.layout.pp, 1, chunks);
+    it = cache.emplace(key, std::move(est)).first;
   }
-  Estimate e = est.estimate(r.layout, r.devices);
+  it->second->set_impl(p);
+  return *it->second;
+}
+
+Estimate predict(const Measurement& r, const ImplProfile& p) {
+  Estimate e = estimator_for(r, p).estimate(r.layout, r.devices);
   TREX_CHECK(e.valid, "{}: record '{}' has a layout the planner refuses: {}", r.where, r.id, e.reason);
   return e;
 }

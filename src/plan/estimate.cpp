@@ -27,6 +27,12 @@ Estimator::Estimator(ModelSpec model, HardwareProfile hw, ImplProfile impl, Work
   impl_math_ = std::make_unique<ModelMath>(m_, w_.seq, impl_.attn_compute);
 }
 
+void Estimator::set_impl(ImplProfile impl) {
+  const bool same_attn = impl.attn_compute == impl_.attn_compute;
+  impl_ = std::move(impl);
+  if (!same_attn) impl_math_ = std::make_unique<ModelMath>(m_, w_.seq, impl_.attn_compute);
+}
+
 double Estimator::activation_elems(int64_t b, Recompute rc) const {
   const double d = double(m_.hidden), hc = double(m_.hc_mult), qr = double(m_.q_lora_rank);
   const double nh = double(m_.n_heads), c = double(m_.head_dim), g = double(m_.o_groups);

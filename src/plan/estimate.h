@@ -68,6 +68,9 @@ class Estimator {
   const HardwareProfile& hardware() const { return hw_; }
   const ImplProfile& impl() const { return impl_; }
   const Workload& workload() const { return w_; }
+  // Another implementation profile for the same model and workload (the calibration's fit evaluates many): the
+  // model's parameter table and FLOPs are kept, rebuilt only where the attention kind changes.
+  void set_impl(ImplProfile impl);
 
   // Blocks (indices into ModelMath, the MTP block last) of each of pp x vpp virtual stages: contiguous,
   // balanced by forward cost with the LM head on the last and the embedding on the first stage.
