@@ -13,6 +13,7 @@
 
 #include "bench_train.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "model/dsv4/config.h"
 #include "model/dsv4/partition.h"
 #include "parallel/mesh.h"
@@ -50,7 +51,14 @@ nlohmann::json planner_prediction(const TrainBenchArgs& a, const dsv4::ModelConf
   w.seq = a.seq, w.gbs = a.batch, w.mode = a.mode;
   w.frozen_router = false;  // the GPU model trains the router (freeze is not on the GPU yet)
   w.mtp = false;
-  plan::Estimator est(spec, plan::load_hardware(a.hardware), plan::load_impl(a.impl), w);
+  // By default the T-Rex profile fitted to the recorded runs, these emulated ranks among them (trex plan-calibrate
+  // --write configs/plan); --impl trex-prior or a file asks another.
+  const std::string impl =
+      a.impl == "calibrated"
+          ? (trex::source_dir() / "configs" / "plan" / fmt::format("calibration-trex-{}.json", a.hardware)).string()
+          : a.impl;
+  const plan::ImplProfile profile = plan::load_impl(impl);
+  plan::Estimator est(spec, plan::load_hardware(a.hardware), profile, w);
   std::vector<std::vector<int64_t>> chunks;
   for (const dsv4::ModelPartition& part : dsv4::split_layers(cfg, p.spec.pp)) {
     chunks.emplace_back();
@@ -62,7 +70,8 @@ nlohmann::json planner_prediction(const TrainBenchArgs& a, const dsv4::ModelConf
   l.recompute = plan::parse_recompute(a.recompute);
   const plan::Estimate e = est.estimate(l, int64_t(p.world_size));
   nlohmann::json j;
-  j["hardware"] = a.hardware, j["impl"] = a.impl;
+  j["hardware"] = a.hardware, j["impl"] = impl;
+  j["impl_note"] = profile.note;
   if (!e.valid) {
     j["error"] = e.reason;
     return j;
@@ -74,10 +83,12 @@ nlohmann::json planner_prediction(const TrainBenchArgs& a, const dsv4::ModelConf
                      {"logits", r3(m.logits)},           {"comm_buffers", r3(m.comm_buffers)},
                      {"fixed", r3(m.fixed)},             {"total", r3(m.total)},
                      {"in_flight", m.inflight},          {"capacity", r3(m.capacity)}};
-  const double rank_s = e.stage_compute[size_t(p.pp_rank)] + e.time.optimizer + e.time.overhead;
-  j["rank_compute_s"] = r3(e.stage_compute[size_t(p.pp_rank)]);  // the stage's micro-batches, exposed TP/EP
-  j["optimizer_s"] = r3(e.time.optimizer);
-  j["rank_step_s"] = r3(rank_s);  // what the emulated rank runs: its compute + optimizer, no bubble, no DP traffic
+  const size_t st = size_t(p.pp_rank);
+  j["rank_compute_s"] = r3(e.stage_compute[st]);  // the stage's micro-batches, exposed TP/EP (the real layout)
+  j["optimizer_s"] = r3(e.stage_optimizer[st]);   // the stage's own shard
+  // What the emulated rank runs (Estimate::stage_alone, as plan-calibrate predicts the emulated records): its
+  // compute with the EP exchange as local copies, its optimizer shard; no bubble, no DP traffic.
+  j["rank_step_s"] = r3(e.stage_alone[st]);
   j["pipeline_step_s"] = r3(e.time.step);  // the whole layout's step (bubble, DP, exposed communication)
   j["mfu_layout"] = std::round(e.mfu * 1e4) / 1e4;
   if (!e.fits) j["does_not_fit"] = e.reason;

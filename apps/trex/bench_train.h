@@ -41,7 +41,7 @@ struct TrainBenchArgs {
   // compute's stream: the step then pays their memory traffic serially) or "none" (counted only: the rank's own
   // compute, what its MFU is judged on; a real collective runs on its own stream and links).
   std::string emulate_comm = "copy";
-  std::string mode = "sft", hardware = "nvidia-h200", impl = "trex-prior";
+  std::string mode = "sft", hardware = "nvidia-h200", impl = "calibrated";  // calibrated: configs/plan/calibration-trex-<hardware>.json
 };
 
 void bench_train(const TrainBenchArgs& a);

@@ -150,7 +150,7 @@ const bool registered = trex::cli::register_command(
            ->capture_default_str();
        t->add_option("--mode", targs->mode, "planner workload for the prediction: cpt or sft")->capture_default_str();
        t->add_option("--hardware", targs->hardware, "planner hardware profile")->capture_default_str();
-       t->add_option("--impl", targs->impl, "planner implementation profile")->capture_default_str();
+       t->add_option("--impl", targs->impl, "planner profile for --emulate-rank: calibrated (configs/plan/calibration-trex-<hardware>.json), trex-prior or a file")->capture_default_str();
        t->add_option("--recompute", targs->recompute,
                      "activation recomputation: none, selective (cheap large activations rebuilt before each "
                      "block's backward) or full (each block's forward re-run before its backward)")

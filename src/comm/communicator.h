@@ -48,6 +48,12 @@ class Communicator {
   virtual void barrier() = 0;
   // A sub-communicator of the ranks passing the same color, ordered by key (MPI_Comm_split semantics).
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+  // This rank failed and will not take part in any further operation (an exception it does not recover from):
+  // the other ranks stop instead of waiting for it, with an error naming it ("rank R failed: why"). Thread groups
+  // mark the job's groups failed (waiting and later operations throw); MPI prints the message and aborts the job
+  // (MPI_Abort); NCCL prints it, aborts the communicator and exits the process, which the launcher (mpirun,
+  // torchrun) turns into the end of every rank. The local communicator has nobody to tell.
+  virtual void abort(const std::string& why) { (void)why; }
 
   void set_timeout_seconds(double s) { timeout_s_ = s; }
   double timeout_seconds() const { return timeout_s_; }

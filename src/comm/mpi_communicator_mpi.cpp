@@ -200,6 +200,14 @@ class MpiCommunicator final : public Communicator {
     check(MPI_Ibarrier(comm_, &r), "barrier");
     work(r, "barrier", 0)->wait();
   }
+  void abort(const std::string& why) override {
+    int world_rank = rank_;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    std::fprintf(stderr, "error: rank %d failed: %s; aborting the job\n", world_rank, why.c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);  // mpirun ends every rank of the job
+    std::_Exit(1);
+  }
   std::unique_ptr<Communicator> split(int color, int key) override {
     MPI_Comm sub;
     check(MPI_Comm_split(comm_, color, key, &sub), "comm split");

@@ -209,6 +209,16 @@ class NcclCommunicator final : public NcclCommunicatorApi {
     nccl_check(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_), rank_, "barrier");
     end("barrier", 0)->wait();
   }
+  void abort(const std::string& why) override {
+    std::fprintf(stderr, "error: rank %d failed: %s; aborting the NCCL communicator and the job\n", rank_, why.c_str());
+    std::fflush(stderr);
+    // As a timed-out wait: the abort may block on a wedged device, so it must not keep this process alive; the
+    // launcher (mpirun, torchrun) ends the other ranks when this one exits non-zero.
+    ncclComm_t c = comm_;
+    std::thread([c] { ncclCommAbort(c); }).detach();
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    std::_Exit(1);
+  }
   std::unique_ptr<Communicator> split(int color, int key) override {
     ncclComm_t sub = nullptr;
     TREX_CHECK(color >= 0, "rank {}: NCCL split: color {} must be >= 0", rank_, color);

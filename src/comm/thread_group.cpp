@@ -90,8 +90,18 @@ struct Op {
   }
 };
 
+struct Group;
+
+// Every group of one make_thread_group call (the world and all groups split from it): abort() marks them all
+// failed, so a rank waiting in any of them (a pipeline recv, an expert exchange, a DP reduction) stops.
+struct Job {
+  std::mutex mu;
+  std::vector<std::weak_ptr<Group>> groups;
+};
+
 struct Group {
-  explicit Group(int n) : n(n), next_seq(size_t(n), 0) {}
+  Group(int n, std::shared_ptr<Job> job, std::vector<int> world)
+      : n(n), next_seq(size_t(n), 0), job(std::move(job)), world(std::move(world)) {}
   ~Group() {
     if (stream) tg::destroy_stream(stream);
   }
@@ -104,7 +114,16 @@ struct Group {
   // Point to point: posted, unmatched sends / recvs by (source, destination, tag), in posting order.
   std::map<std::tuple<int, int, int>, std::deque<std::shared_ptr<Op>>> sends, recvs;
   void* stream = nullptr;  // created by the first device operation
+  std::shared_ptr<Job> job;
+  std::vector<int> world;  // rank r of this group is rank world[r] of the job's first group
 };
+
+std::shared_ptr<Group> new_group(std::shared_ptr<Job> job, std::vector<int> world) {
+  auto g = std::make_shared<Group>(int(world.size()), job, std::move(world));
+  std::lock_guard<std::mutex> lock(job->mu);
+  job->groups.push_back(g);
+  return g;
+}
 
 bool any_device(std::initializer_list<const void*> ps) {
   for (const void* p : ps)
@@ -245,7 +264,9 @@ void execute(Group& g, Op& op) {
       op.split_out.assign(size_t(n), {nullptr, -1});
       for (auto& [color, members] : by_color) {
         std::sort(members.begin(), members.end());
-        auto sub = std::make_shared<Group>(int(members.size()));
+        std::vector<int> world;
+        for (const auto& m : members) world.push_back(g.world[size_t(m.second)]);
+        auto sub = new_group(g.job, std::move(world));
         for (size_t i = 0; i < members.size(); ++i) op.split_out[size_t(members[i].second)] = {sub, int(i)};
       }
       break;
@@ -390,6 +411,22 @@ class ThreadCommunicator final : public Communicator {
   void barrier() override {
     collective(Kind::Barrier, 0, 0, ElemType::U8, ReduceOp::Sum, 0, Arrival{})->wait();
   }
+  // Marks every group of the job failed with "rank W failed: why" (W: this rank in the job's first group), waking
+  // every waiting rank: their pending and later operations throw that message instead of waiting for this rank.
+  void abort(const std::string& why) override {
+    const std::string msg = fmt::format("rank {} failed: {}", g_->world[size_t(rank_)], why);
+    std::vector<std::shared_ptr<Group>> groups;
+    {
+      std::lock_guard<std::mutex> lock(g_->job->mu);
+      for (const auto& w : g_->job->groups)
+        if (auto g = w.lock()) groups.push_back(std::move(g));
+    }
+    for (const auto& g : groups) {  // one lock at a time (split() takes a group's lock, then the job's)
+      std::lock_guard<std::mutex> lock(g->mu);
+      if (g->failed.empty()) g->failed = msg;
+      g->cv.notify_all();
+    }
+  }
   std::unique_ptr<Communicator> split(int color, int key) override {
     Arrival a;
     a.color = color, a.key = key;
@@ -495,7 +532,9 @@ class ThreadCommunicator final : public Communicator {
 
 std::vector<std::unique_ptr<Communicator>> make_thread_group(int n, double timeout_s) {
   TREX_CHECK(n >= 1, "make_thread_group: {} ranks (need at least 1)", n);
-  auto g = std::make_shared<Group>(n);
+  std::vector<int> world(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) world[size_t(r)] = r;
+  auto g = new_group(std::make_shared<Job>(), std::move(world));
   std::vector<std::unique_ptr<Communicator>> out;
   for (int r = 0; r < n; ++r) out.push_back(std::make_unique<ThreadCommunicator>(g, r, timeout_s));
   return out;

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <sstream>
 
 #include "core/error.h"
@@ -91,10 +93,33 @@ const HardwareProfile& cached_hardware(const std::string& name) {
   return it->second;
 }
 
+// The record's estimator, built once per record (the model's parameter table is the costly part: the fit
+// evaluates every record hundreds of times) and given the profile of each evaluation.
+Estimator& estimator_for(const Measurement& r, const ImplProfile& p) {
+  static std::mutex mu;
+  static std::map<std::string, std::unique_ptr<Estimator>> cache;
+  const std::string key = r.raw.dump();
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    auto est = std::make_unique<Estimator>(r.model, cached_hardware(r.hardware), p, r.workload);
+    if (r.emulated_stage >= 0) {  // the trainer's stage layers, not the planner's balanced split
+      std::vector<std::vector<int64_t>> chunks;
+      int64_t next = 0;
+      for (int64_t n : r.stage_layers) {
+        chunks.emplace_back();
+        for (int64_t k = 0; k < n; ++k) chunks.back().push_back(next++);
+      }
+      est->set_partition(r.layout.pp, 1, chunks);
+    }
+    it = cache.emplace(key, std::move(est)).first;
+  }
+  it->second->set_impl(p);
+  return *it->second;
+}
+
 Estimate predict(const Measurement& r, const ImplProfile& p) {
-  const HardwareProfile& hw = cached_hardware(r.hardware);
-  Estimator est(r.model, hw, p, r.workload);
-  Estimate e = est.estimate(r.layout, r.devices);
+  Estimate e = estimator_for(r, p).estimate(r.layout, r.devices);
   TREX_CHECK(e.valid, "{}: record '{}' has a layout the planner refuses: {}", r.where, r.id, e.reason);
   return e;
 }
@@ -131,6 +156,26 @@ Measurement parse_measurement(const nlohmann::json& j, const std::string& where)
   m.step_s = meas["step_s"].get<double>();
   TREX_CHECK(m.step_s > 0, "{}: measured step_s must be > 0", where);
   if (meas.contains("peak_gib") && meas["peak_gib"].is_number()) m.peak_gib = meas["peak_gib"].get<double>();
+  if (j.contains("emulated_rank")) {
+    const auto& er = j["emulated_rank"];
+    TREX_CHECK(er.is_object() && er.contains("stage") && er.contains("stage_layers") && er["stage_layers"].is_array(),
+               "{}: 'emulated_rank' needs 'stage' and 'stage_layers' (layers per pipeline stage)", where);
+    m.emulated_stage = er["stage"].get<int64_t>();
+    m.stage_layers = er["stage_layers"].get<std::vector<int64_t>>();
+    int64_t total = 0;
+    for (int64_t n : m.stage_layers) {
+      TREX_CHECK(n >= 1, "{}: emulated_rank: a stage of {} layers", where, n);
+      total += n;
+    }
+    TREX_CHECK(int64_t(m.stage_layers.size()) == m.layout.pp && m.layout.vpp == 1,
+               "{}: emulated_rank: {} stage_layers entries for layout {} (one per pipeline stage, no VPP)", where,
+               m.stage_layers.size(), j["layout"].get<std::string>());
+    TREX_CHECK(total == m.model.n_layers, "{}: emulated_rank: stage_layers cover {} layers, the model has {}", where,
+               total, m.model.n_layers);
+    TREX_CHECK(m.emulated_stage >= 0 && m.emulated_stage < m.layout.pp, "{}: emulated_rank: stage {} not in [0, {})",
+               where, m.emulated_stage, m.layout.pp);
+    TREX_CHECK(!m.workload.mtp, "{}: emulated_rank: the emulated stages hold no MTP module (mtp must be false)", where);
+  }
   return m;
 }
 
@@ -186,19 +231,26 @@ std::vector<std::string> held_parameters(const std::string& implementation) {
   return {};
 }
 
+Prediction predict_record(const Measurement& r, const ImplProfile& p) {
+  const Estimate e = predict(r, p);
+  if (r.emulated_stage < 0) return {e.time.step, e.mem.total};
+  const size_t s = size_t(r.emulated_stage);
+  return {e.stage_alone.at(s), e.stage_mem.at(s).total};
+}
+
 std::vector<PredictionCheck> check_predictions(const std::vector<Measurement>& records, const ImplProfile& p) {
   std::vector<PredictionCheck> out;
   for (const Measurement& r : records) {
-    Estimate e = predict(r, p);
+    const Prediction e = predict_record(r, p);
     PredictionCheck c;
     c.id = r.id;
     c.note = r.note;
     c.measured_step = r.step_s;
-    c.predicted_step = e.time.step;
-    c.time_err = (e.time.step - r.step_s) / r.step_s;
+    c.predicted_step = e.step_s;
+    c.time_err = (e.step_s - r.step_s) / r.step_s;
     c.measured_peak = r.peak_gib;
-    c.predicted_peak = e.mem.total;
-    c.mem_err = r.peak_gib > 0 ? (e.mem.total - r.peak_gib) / r.peak_gib : 0.0;
+    c.predicted_peak = e.peak_gib;
+    c.mem_err = r.peak_gib > 0 ? (e.peak_gib - r.peak_gib) / r.peak_gib : 0.0;
     out.push_back(c);
   }
   return out;
@@ -279,7 +331,7 @@ Calibration calibrate(const std::vector<Measurement>& records, const ImplProfile
     ImplProfile q = p;
     apply_time(q, x);
     double s = 0;
-    for (const auto& r : records) s += std::pow(std::log(predict(r, q).time.step / r.step_s), 2);
+    for (const auto& r : records) s += std::pow(std::log(predict_record(r, q).step_s / r.step_s), 2);
     return s;
   };
   // Several starting points: the loss has shallow valleys where one efficiency trades against another.
@@ -318,7 +370,7 @@ Calibration calibrate(const std::vector<Measurement>& records, const ImplProfile
     apply_mem(q, x);
     double s = 0;
     for (const auto& r : records)
-      if (r.peak_gib > 0) s += std::pow(std::log(predict(r, q).mem.total / r.peak_gib), 2);
+      if (r.peak_gib > 0) s += std::pow(std::log(predict_record(r, q).peak_gib / r.peak_gib), 2);
     return s;
   };
   if (!mnames.empty()) apply_mem(p, minimize(mem_loss, m0));

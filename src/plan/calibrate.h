@@ -4,6 +4,10 @@
 // Record: {"id", "implementation", "hardware", "devices", "model" (preset | config path | inline config),
 //          "layout" ("DP2,MBS1,ZERO=3" ...), "seq", "gbs", "mode", "optimizer", "precision", "mtp",
 //          "measured": {"step_s", "tokens_per_s_per_device", "peak_gib"}, "source"}.
+// One rank of a layout run alone (`trex bench train --emulate-rank`, collectives as local copies) adds
+//          "emulated_rank": {"rank": R, "stage": S, "stage_layers": [layers of stage 0, 1, ...]}
+// (the trainer's split, dsv4::split_layers): its step is predicted by Estimate::stage_alone[S] and its peak by
+// stage_mem[S] with those stage layers, not by the whole layout's step (no bubble, no DP traffic on such a rank).
 #pragma once
 #include <string>
 #include <vector>
@@ -22,6 +26,9 @@ struct Measurement {
   Workload workload;
   double step_s = 0;
   double peak_gib = -1;  // < 0: not recorded
+  // Rank emulation: >= 0 is the pipeline stage of the emulated rank, with the stage layers it ran.
+  int64_t emulated_stage = -1;
+  std::vector<int64_t> stage_layers;
   nlohmann::json raw;
   // Set by current_measurements() when step_s was carried over from older code (1 = as measured).
   double step_scale = 1;
@@ -44,6 +51,13 @@ void append_measurement(const std::string& path, const nlohmann::json& record);
 //     its efficiency relative to one device, not its absolute rate. Peak memory is kept as measured. A
 //     record with no earlier reference is used as measured.
 std::vector<Measurement> current_measurements(const std::vector<Measurement>& records);
+
+// What the planner predicts for a record under profile p: step seconds and peak GiB (the whole layout's, or the
+// emulated rank's stage alone).
+struct Prediction {
+  double step_s = 0, peak_gib = 0;
+};
+Prediction predict_record(const Measurement& r, const ImplProfile& p);
 
 struct PredictionCheck {
   std::string id, note;

@@ -27,6 +27,12 @@ Estimator::Estimator(ModelSpec model, HardwareProfile hw, ImplProfile impl, Work
   impl_math_ = std::make_unique<ModelMath>(m_, w_.seq, impl_.attn_compute);
 }
 
+void Estimator::set_impl(ImplProfile impl) {
+  const bool same_attn = impl.attn_compute == impl_.attn_compute;
+  impl_ = std::move(impl);
+  if (!same_attn) impl_math_ = std::make_unique<ModelMath>(m_, w_.seq, impl_.attn_compute);
+}
+
 double Estimator::activation_elems(int64_t b, Recompute rc) const {
   const double d = double(m_.hidden), hc = double(m_.hc_mult), qr = double(m_.q_lora_rank);
   const double nh = double(m_.n_heads), c = double(m_.head_dim), g = double(m_.o_groups);
@@ -157,6 +163,7 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
   const double lat_ep = lat_for_span(ep_span);
   struct StageTime {
     double compute = 0, recompute = 0, tp = 0, ep = 0, cp = 0;
+    double local_copy = 0;  // the EP exchange as local copies (rank emulation): read + write of its bytes
   };
   std::vector<StageTime> st(static_cast<size_t>(l.pp));
   const double elem_bytes = 2.0;
@@ -190,6 +197,7 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
         const double one = (dispatch + combine) * double(l.ep - 1) / double(l.ep) * a2a_bw_time_per_byte +
                            2 * double(l.ep - 1) * lat_ep;
         t.ep += double(passes) * one;
+        t.local_copy += double(passes) * 2 * (dispatch + combine) / (hw_.hbm_bw * ip.eff_hbm);
       }
       if (l.cp > 1) {
         const double bytes = tokens_mb * double(m_.head_dim) * elem_bytes;
@@ -244,6 +252,7 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
   const double router_grads_off = w_.frozen_router ? 1.0 : 0.0;
   MemoryBreakdown worst;
   double worst_dense_params = 0, worst_expert_params = 0;
+  std::vector<double> stage_dense(static_cast<size_t>(l.pp)), stage_experts(static_cast<size_t>(l.pp));
   for (int64_t s = 0; s < l.pp; ++s) {
     double dense = 0, experts = 0, frozen = 0, saved = 0, max_block = 0, quad = 0;
     for (int64_t b : stages[size_t(s)]) {
@@ -260,6 +269,7 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
     if (s == l.pp - 1) dense += pc.head / double(l.tp) + pc.final_misc;
     if (s == l.pp - 1 && with_mtp && l.pp > 1) dense += pc.embed / double(l.tp);  // MTP's copy of the embedding
     const double params = dense + experts;
+    stage_dense[size_t(s)] = dense, stage_experts[size_t(s)] = experts;
     MemoryBreakdown mem;
     mem.stage = s;
     mem.weights = params * ip.weight_bytes;
@@ -358,25 +368,36 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
       const double passes = 2.0 + (l.recompute == Recompute::Full ? 1.0 : 0.0);
       T.dp += ip.dp_block_overhead_s * passes * double(stages[0].size()) * double(mb);
     }
-    // Optimizer step on the local shard: read grads, master, moments; write master, moments, bf16 weights.
-    const double shard = l.zero == 0 ? dense + experts : dense / double(dense_dp) + experts / double(edp);
-    const double state = ip.master_bytes + (w_.optimizer == Optimizer::Muon ? ip.muon_bytes : ip.adam_bytes);
-    double opt = shard * (ip.grad_bytes + 2 * state + ip.weight_bytes) / (hw_.hbm_bw * ip.eff_hbm);
-    if (w_.optimizer == Optimizer::Muon) {
-      // Newton-Schulz, 10 iterations of ~(4 m^2 n + 2 m^3) on m x n (m <= n) matrices: per parameter
-      // 10 (4 m + 2 m^2 / n). Experts are f x d; dense matrices are taken as q_lora_rank x hidden.
-      auto per_param = [](double m, double n) { return 10 * (4 * m + 2 * m * m / n); };
-      const double f = double(m_.moe_inter), qr = double(m_.q_lora_rank);
-      const double ns = (dense / double(dense_dp)) * per_param(std::min(qr, d), std::max(qr, d)) +
-                        (experts / double(edp)) * per_param(std::min(f, d), std::max(f, d));
-      opt += ns / (hw_.peak_bf16 * ip.eff_dense);
-    }
-    if (l.offload == Offload::Swap) {
-      const double bytes = 2 * shard * (ip.master_bytes + ip.adam_bytes);
-      opt += bytes / hw_.host_bw * (1 - ip.swap_overlap);
-    }
+    // Optimizer step on the local shard of a stage holding `dense` + `experts` parameters: read grads, master,
+    // moments; write master, moments, bf16 weights.
+    auto optimizer_time = [&](double dn, double ex) {
+      const double shard = l.zero == 0 ? dn + ex : dn / double(dense_dp) + ex / double(edp);
+      const double state = ip.master_bytes + (w_.optimizer == Optimizer::Muon ? ip.muon_bytes : ip.adam_bytes);
+      double opt = shard * (ip.grad_bytes + 2 * state + ip.weight_bytes) / (hw_.hbm_bw * ip.eff_hbm);
+      if (w_.optimizer == Optimizer::Muon) {
+        // Newton-Schulz, 10 iterations of ~(4 m^2 n + 2 m^3) on m x n (m <= n) matrices: per parameter
+        // 10 (4 m + 2 m^2 / n). Experts are f x d; dense matrices are taken as q_lora_rank x hidden.
+        auto per_param = [](double m, double n) { return 10 * (4 * m + 2 * m * m / n); };
+        const double f = double(m_.moe_inter), qr = double(m_.q_lora_rank);
+        const double ns = (dn / double(dense_dp)) * per_param(std::min(qr, d), std::max(qr, d)) +
+                          (ex / double(edp)) * per_param(std::min(f, d), std::max(f, d));
+        opt += ns / (hw_.peak_bf16 * ip.eff_dense);
+      }
+      if (l.offload == Offload::Swap) {
+        const double bytes = 2 * shard * (ip.master_bytes + ip.adam_bytes);
+        opt += bytes / hw_.host_bw * (1 - ip.swap_overlap);
+      }
+      return opt;
+    };
+    const double opt = optimizer_time(dense, experts);
     T.optimizer = opt;
     T.overhead = ip.step_overhead_s;
+    for (int64_t s = 0; s < l.pp; ++s) {
+      const StageTime& t = st[size_t(s)];
+      const double o = optimizer_time(stage_dense[size_t(s)], stage_experts[size_t(s)]);
+      est.stage_optimizer.push_back(o);
+      est.stage_alone.push_back(double(mb) * (t.compute + t.local_copy) + o + T.overhead);
+    }
   }
   T.step = T.compute + T.tp + T.cp + T.ep + T.pp + T.bubble + T.dp + T.optimizer + T.overhead;
 

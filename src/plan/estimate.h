@@ -51,6 +51,12 @@ struct Estimate {
   // micro-batches with its exposed TP / EP / CP communication (seconds; no bubble, DP or optimizer).
   std::vector<MemoryBreakdown> stage_mem;
   std::vector<double> stage_compute;
+  // Per pipeline stage: one rank of that stage run alone with every collective replaced by a local copy of the
+  // same bytes (what `trex bench train --emulate-rank` runs): the micro-batches' forward, backward and
+  // recomputation, the EP exchange's bytes copied at HBM speed, the optimizer step of that stage's own shard and
+  // the step overhead. No bubble (the stage never waits for a neighbour) and no DP / PP traffic.
+  std::vector<double> stage_alone;
+  std::vector<double> stage_optimizer;  // of which the optimizer step of the stage's shard
 };
 
 class Estimator {
@@ -62,6 +68,9 @@ class Estimator {
   const HardwareProfile& hardware() const { return hw_; }
   const ImplProfile& impl() const { return impl_; }
   const Workload& workload() const { return w_; }
+  // Another implementation profile for the same model and workload (the calibration's fit evaluates many): the
+  // model's parameter table and FLOPs are kept, rebuilt only where the attention kind changes.
+  void set_impl(ImplProfile impl);
 
   // Blocks (indices into ModelMath, the MTP block last) of each of pp x vpp virtual stages: contiguous,
   // balanced by forward cost with the LM head on the last and the embedding on the first stage.

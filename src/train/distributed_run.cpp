@@ -160,9 +160,14 @@ TrainResult run_distributed_training(const TrainConfig& cfg_in, const fs::path& 
   topt.stop_at = opts.max_steps;
   topt.show_progress = opts.show_progress;
   TrainResult r;
-  {
+  try {
     MeshEngine engine(cfg, *world, mesh, *model);
     r = Trainer(cfg, out_dir, engine, ds, data::ChatTokens::from(tok).eos, topt).run();
+  } catch (const std::exception& e) {
+    // This rank cannot go on: the others must not wait for it in a collective until the timeout (MPI: the
+    // message names this rank and the job is aborted).
+    world->abort(e.what());
+    throw;
   }
   model.reset();  // the stages' exchanges use the mesh's groups
   return r;

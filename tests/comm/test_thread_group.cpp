@@ -1,13 +1,16 @@
 // The communicator cases (comm_cases.h) on host memory: the local communicator and the thread group with 1..4
 // ranks; then what only the thread group has: the time-out naming the missing rank, disagreeing ranks, a
-// mismatched send / recv, and ordering (a rank's Work completes only once every rank arrived).
+// mismatched send / recv, ordering (a rank's Work completes only once every rank arrived), and a failed rank's
+// abort stopping the others (in the world and in groups split from it) with its name, long before the timeout.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <stdexcept>
 #include <thread>
 
 #include "comm/comm_cases.h"
+#include "comm/rank_threads.h"
 #include "comm/thread_group.h"
 
 namespace {
@@ -124,6 +127,58 @@ TEST(ThreadGroup, WorkCompletesWhenTheLastRankArrives) {
   ASSERT_TRUE(s0);
   EXPECT_EQ(s0->size(), 1);
   EXPECT_FALSE(s1);
+}
+
+// Rank 3 of 4 throws before its part of the step; without the abort ranks 0..2 would wait the whole 60 s timeout.
+// Rank 0 waits in a world all_reduce, rank 1 in a recv from rank 3 of a sub-group split off the world (the
+// pipeline / EP groups of a mesh are such splits), rank 2 in a sub-group all_reduce: all three stop at once with
+// an error naming rank 3 and its reason, and the group refuses later operations with the same reason.
+TEST(ThreadGroup, FailedRankAbortsEveryGroupNamingIt) {
+  auto world = comm::make_thread_group(4, 60.0);
+  std::vector<std::unique_ptr<comm::Communicator>> sub(4);
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<std::string> err = trex::testing::run_ranks_collect(
+      4,
+      [&](int r) {
+        sub[size_t(r)] = world[size_t(r)]->split(r % 2, r);  // {0, 2} and {1, 3}
+        float x = float(r);
+        world[size_t(r)]->all_reduce(&x, 1, comm::ElemType::F32, comm::ReduceOp::Sum)->wait();  // all arrive
+        if (r == 3) throw std::runtime_error("out of memory in the MoE backward");
+        if (r == 0) world[0]->all_reduce(&x, 1, comm::ElemType::F32, comm::ReduceOp::Sum)->wait();
+        if (r == 1) sub[1]->recv(&x, 4, 1, 7)->wait();  // rank 3 is rank 1 of {1, 3}
+        if (r == 2) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));  // arrives after the abort: refused
+          sub[2]->all_reduce(&x, 1, comm::ElemType::F32, comm::ReduceOp::Sum)->wait();
+        }
+      },
+      &world);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(s, 10.0) << "the ranks waited for the timeout instead of the abort";
+  EXPECT_EQ(err[3], "out of memory in the MoE backward");
+  for (int r = 0; r < 3; ++r)
+    EXPECT_NE(err[size_t(r)].find("rank 3 failed: out of memory in the MoE backward"), std::string::npos)
+        << "rank " << r << ": " << err[size_t(r)];
+  const std::string late = message_of([&] { world[1]->barrier(); });
+  EXPECT_NE(late.find("rank 3 failed"), std::string::npos) << late;
+}
+
+// In a sub-group the failed rank is named by its rank in the world, not in the sub-group.
+TEST(ThreadGroup, AbortInASubGroupNamesTheWorldRank) {
+  auto world = comm::make_thread_group(2, 60.0);
+  std::vector<std::unique_ptr<comm::Communicator>> sub(2);
+  std::thread t([&] { sub[1] = world[1]->split(0, -1); });  // key -1: world rank 1 is rank 0 of the sub-group
+  sub[0] = world[0]->split(0, 0);
+  t.join();
+  ASSERT_EQ(sub[1]->rank(), 0);
+  std::string waiting;
+  std::thread w([&] {
+    float x = 0;
+    waiting = message_of([&] { world[0]->recv(&x, 4, 1, 0)->wait(); });
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  sub[1]->abort("bad batch");
+  w.join();
+  EXPECT_NE(waiting.find("rank 1 failed: bad batch"), std::string::npos) << waiting;
 }
 
 }  // namespace

@@ -6,13 +6,19 @@
 //    and target count, with AdamW (decay on vectors too: every tensor's update depends on its own stage's
 //    gradient only) and the router-bias update (each stage's loads); their checkpoints hold every tensor and
 //    optimiser state of the one-rank run's exactly once (each stage writes its own);
-//  - a pp = 2 run stopped at step 3 is continued by one rank from its sharded checkpoint: steps 4..6 give the
-//    uninterrupted one-rank run's losses.
+//  - resume across layouts: a run stopped at step 3 is continued in another layout from its sharded checkpoint
+//    and steps 4..6 give the uninterrupted one-rank run's losses: pp = 2 -> one rank, pp = 2 x dp = 2 -> dp = 2 x
+//    ep = 2 (no stages, experts split), one rank -> pp = 2, and pp = 2 -> the CPU trainer (to the CPU / GPU
+//    tolerance of test_gpu_trainer_gpu.cpp);
+//  - a rank that fails (rank 3 of pp = 2 x dp = 2 throws in step 2) stops the other three with an error naming it
+//    (the thread group's abort) long before the communicator's timeout, instead of leaving them in a collective.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -22,6 +28,7 @@
 #include "train/config.h"
 #include "train/cuda/gpu_mesh_engine.h"
 #include "train/dsv4_trainable.h"
+#include "train/local_engine.h"
 #include "train/metrics.h"
 #include "train/sharded_checkpoint.h"
 #include "train/tiny_gpu_config.h"
@@ -80,7 +87,7 @@ parallel: )" + parallel + "\n",
 // `ranks` ranks of the config's layout as threads, under the Trainer (stop: TrainerOptions::stop_at).
 void train_ranks(const TrainConfig& cfg, int ranks, const fs::path& out, int64_t stop = -1) {
   auto group = comm::make_thread_group(ranks, 120.0);
-  trex::testing::run_ranks(ranks, [&](int r) {
+  trex::testing::run_ranks(group, [&](int r) {  // a rank that throws aborts the group: the others stop too
     GpuMeshEngine engine(cfg, model_config(), train_options(), *group[size_t(r)]);
     TrainerOptions q;
     q.show_progress = false;
@@ -168,4 +175,127 @@ TEST(GpuMeshPipeline, OneRankContinuesATwoStageCheckpoint) {
     EXPECT_LT(std::abs(a - b) / a, 5e-3) << "step " << i + 1;
     EXPECT_EQ(m1[i]["targets"], mr[i]["targets"]) << "step " << i + 1 << ": the resumed data position differs";
   }
+}
+
+namespace {
+
+// Steps 1..3 of `out` from the first layout, 4..6 from the layout that resumed its step-3 checkpoint, against the
+// uninterrupted one-rank run.
+void expect_continues_one_rank(const fs::path& out, const std::string& what, double tol) {
+  const auto m1 = read_jsonl(one_rank_run() / "metrics.jsonl"), mr = read_jsonl(out / "metrics.jsonl");
+  ASSERT_EQ(m1.size(), 6u);
+  ASSERT_EQ(mr.size(), 6u) << what;
+  for (size_t i = 0; i < 6; ++i) {
+    ASSERT_EQ(mr[i]["step"], m1[i]["step"]);
+    const double a = m1[i]["loss"].get<double>(), b = mr[i]["loss"].get<double>();
+    std::printf("  %s step %zu: loss one rank %.6f, %s %.6f\n", what.c_str(), i + 1, a, i < 3 ? "first" : "resumed",
+                b);
+    EXPECT_LT(std::abs(a - b) / a, tol) << what << " step " << i + 1;
+    EXPECT_EQ(m1[i]["targets"], mr[i]["targets"]) << what << " step " << i + 1 << ": the data position differs";
+  }
+}
+
+}  // namespace
+
+// pp = 2 x dp = 2 (each stage's dense optimiser state sharded over its 2 DP ranks, every expert on every rank of
+// its stage) -> dp = 2 x ep = 2 (one stage, each rank half of every layer's experts).
+TEST(GpuMeshPipeline, ExpertParallelRanksContinueAPipelineTimesDataParallelCheckpoint) {
+  const fs::path out = dat().dir / "pp2_dp2_then_dp2_ep2";
+  fs::remove_all(out);
+  train_ranks(run_config("{pp: 2, dp: 2, ep: 1}"), 4, out, 3);
+  if (HasFatalFailure()) return;
+  ASSERT_TRUE(fs::exists(out / "checkpoints" / "step_00000003" / "manifest.json"));
+  train_ranks(run_config("{pp: 1, dp: 2, ep: 2}"), 2, out);
+  if (HasFatalFailure()) return;
+  expect_continues_one_rank(out, "pp=2 x dp=2 -> dp=2 x ep=2", 5e-3);
+}
+
+TEST(GpuMeshPipeline, TwoStagesContinueAOneRankCheckpoint) {
+  const fs::path out = dat().dir / "one_then_pp2";
+  fs::remove_all(out);
+  train_ranks(run_config("{pp: 1, dp: 1, ep: 1}"), 1, out, 3);
+  if (HasFatalFailure()) return;
+  train_ranks(run_config("{pp: 2, dp: 1, ep: 1}"), 2, out);
+  if (HasFatalFailure()) return;
+  expect_continues_one_rank(out, "one rank -> pp=2", 5e-3);
+}
+
+// The CPU trainer (fp32, LocalEngine over Dsv4Trainable) reads the stages' manifest: its steps 4..6 follow the GPU
+// run to the CPU / GPU tolerance (2e-2, as the CPU resuming a one-GPU checkpoint in test_gpu_trainer_gpu.cpp).
+TEST(GpuMeshPipeline, TheCpuTrainerContinuesATwoStageCheckpoint) {
+  const fs::path out = dat().dir / "pp2_then_cpu";
+  fs::remove_all(out);
+  train_ranks(run_config("{pp: 2, dp: 1, ep: 1}"), 2, out, 3);
+  if (HasFatalFailure()) return;
+  const TrainConfig cfg = run_config("{pp: 1, dp: 1, ep: 1}");
+  Dsv4Trainable host(model_config(), train_options(), cfg.seed);
+  LocalEngine local(host, cfg.optimizer, cfg.freeze);
+  TrainerOptions q;
+  q.show_progress = false;
+  const TrainResult r = Trainer(cfg, out, local, *dat().ds, 1, q).run();
+  EXPECT_TRUE(r.resumed);
+  EXPECT_EQ(r.start_step, 3);
+  expect_continues_one_rank(out, "pp=2 -> CPU trainer", 2e-2);
+}
+
+namespace {
+
+// The rank's engine, except that world rank `fail_rank` throws at the start of step `fail_step`'s forward.
+struct FailingEngine final : StepEngine {
+  FailingEngine(StepEngine& e, bool fails, int64_t at) : inner(e), fails(fails), fail_step(at) {}
+  StepEngine& inner;
+  bool fails;
+  int64_t fail_step, step = 0;
+  std::string describe() const override { return inner.describe(); }
+  int64_t n_params() const override { return inner.n_params(); }
+  int64_t n_trained() const override { return inner.n_trained(); }
+  double flops_per_token(int64_t s) const override { return inner.flops_per_token(s); }
+  int ranks() const override { return inner.ranks(); }
+  bool lead() const override { return inner.lead(); }
+  bool runs_micro_batch(int64_t m, int64_t n) const override { return inner.runs_micro_batch(m, n); }
+  void begin_step(const StepControls& c) override {
+    ++step;
+    inner.begin_step(c);
+  }
+  EngineStep forward_backward(const std::vector<data::Batch>& mine, int64_t n_micro) override {
+    if (fails && step == fail_step) throw std::runtime_error("injected failure in the stage's forward");
+    return inner.forward_backward(mine, n_micro);
+  }
+  double clip_gradients() override { return inner.clip_gradients(); }
+  void optimizer_step(double lr) override { inner.optimizer_step(lr); }
+  void save(const fs::path& root, const TrainState& st, int64_t keep, const FaultHook& f) override {
+    inner.save(root, st, keep, f);
+  }
+  TrainState load(const fs::path& dir) override { return inner.load(dir); }
+  void barrier() override { inner.barrier(); }
+  void max_over_ranks(double* v, int n) override { inner.max_over_ranks(v, n); }
+};
+
+}  // namespace
+
+// Rank 3 (stage 1, DP rank 1) throws at step 2 while ranks 0..2 are in that step's pipeline transfers and DP
+// reductions on the device: all three stop with "rank 3 failed: ..." well inside the 120 s timeout.
+TEST(GpuMeshPipeline, AFailedRankStopsTheOthersNamingIt) {
+  const TrainConfig cfg = run_config("{pp: 2, dp: 2, ep: 1}");
+  const fs::path out = dat().dir / "rank3_fails";
+  fs::remove_all(out);
+  auto group = comm::make_thread_group(4, 120.0);
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<std::string> err = trex::testing::run_ranks_collect(
+      4,
+      [&](int r) {
+        GpuMeshEngine engine(cfg, model_config(), train_options(), *group[size_t(r)]);
+        FailingEngine failing(engine, r == 3, 2);
+        TrainerOptions q;
+        q.show_progress = false;
+        Trainer(cfg, out, failing, *dat().ds, 1, q).run();
+      },
+      &group);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("  stopped after %.1f s: rank 0 '%s'\n", s, err[0].c_str());
+  EXPECT_LT(s, 60.0) << "the ranks waited for the timeout instead of the abort";
+  EXPECT_EQ(err[3], "injected failure in the stage's forward");
+  for (int r = 0; r < 3; ++r)
+    EXPECT_NE(err[size_t(r)].find("rank 3 failed: injected failure"), std::string::npos)
+        << "rank " << r << ": " << err[size_t(r)];
 }

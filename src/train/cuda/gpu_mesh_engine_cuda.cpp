@@ -474,8 +474,15 @@ TrainResult run_gpu_mesh_training(const TrainConfig& cfg_in, const fs::path& con
   TrainerOptions topt;
   topt.stop_at = opts.max_steps;
   topt.show_progress = opts.show_progress;
-  GpuMeshEngine engine(cfg, mc, o, *world);
-  return Trainer(cfg, out_dir, engine, ds, data::ChatTokens::from(tok).eos, topt).run();
+  try {
+    GpuMeshEngine engine(cfg, mc, o, *world);
+    return Trainer(cfg, out_dir, engine, ds, data::ChatTokens::from(tok).eos, topt).run();
+  } catch (const std::exception& e) {
+    // This rank cannot go on: the others must not wait for it in a collective (NCCL: the message names this
+    // rank, the communicator is aborted and the process exits; the launcher ends the rest).
+    world->abort(e.what());
+    throw;
+  }
 }
 
 }  // namespace trex::train
