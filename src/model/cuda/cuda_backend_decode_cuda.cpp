@@ -124,6 +124,7 @@ void CudaBackend::begin_decode(const Pass& p) {
                               cudaMemcpyDeviceToDevice, nullptr));
   }
   c_ = m_.ctx();
+  if (!m_.opts.timing) c_.section = nullptr;  // no per-part section strings on the host in every step
   c_.lay = &dp.lay;
   c_.rope_main = &dec_rope_main_, c_.rope_compress = &dec_rope_compress_;
   c_.grouped_experts = dec_opts_.grouped_experts;
