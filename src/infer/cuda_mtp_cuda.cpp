@@ -6,8 +6,11 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/random_fill.h"
+#include "kernels/cuda/speculative_rows.h"
 #include "kernels/cuda/tensor_ops.h"
+#include "model/cuda/cuda_backend.h"
 
 namespace trex::infer {
 
@@ -104,8 +107,36 @@ std::unique_ptr<GpuMtp> make_gpu_mtp(const dsv4::ModelConfig& cfg, const dsv4::P
       cuda::cast_f32_to_bf16(w->as<bf16>(), f.as<float>(), d * d);
     }
   }
+  dsv4::ProgramShape ps;
+  ps.n_layers = 1, ps.embed = false, ps.head = true, ps.mtp = false, ps.vocab = cfg.vocab_size;
+  ps.balance = {0};  // no losses in decoding
+  mtp->program = std::make_unique<dsv4::BlockProgram>(*m.backend, std::move(ps));
   TREX_CUDA(cudaDeviceSynchronize());
   return mtp;
+}
+
+void mtp_input_streams(const GpuMtp& mtp, dsv4gpu::GpuModel::Impl& main, const bf16* X, const bf16* xprev,
+                       const int32_t* src, const int32_t* next, const int32_t* picks, int64_t n, dsv4gpu::Pool& pool,
+                       bf16* x) {
+  const dsv4::ModelConfig& cfg = main.cfg;
+  const int64_t d = cfg.hidden, hc = cfg.hc_mult;
+  const dsv4gpu::Linear lin{&main.gemm};
+  const float eps = float(cfg.rms_eps);
+  int32_t* nid = pool.take<int32_t>(n);
+  cuda::resolve_token_ids(nid, next, picks, n);
+  bf16* emb = pool.take<bf16>(n * d);
+  bf16* en = pool.take<bf16>(n * d);
+  bf16* e = pool.take<bf16>(n * d);
+  float* rs = pool.take<float>(n * hc);
+  cuda::embed_streams_fwd(emb, nid, main.b16("embed.weight"), n, d, 1);
+  cuda::rmsnorm_fwd(en, rs, emb, mtp.enorm.as<bf16>(), n, d, eps);
+  lin.fwd(e, en, mtp.e_proj.as<bf16>(), n, d, d);
+  bf16* xin = pool.take<bf16>(n * hc * d);
+  bf16* hn = pool.take<bf16>(n * hc * d);
+  cuda::copy_rows_bf16(xin, nullptr, X, xprev, src, n, hc * d);
+  cuda::rmsnorm_fwd(hn, rs, xin, mtp.hnorm.as<bf16>(), n * hc, d, eps);
+  lin.fwd(x, hn, mtp.h_proj.as<bf16>(), n * hc, d, d);
+  cuda::add_to_streams_bf16(x, e, n, hc, d);
 }
 
 }  // namespace trex::infer

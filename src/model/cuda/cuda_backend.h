@@ -22,14 +22,40 @@
 // cuda::balance_loss into device rows; head_loss = hc_head_fwd_any + mhc_collapse_norm_fwd + lm_head_ce_fwd_grad
 // (HeadMode::LossAndGrad: the CE gradient formed in the forward) or lm_head_ce_fwd; embed = embed_streams_fwd /
 // bwd; stream_in / stream_out = the stage boundary copies (none where the caller placed the buffer: place_*).
+//
+// Decoding (cuda_backend_decode_cuda.cpp): a pass with Pass::cached runs the same ops on one reused set of step
+// activations (DecodePass) and the slots' caches (DecodeCaches, set_decode): the serving engine's kernels, batched
+// over every new token of every sequence of the step (prompt chunks and decoded tokens alike). attention_cached =
+// the query / K=V projections, the streaming compressors and the indexer (decode_compress_entries, indexer_topk)
+// and the core attention on the tensor-core kernel over the cached keys (decode_key_sets + sparse_attention_fwd;
+// DecodeOptions::reference_attention: the per-warp decode_attention kernel); head_logits = hc_head + norm + fp32
+// logits of the asked rows.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 
+#include "model/cuda/decode_cache.h"
 #include "model/cuda/gpu_impl.h"
 #include "model/dsv4/backend.h"
 
 namespace trex::dsv4gpu {
+
+// The phases of a decode pass the backend reports to DecodeOptions::mark (the serving engine's step profile).
+enum DecodePhase : int {
+  kPhaseEmbed = 0, kPhaseMhc, kPhaseAttnProj, kPhaseAttnCore, kPhaseAttnOut, kPhaseMoe, kPhaseHead
+};
+
+struct DecodeOptions {
+  int64_t slots = 1, max_context = 0;  // the caches hold max_context tokens for each of `slots` sequences
+  bool reference_attention = false;    // the per-warp decode kernel (head dims 256 / 512) instead of the tensor cores
+  bool grouped_experts = true;         // the routed experts as one grouped GEMM; false: one GEMM per expert
+  // The LM head [lm_vocab, d] the logits use when it is not this model's head.weight (the MTP module shares the
+  // main model's); null: head.weight.
+  const bf16* lm_head = nullptr;
+  int64_t lm_vocab = 0;
+  std::function<void(int)> mark;  // called as each DecodePhase of a pass ends; may be empty
+};
 
 class CudaBackend final : public dsv4::Backend {
  public:
@@ -81,6 +107,13 @@ class CudaBackend final : public dsv4::Backend {
   // synchronised the forward.
   DevMem upload_staged(int part, const int32_t* src, int64_t n);
 
+  // Decoding: allocates the caches of o.slots sequences (new_caches hands them out in order) and the rotary tables
+  // for o.max_context positions. After a decode pass, decode_streams() is its final stream X(L) [n_tok, hc, d]
+  // (valid until the next pass).
+  void set_decode(const DecodeOptions& o);
+  DecodeCaches& decode_caches();
+  const bf16* decode_streams() const;
+
  private:
   struct BlockGrads;  // one block's backward temporaries
   GpuBlock& block(int64_t blk) const;
@@ -89,6 +122,12 @@ class CudaBackend final : public dsv4::Backend {
   bf16* value(dsv4::Stream s) const;
   float* grad(dsv4::Stream s) const;
   const char* attn_section(const GpuBlock& b, bool fwd) const;
+  // A decode pass (cuda_backend_decode_cuda.cpp): its plan and step activations, and its ops where they differ.
+  void begin_decode(const dsv4::Pass& p);
+  void decode_site_norm(int64_t blk, dsv4::Site s, dsv4::Stream in);
+  void mark(DecodePhase ph) const {
+    if (dec_opts_.mark) dec_opts_.mark(ph);
+  }
 
   GpuModel::Impl& m_;
   Ctx c_;
@@ -109,6 +148,18 @@ class CudaBackend final : public dsv4::Backend {
   std::unique_ptr<BlockGrads> bg_;
   DevMem balanced_sel_;  // GpuModelOptions::balanced_routing: [balanced_n_ * topk] forced expert ids
   int64_t balanced_n_ = 0;
+  // Decoding (set_decode): the options, the slots' caches (new_caches hands out slot next_slot_), the rotary
+  // tables of max_context positions, and the pass in progress (decoding_ while a cached pass runs).
+  DecodeOptions dec_opts_;
+  std::unique_ptr<DecodeCaches> caches_;
+  mutable int64_t next_slot_ = 0;
+  RopeDev dec_rope_main_, dec_rope_compress_;
+  std::unique_ptr<DecodePass> dec_;
+  DevMem dec_rows_;  // head_logits' rows on the device
+  bool decoding_ = false;
 };
+
+// Rotary cos / sin tables of n_pos positions on the device, as the CPU model forms them.
+void upload_rope(RopeDev& r, const std::vector<double>& inv_freq, int64_t n_pos);
 
 }  // namespace trex::dsv4gpu

@@ -40,13 +40,6 @@ std::vector<int32_t> to_i32(const std::vector<T>& v) {
   return std::vector<int32_t>(v.begin(), v.end());
 }
 
-void make_rope(RopeDev& r, const std::vector<double>& inv_freq, int64_t n_pos) {
-  const dsv4::RopeTable<float> t = dsv4::make_rope_table<float>(inv_freq, n_pos);
-  r.n_pairs = t.n_pairs, r.n_pos = n_pos;
-  r.cos = upload(t.cos);
-  r.sin = upload(t.sin);
-}
-
 cuda::MhcDims mhc_dims(const dsv4::ModelConfig& c, int64_t N) {
   cuda::MhcDims m;
   m.n_tok = N, m.d = c.hidden, m.sinkhorn_iters = int(c.hc_sinkhorn_iters);
@@ -118,6 +111,13 @@ const char* head_prefix(HeadKind h) { return h == HeadKind::Mtp ? "mtp.0." : "";
 
 }  // namespace
 
+void upload_rope(RopeDev& r, const std::vector<double>& inv_freq, int64_t n_pos) {
+  const dsv4::RopeTable<float> t = dsv4::make_rope_table<float>(inv_freq, n_pos);
+  r.n_pairs = t.n_pairs, r.n_pos = n_pos;
+  r.cos = upload(t.cos);
+  r.sin = upload(t.sin);
+}
+
 // One block's backward temporaries (allocated by its first op, the ffn expand's backward, freed by its last, the
 // attn site's backward). The expand backwards WRITE dX_mid / d_in and the bf16 dy (no zero fills, no casts).
 struct CudaBackend::BlockGrads {
@@ -155,6 +155,7 @@ GpuBlock& CudaBackend::block(int64_t blk) const {
 }
 
 bf16* CudaBackend::value(Stream s) const {
+  if (decoding_ && (s.kind == Stream::X || s.kind == Stream::Mid)) return s.kind == Stream::X ? dec_->X : dec_->Xmid;
   switch (s.kind) {
     case Stream::X:
       return m_.X[size_t(m_.l0 + s.index)];
@@ -200,8 +201,8 @@ const char* CudaBackend::attn_section(const GpuBlock& b, bool fwd) const {
 
 // The batch layout on the device (positions, windows, compress plans), the rotary tables, the streams.
 void CudaBackend::begin_pass(const Pass& p) {
-  TREX_CHECK(p.keeps_activations(), "CUDA backend: cached decode steps run in the serving engine "
-                                    "(src/infer/cuda_engine_cuda.cpp), not on the training model");
+  decoding_ = false;
+  if (p.cached) return begin_decode(p);
   GpuModel::Impl& m = m_;
   const dsv4::ModelConfig& cfg = m.cfg;
   const dsv4::SeqLayout& layout = *p.layout;
@@ -250,8 +251,8 @@ void CudaBackend::begin_pass(const Pass& p) {
   }
   const int64_t n_pos = layout.max_pos() + 1;
   if (n_pos != m.rope_pos) {
-    make_rope(m.rope_main, dsv4::rope_inv_freq(cfg.rope_main, cfg.rope_dim), n_pos);
-    make_rope(m.rope_compress, dsv4::rope_inv_freq(cfg.rope_compress, cfg.rope_dim), n_pos);
+    upload_rope(m.rope_main, dsv4::rope_inv_freq(cfg.rope_main, cfg.rope_dim), n_pos);
+    upload_rope(m.rope_compress, dsv4::rope_inv_freq(cfg.rope_compress, cfg.rope_dim), n_pos);
     m.rope_pos = n_pos;
   }
 
@@ -273,8 +274,9 @@ void CudaBackend::begin_pass(const Pass& p) {
 
 void CudaBackend::embed_fwd(const Pass& p, Stream out) {
   m_.wait_gather(m_.embed_bucket);  // data parallel: this step's parameters, all-gathered bucket by bucket
-  cuda::embed_streams_fwd(value(out), m_.lay.ids.as<int32_t>(), m_.b16("embed.weight"), p.n_tok, m_.cfg.hidden,
+  cuda::embed_streams_fwd(value(out), c_.lay->ids.as<int32_t>(), m_.b16("embed.weight"), p.n_tok, m_.cfg.hidden,
                           m_.cfg.hc_mult);
+  if (decoding_) mark(kPhaseEmbed);
 }
 
 void CudaBackend::embed_bwd(const Pass& p, Stream d_out) {
@@ -302,6 +304,7 @@ void CudaBackend::stream_out(const Pass& p, Stream s, void* dst) {
 }
 
 void CudaBackend::site_norm_fwd(const Pass& p, int64_t blk, Site s, Stream in) {
+  if (decoding_) return decode_site_norm(blk, s, in);
   GpuBlock& b = block(blk);
   const int64_t N = p.n_tok, d = m_.cfg.hidden, hc = m_.cfg.hc_mult;
   if (s == Site::Attn) {  // the block's first op: its parameters, its saved activations
@@ -337,6 +340,25 @@ void CudaBackend::expand_fwd(const Pass& p, int64_t blk, Site s, Stream in, Stre
   m_.section("fwd.mhc+norm", false);
   // The block's last forward op: selective recomputation drops what redo_block rebuilds.
   if (s == Site::Ffn && m_.opts.recompute == dsv4::Recompute::Selective) b.redo.clear();
+  if (decoding_) mark(kPhaseMhc);
+}
+
+// A decode pass's site: the block's activation pointers are the pass's one reused set (the sub-layer input and
+// output buffers serve both sites: each is consumed before the next site writes it). Decode steps are small (tens
+// of tokens): one fused site + norm kernel, without the fn split and the mixing GEMM of the training path.
+void CudaBackend::decode_site_norm(int64_t blk, Site s, Stream in) {
+  GpuBlock& b = block(blk);
+  DecodePass& dp = *dec_;
+  if (s == Site::Attn) {
+    b.keep.clear(), b.picks.clear();  // the previous pass's MoE selection
+    b.sa = dp.sa, b.sf = dp.sf;
+    b.col_a = b.col_f = nullptr;
+    b.a = b.u = dp.an, b.y_a = b.y_f = dp.y, b.a_rstd = b.u_rstd = dp.rstd, b.X_mid = dp.Xmid;
+  }
+  const SiteView v = site_view(b, s);
+  cuda::mhc_site_norm_fwd_any(m_.cfg.hc_mult, mhc_dims(m_.cfg, dp.st.n_tok), value(in), v.fn, v.base, v.scale,
+                              *v.acts, v.norm_w, float(m_.cfg.rms_eps), v.normed, v.rstd);
+  mark(kPhaseMhc);
 }
 
 void CudaBackend::release_block(const Pass& p, int64_t blk) {
@@ -392,6 +414,12 @@ void CudaBackend::attention_fwd(const Pass& p, int64_t blk) {
 
 void CudaBackend::moe_fwd(const Pass& p, int64_t blk) {
   GpuBlock& b = block(blk);
+  if (decoding_) {  // the router's own choice; the block's MoE temporaries are freed once its kernels are queued
+    dsv4gpu::moe_fwd(c_, b, nullptr);
+    b.keep.clear();
+    mark(kPhaseMoe);
+    return;
+  }
   const dsv4::ModelConfig& cfg = m_.cfg;
   const int64_t l = b.layer, N = p.n_tok;
   const std::vector<int32_t>* sel = nullptr;
@@ -684,22 +712,6 @@ void CudaBackend::mtp_input_bwd(const Pass& p, const int32_t* next_ids, Stream m
   m_.section("bwd.mtp.input", true);
   mtp_bwd(m_, c_, p.n_tok, value(main), grad(d_out), grad(d_main), accumulate);
   m_.section("bwd.mtp.input", false);
-}
-
-// ---- decoding: the serving engine's (src/infer/cuda_engine_cuda.cpp) ----
-
-void CudaBackend::attention_cached(const Pass& p, int64_t blk) {
-  (void)p, (void)blk;
-  fail("CUDA backend: cached attention runs in the serving engine (src/infer/cuda_engine_cuda.cpp)");
-}
-
-void CudaBackend::head_logits(const Pass& p, Stream in, const int64_t* rows, int64_t n_rows, float* logits) {
-  (void)p, (void)in, (void)rows, (void)n_rows, (void)logits;
-  fail("CUDA backend: decode logits are the serving engine's (src/infer/cuda_engine_cuda.cpp)");
-}
-
-std::unique_ptr<dsv4::SequenceCaches> CudaBackend::new_caches() const {
-  fail("CUDA backend: per-sequence decode caches are the serving engine's (src/infer/cuda_engine_cuda.cpp)");
 }
 
 }  // namespace trex::dsv4gpu

@@ -169,9 +169,24 @@ void BlockProgram::backward(int64_t si, const void* dx_out, void* dx_in, const B
 void BlockProgram::decode(const int32_t* ids, const CachedTokens& tokens, int64_t n_tok, const int64_t* rows,
                           int64_t n_rows, float* logits) {
   TREX_CHECK(shape_.embed && shape_.head, "block program: decoding needs the whole model (embedding to head)");
+  decode_pass(ids, nullptr, tokens, n_tok, rows, n_rows, logits);
+}
+
+void BlockProgram::decode_from(const void* x_in, const CachedTokens& tokens, int64_t n_tok, const int64_t* rows,
+                               int64_t n_rows, float* logits) {
+  TREX_CHECK(!shape_.embed && shape_.head && x_in,
+             "block program: decoding from an incoming stream needs a program without the embedding, with the head");
+  decode_pass(nullptr, x_in, tokens, n_tok, rows, n_rows, logits);
+}
+
+void BlockProgram::decode_pass(const int32_t* ids, const void* x_in, const CachedTokens& tokens, int64_t n_tok,
+                               const int64_t* rows, int64_t n_rows, float* logits) {
   const Pass p{0, n_tok, ids, nullptr, &tokens};
   be_.begin_pass(p);
-  be_.embed_fwd(p, X(0));
+  if (x_in)
+    be_.stream_in(p, X(0), x_in);
+  else
+    be_.embed_fwd(p, X(0));
   for (int64_t l = 0; l < shape_.n_layers; ++l) block_fwd(p, l, X(l), X(l + 1), 0.0, 1.0);
   be_.head_logits(p, X(shape_.n_layers), rows, n_rows, logits);
 }

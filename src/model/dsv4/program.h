@@ -73,6 +73,10 @@ class BlockProgram {
   // with the caches, then the logits of the token rows asked for.
   void decode(const int32_t* ids, const CachedTokens& tokens, int64_t n_tok, const int64_t* rows, int64_t n_rows,
               float* logits);
+  // The same step on a program without the embedding: x_in is the step's incoming stream X(0) (backend memory;
+  // the MTP module's input streams in speculative decoding, whose next tokens the host does not hold).
+  void decode_from(const void* x_in, const CachedTokens& tokens, int64_t n_tok, const int64_t* rows, int64_t n_rows,
+                   float* logits);
 
  private:
   struct SlotState;
@@ -82,6 +86,8 @@ class BlockProgram {
   void block_fwd(const Pass& p, int64_t blk, Stream in, Stream out, double alpha, double grad_scale);
   // alpha / grad_scale: the forward's, for a replay (full recomputation).
   void block_bwd(const Pass& p, int64_t blk, Stream in, Stream d_out, Stream d_in, double alpha, double grad_scale);
+  void decode_pass(const int32_t* ids, const void* x_in, const CachedTokens& tokens, int64_t n_tok,
+                   const int64_t* rows, int64_t n_rows, float* logits);
 
   Backend& be_;
   ProgramShape shape_;
