@@ -66,7 +66,7 @@ nlohmann::json planner_prediction(const TrainBenchArgs& a, const dsv4::ModelConf
   }
   est.set_partition(p.spec.pp, 1, chunks);
   plan::Layout l;
-  l.pp = p.spec.pp, l.dp = p.spec.dp, l.ep = p.spec.ep, l.mbs = p.micro_batch_seqs, l.zero = 1;
+  l.pp = p.spec.pp, l.dp = p.spec.dp, l.ep = p.spec.ep, l.mbs = p.micro_batch_seqs, l.zero = a.zero;
   l.recompute = plan::parse_recompute(a.recompute);
   const plan::Estimate e = est.estimate(l, int64_t(p.world_size));
   nlohmann::json j;
@@ -163,12 +163,14 @@ void bench_train_emulated(const TrainBenchArgs& a) {
   base.timing = a.sections;
   base.deterministic = a.deterministic;
   base.recompute = dsv4::parse_recompute(a.recompute, "bench train --recompute");
+  base.zero = a.zero, base.grad_reduce_bf16 = a.grad_reduce == "bf16";
   if (a.moe_gemm != "default") base.moe_grouped_gemm = a.moe_gemm == "grouped";
   const dsv4gpu::GpuModel::Footprint fp =
       dsv4gpu::GpuModel::footprint(cfg, train::EmulatedRank::model_options(p, sizing, base));
   const double fixed = double(fp.compute_bytes() + fp.grad_bytes() + fp.master_bytes() + fp.adamw_bytes());
   const RankMemory rm = rank_memory(cfg, p, a.seq, base);
-  const double need = fixed + double(rm.activations) + double(rm.workspace());
+  // ZeRO-2's transient bucket buffers (and the bf16 reduction's copies) come from the pool during backward.
+  const double need = fixed + double(rm.activations) + double(rm.workspace()) + double(fp.grad_buffer_bytes);
   size_t free_b = 0, total_b = 0;
   TREX_CUDA(cudaMemGetInfo(&free_b, &total_b));
   std::string per_layer;
@@ -241,6 +243,8 @@ void bench_train_emulated(const TrainBenchArgs& a) {
   j["mtp"] = had_mtp ? "left out (not on GPU pipeline stages yet)" : "none in config";
   j["seq"] = a.seq;
   j["recompute"] = a.recompute;
+  j["zero"] = a.zero;
+  j["grad_reduce"] = a.grad_reduce;
   j["global_batch"] = a.batch;
   j["params"] = fp.n_params;
   j["step_s"] = std::round(dt * 1e4) / 1e4;
@@ -258,6 +262,7 @@ void bench_train_emulated(const TrainBenchArgs& a) {
                      {"activations_planned", gib(double(rm.activations))},  // the table's, before allocating
                      {"activations_per_micro_batch", gib(double(rm.plan.kept()))},
                      {"workspace_estimated", gib(double(rm.workspace()))},
+                     {"grad_buckets_estimated", gib(double(fp.grad_buffer_bytes))},  // ZeRO-2 / bf16 reduction
                      {"loopback_buffers", gib(double(rank.loopback_bytes()))},  // emulation only, outside the pool
                      {"pool_peak", gib(double(used_high))},
                      {"device_used", gib(double(total_b - free_b))}};

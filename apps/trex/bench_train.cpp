@@ -189,6 +189,7 @@ void bench_train(const TrainBenchArgs& a) {
   mo.deterministic = a.deterministic;
   if (a.moe_gemm != "default") mo.moe_grouped_gemm = a.moe_gemm == "grouped";
   mo.recompute = dsv4::parse_recompute(a.recompute, "bench train --recompute");
+  mo.zero = a.zero, mo.grad_reduce_bf16 = a.grad_reduce == "bf16";
   // Multi-GPU: the world NCCL communicator from the launcher, split into the layout's groups (the step engine).
   const train::GpuLayout layout = train::parse_gpu_layout(a.mesh);
   if (layout.mesh.pp > 1) {

@@ -23,6 +23,10 @@ struct TrainBenchArgs {
   // Activation recomputation of the GPU model: none | selective | full (GpuModelOptions::recompute). The JSON line
   // gives the activation table's planned bytes (activations_planned_gib) beside the measured peak (peak_gib).
   std::string recompute = "none";
+  // Dense partitioning under data parallelism (GpuModelOptions::zero; the config's parallel.zero): 1 or 2; and the
+  // bucket reduction's dtype, fp32 or bf16 (parallel.grad_reduce_dtype). With --emulate-rank the emulated rank's.
+  int zero = 1;
+  std::string grad_reduce = "fp32";
   uint64_t seed = 1;
   // Multi-GPU layout, e.g. "dp=2" (data parallel, ZeRO-1), "pp=2,micro_batches=8", "ep=2"; empty = one GPU.
   // Pipeline: --batch sequences per step in micro_batches micro-batches (1F1B), "stage_layers=3+1" sets the layer

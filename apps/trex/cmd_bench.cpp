@@ -156,6 +156,13 @@ const bool registered = trex::cli::register_command(
                      "block's backward) or full (each block's forward re-run before its backward)")
            ->check(CLI::IsMember({"none", "selective", "full"}))
            ->capture_default_str();
+       t->add_option("--zero", targs->zero,
+                     "dense partitioning over dp: 1 (optimiser state sharded) or 2 (gradients sharded too)")
+           ->check(CLI::Range(1, 2))
+           ->capture_default_str();
+       t->add_option("--grad-reduce", targs->grad_reduce, "the gradient buckets' reduction dtype: fp32 or bf16")
+           ->check(CLI::IsMember({"fp32", "bf16"}))
+           ->capture_default_str();
        t->add_option("--mesh", targs->mesh, "multi-GPU layout under mpirun/srun/torchrun, e.g. dp=2 (ZeRO-1), ep=2 (experts sharded, folded in DP), pp=2,micro_batches=8,stage_layers=3+1 (1F1B)");
        t->callback([=] {
          TREX_CHECK(*tdev == "cuda", "bench train: --device {} unsupported (only cuda)", *tdev);

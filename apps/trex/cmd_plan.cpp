@@ -86,6 +86,7 @@ void run_plan(const PlanOptions& o) {
     a.recompute = l.recompute != trex::plan::Recompute::None;
     a.optimizer_offload = l.offload != trex::plan::Offload::None;
     a.fully_sharded = l.zero == 3;
+    a.zero = l.zero;
     a.muon = w.optimizer == trex::plan::Optimizer::Muon;
     a.freeze = w.frozen_router;
     a.mtp = w.mtp && model.n_mtp > 0;

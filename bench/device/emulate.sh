@@ -34,4 +34,10 @@ one 150 --config $F --seq 4096 --batch 128 --mode cpt --emulate-rank 0 --layout 
 for r in 0 448; do
   one 180 --config $P --seq 4096 --batch 256 --mode sft --emulate-rank $r --layout pp=8,dp=64,ep=64 --recompute full --warmup 1 --steps 2
 done
+# The same V4-Pro ranks with the dense gradients sharded (ZeRO-2: persistent gradients of the rank's 1/64 dense
+# slice, transient bucket buffers), fp32 and bf16 reduction.
+for r in 0 448; do
+  one 180 --config $P --seq 4096 --batch 256 --mode sft --emulate-rank $r --layout pp=8,dp=64,ep=64 --recompute full --zero 2 --warmup 1 --steps 2
+done
+one 180 --config $P --seq 4096 --batch 256 --mode sft --emulate-rank 0 --layout pp=8,dp=64,ep=64 --recompute full --zero 2 --grad-reduce bf16 --warmup 1 --steps 2
 echo "== emulate.sh done after $(( $(date +%s) - T0 )) s"

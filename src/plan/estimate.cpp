@@ -289,6 +289,21 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
     } else {
       opt = state_dense / double(dense_dp) + state_experts / double(edp);
     }
+    if (l.zero == 2) {
+      // ZeRO-2 as the GPU trainer runs it (model/cuda/grad_buckets.h): the dense gradients persist as this
+      // rank's 1/DP slice; the experts' stay whole (their replicas reduce-scatter in place). On top, transient
+      // fp32 bucket buffers: two layers' (one written, one being reduced) and the root group's (embedding and
+      // head: the head's is written from the training forward on, the embedding's with MTP from the MTP input's
+      // backward on).
+      double biggest = 0;
+      for (int64_t b : stages[size_t(s)]) {
+        const BlockParams& p = math_->block_params(b);
+        biggest = std::max(biggest, p.sharded / double(l.tp) + p.replicated);
+      }
+      const double root = (s == 0 ? pc.embed / double(l.tp) : 0) + (s == l.pp - 1 ? pc.head / double(l.tp) : 0);
+      mem.grads = (dense - frozen) * ip.grad_bytes / double(dense_dp) + experts * ip.grad_bytes +
+                  (2 * biggest + root) * ip.grad_bytes;
+    }
     if (l.zero == 3) {  // FSDP: parameters and gradients sharded too, plus gathered working copies
       const double n = double(dense_dp);
       double biggest = 0;
@@ -354,7 +369,7 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
     double dp = 0;
     if (l.zero == 0) {
       dp = 2 * ring_time(dense * ip.grad_bytes, dense_dp, bw, lat) + 2 * ring_time(experts * ip.grad_bytes, edp, bw, lat);
-    } else if (l.zero == 1) {
+    } else if (l.zero == 1 || l.zero == 2) {  // ZeRO-2 moves the same bytes as ZeRO-1 (reduce-scatter + gather)
       dp = ring_time(dense * ip.grad_bytes, dense_dp, bw, lat) + ring_time(dense * ip.weight_bytes, dense_dp, bw, lat) +
            ring_time(experts * ip.grad_bytes, edp, bw, lat) + ring_time(experts * ip.weight_bytes, edp, bw, lat);
     } else {  // FSDP: gather for forward, again for backward, reduce-scatter gradients

@@ -63,7 +63,8 @@ Layout parse_layout(const std::string& text) {
         TREX_CHECK(value == "none" || value == "swap", "layout '{}': OFF must be none or swap", text);
         l.offload = value == "swap" ? Offload::Swap : Offload::None;
       } else if (key == "ZERO") {
-        TREX_CHECK(value == "0" || value == "1" || value == "3", "layout '{}': ZERO must be 0, 1 or 3", text);
+        TREX_CHECK(value == "0" || value == "1" || value == "2" || value == "3",
+                   "layout '{}': ZERO must be 0, 1, 2 or 3", text);
         l.zero = std::stoi(value);
       } else if (key == "OVL" || key == "OVERLAP") {
         TREX_CHECK(value == "0" || value == "1", "layout '{}': OVL must be 0 or 1", text);
@@ -132,7 +133,7 @@ std::string check_layout(const ModelSpec& m, const HardwareProfile& hw, const Wo
   if (l.cp > 1 && w.seq / l.cp < 2 * m.window)
     return fmt::format("CP{} leaves {} tokens per rank, shorter than two sliding windows", l.cp, w.seq / l.cp);
   if (l.zero == 3 && l.pp > 1) return "ZeRO-3 (fully sharded) with pipeline parallelism is not modelled";
-  if (l.zero == 3 && l.offload == Offload::Swap) return "optimizer swap is modelled for ZeRO-0/1 only";
+  if (l.zero >= 2 && l.offload == Offload::Swap) return "optimizer swap is modelled for ZeRO-0/1 only";
   if (w.precision == Precision::FP8 && hw.peak_fp8 <= 0)
     return fmt::format("{} has no FP8 matmul peak in its profile", hw.name);
   if (l.offload == Offload::Swap && (hw.host_gib <= 0 || hw.host_bw <= 0))

@@ -18,7 +18,9 @@ enum class Precision { BF16, FP8 };
 struct Layout {
   int64_t tp = 1, pp = 1, vpp = 1, ep = 1, etp = 1, cp = 1, dp = 0;  // dp = 0: derived from the device count
   int64_t mbs = 1;
-  int zero = 1;  // 0: replicated optimizer, 1: distributed optimizer (ZeRO-1), 3: fully sharded (FSDP)
+  // 0: replicated optimizer, 1: distributed optimizer (ZeRO-1), 2: gradients sharded too (ZeRO-2), 3: fully
+  // sharded (FSDP)
+  int zero = 1;
   Recompute recompute = Recompute::None;
   Offload offload = Offload::None;
   bool overlap = true;  // communication/compute overlap (EP A2A across micro-batches, TP, PP, DP)

@@ -5,7 +5,8 @@
 
 namespace trex::plan {
 
-RankParamState rank_param_state(const dsv4::ModelConfig& cfg, int64_t dp, int64_t ep, int64_t dp_rank) {
+RankParamState rank_param_state(const dsv4::ModelConfig& cfg, int64_t dp, int64_t ep, int64_t dp_rank, int zero) {
+  TREX_CHECK(zero == 1 || zero == 2, "rank state: zero {} (the GPU trainer runs 1 and 2)", zero);
   const int64_t E = cfg.n_routed_experts;
   TREX_CHECK(dp >= 1 && ep >= 1 && dp % ep == 0, "rank state: ep={} must divide dp={}", ep, dp);
   TREX_CHECK(E % ep == 0, "rank state: ep={} does not divide the {} routed experts", ep, E);
@@ -19,9 +20,12 @@ RankParamState rank_param_state(const dsv4::ModelConfig& cfg, int64_t dp, int64_
       if (s.expert / per != ep_rank) continue;
       r.experts += n;
       r.owned += double(n) / double(edp);
+      r.grads += double(n);
     } else {
       r.dense += n;
-      r.owned += s.dtype == DType::BF16 ? double(n) / double(dp) : double(n);
+      const double share = s.dtype == DType::BF16 ? double(n) / double(dp) : double(n);
+      r.owned += share;
+      r.grads += zero == 2 ? share : double(n);
     }
   }
   return r;

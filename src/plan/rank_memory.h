@@ -5,7 +5,10 @@
 //   [ep_rank E/ep, (ep_rank+1) E/ep)): their bf16 weights and fp32 gradients;
 // - ZeRO-1 over the dp ranks: the fp32 master and the AdamW moments of the dense tensors the kernels read in bf16
 //   are sharded dp ways; the small fp32-read tensors (mHC mixing, attention sinks, compressor ape) are replicated;
-// - a routed expert's master and moments are sharded over its dp / ep expert-data-parallel replicas.
+// - a routed expert's master and moments are sharded over its dp / ep expert-data-parallel replicas;
+// - ZeRO-2 (parallel.zero 2): the fp32 gradients of the bf16-read dense tensors persist as this rank's 1/dp share
+//   too (the fp32-read ones and the experts' stay whole); the transient bucket buffers (model/cuda/grad_buckets.h)
+//   are not parameter state and are not counted here.
 // Element counts without the arena's alignment padding; the GPU test (tests/train/test_gpu_mesh_ep_gpu.cpp)
 // compares them with what each rank really allocates.
 #pragma once
@@ -19,15 +22,18 @@ struct RankParamState {
   int64_t dense = 0;      // dense parameter elements held (every rank)
   int64_t experts = 0;    // routed-expert parameter elements held (this rank's experts)
   double owned = 0;       // parameter elements whose fp32 master (and each AdamW moment) this rank owns
+  double grads = 0;       // parameter elements with persistent fp32 gradients (held(); ZeRO-2: a share)
   int64_t held() const { return dense + experts; }
   // Bytes: bf16 weights, fp32 gradients, fp32 master + two fp32 moments.
   double weight_bytes() const { return 2.0 * double(held()); }
-  double grad_bytes() const { return 4.0 * double(held()); }
+  double grad_bytes() const { return 4.0 * grads; }
   double optimizer_bytes() const { return 12.0 * owned; }
 };
 
 // DP rank dp_rank of a layout of dp ranks with ep folded in (ep divides dp and the routed experts; refused with
 // the numbers otherwise). cfg as the GPU model is built (n_mtp 0 when the trainer runs without MTP).
-RankParamState rank_param_state(const dsv4::ModelConfig& cfg, int64_t dp, int64_t ep, int64_t dp_rank);
+// zero: 1 or 2 (the GPU trainer's levels).
+RankParamState rank_param_state(const dsv4::ModelConfig& cfg, int64_t dp, int64_t ep, int64_t dp_rank,
+                                int zero = 1);
 
 }  // namespace trex::plan

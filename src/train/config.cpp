@@ -109,7 +109,9 @@ TrainConfig parse_train_config(const json& j, const std::string& where) {
   }
   if (j.contains("parallel")) {
     const json& p = j["parallel"];
-    only_keys(p, {"pp", "dp", "ep", "vpp", "schedule", "micro_batches", "comm", "timeout_s"}, where, "parallel");
+    only_keys(p, {"pp", "dp", "ep", "vpp", "schedule", "micro_batches", "comm", "timeout_s", "zero",
+                  "grad_reduce_dtype"},
+              where, "parallel");
     ParallelConfig& pc = c.parallel;
     pc.present = true;
     get(p, "pp", pc.mesh.pp, where, "parallel");
@@ -132,6 +134,13 @@ TrainConfig parse_train_config(const json& j, const std::string& where) {
     TREX_CHECK(pc.comm == "auto" || pc.comm == "mpi" || pc.comm == "local",
                "{}: parallel.comm '{}' (expected auto, mpi or local)", where, pc.comm);
     TREX_CHECK(pc.timeout_s > 0, "{}: parallel.timeout_s must be > 0", where);
+    get(p, "zero", pc.zero, where, "parallel");
+    TREX_CHECK(pc.zero >= 1 && pc.zero <= 3,
+               "{}: parallel.zero {} (expected 1: sharded optimiser, 2: sharded gradients, 3: fully sharded weights)",
+               where, pc.zero);
+    get(p, "grad_reduce_dtype", pc.grad_reduce_dtype, where, "parallel");
+    TREX_CHECK(pc.grad_reduce_dtype == "fp32" || pc.grad_reduce_dtype == "bf16",
+               "{}: parallel.grad_reduce_dtype '{}' (expected fp32 or bf16)", where, pc.grad_reduce_dtype);
     if (pc.micro_batches > 0) {
       const int64_t accum = pc.micro_batches * pc.mesh.dp;
       TREX_CHECK(!(j["data"].contains("grad_accum")) || c.grad_accum == accum,

@@ -35,6 +35,15 @@ struct ParallelConfig {
   int64_t micro_batches = 0;  // per DP rank per step; 0 = grad_accum / dp
   std::string comm = "auto";  // communicator backend: auto | mpi | local
   double timeout_s = 600;     // a peer that does not answer within this stops the job (naming rank and op)
+  // Dense-parameter partitioning over the DP ranks (device cuda; dsv4gpu::GpuModelOptions::zero). 1: the
+  // optimiser state sharded (ZeRO-1), every rank keeps full-size fp32 gradients (the default: no transient
+  // buffers, the fastest while it fits). 2: the gradients sharded too (ZeRO-2: each bucket reduce-scattered as
+  // backward completes it, a rank keeps only its slice). 3: fully sharded dense weights (refused on the GPU: not
+  // implemented yet).
+  int zero = 1;
+  // The dense buckets' gradient reduction: fp32 (default) or bf16 (half the bytes; one rounding of each
+  // rank's gradient before the sum).
+  std::string grad_reduce_dtype = "fp32";
 };
 
 struct TrainConfig {

@@ -143,6 +143,11 @@ TrainResult run_distributed_training(const TrainConfig& cfg_in, const fs::path& 
   }
   const std::string why = check_parallel_config(cfg, world->size(), shape);
   TREX_CHECK(why.empty(), "{}: impossible parallel layout: {}", config.string(), why);
+  // The CPU mesh engine shards the optimiser (ZeRO-1) and reduces in fp32; the other levels are the GPU's.
+  TREX_CHECK(cfg.parallel.zero == 1 && cfg.parallel.grad_reduce_dtype == "fp32",
+             "{}: parallel.zero {} / grad_reduce_dtype {} run on device cuda only (the CPU trainer runs zero 1 with "
+             "fp32 reduction)",
+             config.string(), cfg.parallel.zero, cfg.parallel.grad_reduce_dtype);
   parallel::Mesh mesh = parallel::build_mesh(*world, cfg.parallel.mesh, shape);
   const parallel::ScheduleSpec spec{mesh.spec.pp, mesh.spec.vpp, cfg.grad_accum / mesh.spec.dp, cfg.parallel.schedule};
 

@@ -14,6 +14,7 @@ struct GpuLayoutAsk {
   bool recompute = false;       // activation recomputation (selective or full): runs (GpuModelOptions::recompute)
   bool optimizer_offload = false;
   bool fully_sharded = false;   // ZeRO-3 / FSDP dense weights
+  int zero = 1;                 // the planner's ZeRO level (2: sharded gradients; 3 as fully_sharded)
   bool muon = false;
   bool freeze = false;          // any frozen group (the SFT recipe freezes the router)
   bool mtp = false;             // the MTP module trained

@@ -103,3 +103,37 @@ TEST(PlanRankMemory, AgreesWithTheEstimatorsWeightsPerRank) {
     EXPECT_NEAR(e.mem.grads * gib / ImplProfile{}.grad_bytes, double(s.held() + buffers), 1.0) << layout;
   }
 }
+
+// ZeRO-2 (parallel.zero 2): the persistent fp32 gradients of the bf16-read dense tensors are a 1/dp share, the
+// fp32-read ones and the experts' stay whole; weights and optimiser state are ZeRO-1's. The estimator's ZERO=2
+// gradients are the same share (the experts whole) plus its transient bucket buffers: two blocks and the
+// embedding and head, bounded above by the ZeRO-1 count for a large model.
+TEST(PlanRankMemory, ZeroTwoShardsTheDenseGradients) {
+  dsv4::ModelConfig flash = model_config(model_preset("flash"));
+  flash.n_mtp = 0;
+  for (int64_t dp : {2, 8})
+    for (int64_t ep : {1, 2}) {
+      const Counts c = independent(flash, ep, 0);
+      const RankParamState z1 = rank_param_state(flash, dp, ep, 0, 1), z2 = rank_param_state(flash, dp, ep, 0, 2);
+      EXPECT_DOUBLE_EQ(z1.grads, double(z1.held()));
+      EXPECT_EQ(z2.held(), z1.held());
+      EXPECT_DOUBLE_EQ(z2.owned, z1.owned);
+      const double want = double(c.dense_bf16) / double(dp) + double(c.dense_f32) + double(c.experts_held);
+      EXPECT_NEAR(z2.grads, want, 1e-9 * want) << "dp=" << dp << " ep=" << ep;
+      EXPECT_DOUBLE_EQ(z2.grad_bytes(), 4.0 * z2.grads);
+    }
+  EXPECT_THROW(rank_param_state(flash, 2, 1, 0, 3), Error);
+
+  Workload w;
+  w.seq = 4096, w.gbs = 64, w.mode = "cpt", w.mtp = false, w.frozen_router = false;
+  const ModelSpec spec = model_preset("flash");
+  Estimator est(spec, load_hardware("nvidia-h200"), ImplProfile{}, w);
+  const Estimate e1 = est.estimate(parse_layout("TP1,PP1,EP8,MBS1"), 64);
+  const Estimate e2 = est.estimate(parse_layout("TP1,PP1,EP8,MBS1,ZERO=2"), 64);
+  ASSERT_TRUE(e1.valid && e2.valid) << e1.reason << " / " << e2.reason;
+  EXPECT_EQ(e2.layout.zero, 2);
+  EXPECT_LT(e2.mem.grads, e1.mem.grads);
+  EXPECT_DOUBLE_EQ(e2.mem.weights, e1.mem.weights);
+  EXPECT_DOUBLE_EQ(e2.mem.optimizer, e1.mem.optimizer);
+  std::printf("flash EP8 dp64: grads per rank ZeRO-1 %.2f GiB, ZeRO-2 %.2f GiB\n", e1.mem.grads, e2.mem.grads);
+}

@@ -190,3 +190,48 @@ TEST(EmulatedRankGpu, LastStageOfADeepModelStaysFinite) {
 }
 
 }  // namespace
+
+namespace {
+// ZeRO-2 emulated (`trex bench train --emulate-rank R --zero 2`, fp32 and bf16 reduction): the rank runs two
+// finite steps; its persistent gradients are the footprint's, which is the ZeRO-1 footprint's region X (its
+// experts) and region R plus 1/DP of the bucket elements; the dense reduce-scatter moves the same bytes as ZeRO-1's
+// (every bucket of every micro-batch: ZeRO-2 reduces in each backward, ZeRO-1 in the step's last one only).
+TEST(EmulatedRankGpu, ZeroTwoShardsTheRanksGradients) {
+  if (trex::testing::n_devices() < 1) GTEST_SKIP() << "needs a GPU";
+  const dsv4::ModelConfig cfg = trex::testing::tiny_gpu_config("emulated rank zero 2");
+  const parallel::MeshSpec spec = parallel::parse_mesh_spec("pp=2,dp=4,ep=4");
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16 reduction" : "fp32 reduction");
+    const parallel::RankPartition p = parallel::rank_partition(spec, 6, cfg, kGlobalBatch);  // the head stage
+    dsv4gpu::GpuModelOptions z1, z2;
+    z2.zero = 2, z2.grad_reduce_bf16 = bf16;
+    parallel::EmulatedMesh sizing = parallel::make_emulated_mesh(p);
+    const auto f1 = dsv4gpu::GpuModel::footprint(cfg, train::EmulatedRank::model_options(p, sizing, z1));
+    const auto f2 = dsv4gpu::GpuModel::footprint(cfg, train::EmulatedRank::model_options(p, sizing, z2));
+    EXPECT_LT(f2.grad_bytes(), f1.grad_bytes());
+    EXPECT_EQ(f2.compute_bytes(), f1.compute_bytes());
+    EXPECT_EQ(f2.master_bytes(), f1.master_bytes());
+    EXPECT_GT(f2.grad_buffer_bytes, 0);
+    train::EmulatedRank r(cfg, p, kSeq, z2, 3);
+    cuda::AdamWStep a;
+    a.lr = 1e-4;
+    double loss = 0;
+    for (int s = 1; s <= 2; ++s) {
+      a.step = s;
+      loss = r.step(a);
+    }
+    TREX_CUDA(cudaDeviceSynchronize());
+    EXPECT_TRUE(std::isfinite(loss) && loss > 0) << loss;
+    const dsv4gpu::GpuModel::Impl& m = r.model().impl();
+    EXPECT_EQ(int64_t(m.grads.bytes()), f2.grad_bytes());
+    // region X whole + the buckets' 1/DP + region R
+    EXPECT_EQ(f2.grad_elems, m.region_x + (m.region_a - m.region_x) / spec.dp + (m.total - m.region_a));
+    const auto stats = r.comm_stats();
+    ASSERT_TRUE(stats.count("dp") && stats.at("dp").count("reduce_scatter"));
+    // Two steps of 2 micro-batches: every bucket of this stage (its layers', the head's) reduced per backward.
+    int64_t bucket_bytes = 0;
+    for (const auto& b : m.buckets) bucket_bytes += (b.end - b.begin) * (bf16 ? 2 : 4);
+    EXPECT_EQ(stats.at("dp").at("reduce_scatter").bytes, 2 * p.micro_batches * bucket_bytes);
+  }
+}
+}  // namespace

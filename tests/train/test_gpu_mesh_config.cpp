@@ -146,3 +146,34 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
   tp.tp = 8, tp.recompute = true;
   EXPECT_EQ(gpu_layout_gaps(tp), "tensor parallelism");  // recomputation runs on the GPU
 }
+
+// Dense partitioning (issue 17): parallel.zero 1 (default) and 2 run on the GPU with fp32 or bf16 reduction;
+// zero 3 (fully sharded weights) and Muon with zero 2 are refused with the key to change, and the planner's gaps
+// say the same.
+TEST(GpuMeshConfig, ZeroLevelsAndGradReduceDtype) {
+  const TrainConfig def = config("parallel: {dp: 2}\n");
+  EXPECT_EQ(def.parallel.zero, 1);
+  EXPECT_EQ(def.parallel.grad_reduce_dtype, "fp32");
+  const TrainConfig z2 = config("parallel: {dp: 2, zero: 2, grad_reduce_dtype: bf16}\n");
+  EXPECT_EQ(z2.parallel.zero, 2);
+  EXPECT_EQ(z2.parallel.grad_reduce_dtype, "bf16");
+  EXPECT_EQ(check_gpu_mesh_config(z2, 2), "");
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 4, ep: 2, zero: 2}\n"), 4), "");
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {pp: 2, dp: 2, zero: 2}\n"), 4), "");
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 2, grad_reduce_dtype: bf16}\n", "{kind: muon}"), 2), "")
+      << "bf16 reduction under ZeRO-1 keeps Muon's whole matrices";
+  expect_refused(config("parallel: {dp: 2, zero: 3}\n"), 2, {"parallel.zero 3", "fully sharded", "zero: 1"});
+  expect_refused(config("parallel: {dp: 2, zero: 2}\n", "{kind: muon}"), 2, {"parallel.zero 2", "muon", "adamw"});
+  EXPECT_THROW(config("parallel: {dp: 2, zero: 4}\n"), Error);
+  EXPECT_THROW(config("parallel: {dp: 2, zero: 0}\n"), Error);
+  EXPECT_THROW(config("parallel: {dp: 2, grad_reduce_dtype: fp16}\n"), Error);
+
+  GpuLayoutAsk a;
+  a.dp = 8;
+  a.zero = 2;
+  EXPECT_EQ(gpu_layout_gaps(a), "");
+  a.muon = true;
+  EXPECT_NE(gpu_layout_gaps(a).find("Muon with sharded gradients"), std::string::npos) << gpu_layout_gaps(a);
+  a.muon = false, a.zero = 3;
+  EXPECT_EQ(gpu_layout_gaps(a), "fully sharded dense weights");
+}

@@ -25,6 +25,10 @@ __global__ void cast_bf16_f32_kernel(float* y, const bf16* x, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     y[i] = __bfloat162float(x[i]);
 }
+__global__ void add_f32_kernel(float* y, const float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] += x[i];
+}
 __global__ void add_bf16_f32_kernel(float* y, const bf16* x, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     y[i] += __bfloat162float(x[i]);
@@ -117,6 +121,11 @@ void cast_f32_to_bf16(bf16* y, const float* x, int64_t n, cudaStream_t s) {
 void cast_bf16_to_f32(float* y, const bf16* x, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
   cast_bf16_f32_kernel<<<grid_for(n), kThreads, 0, s>>>(y, x, n);
+  TREX_CUDA_LAUNCHED();
+}
+void add_f32(float* y, const float* x, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  add_f32_kernel<<<grid_for(n), kThreads, 0, s>>>(y, x, n);
   TREX_CUDA_LAUNCHED();
 }
 void add_bf16_to_f32(float* y, const bf16* x, int64_t n, cudaStream_t s) {

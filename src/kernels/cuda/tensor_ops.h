@@ -14,6 +14,8 @@ using bf16 = __nv_bfloat16;
 
 void cast_f32_to_bf16(bf16* y, const float* x, int64_t n, cudaStream_t s = nullptr);
 void cast_bf16_to_f32(float* y, const bf16* x, int64_t n, cudaStream_t s = nullptr);
+// y[i] += x[i] (one fp32 add per element: exact order, deterministic)
+void add_f32(float* y, const float* x, int64_t n, cudaStream_t s = nullptr);
 // y[i] += x[i]
 void add_bf16_to_f32(float* y, const bf16* x, int64_t n, cudaStream_t s = nullptr);
 // y[i] *= a

@@ -12,6 +12,7 @@ class BlockProgram;
 namespace trex::dsv4gpu {
 
 class CudaBackend;
+class GradBuckets;
 
 // One head's activations of a forward (hc_head collapse -> norm -> LM head + CE; the collapse stays fp32,
 // mhc_norm.h).
@@ -108,11 +109,10 @@ struct GpuModel::Impl {
   const GpuParam& info(const std::string& name) const;
   float* f32(const std::string& n) const { return master_at(info(n)); }
   bf16* b16(const std::string& n) const { return compute.as<bf16>() + info(n).offset; }
-  // Null without a gradient arena (an inference-only model binds no gradient pointers).
-  float* g32(const std::string& n) const {
-    float* g = grads.as<float>();
-    return g ? g + info(n).offset : nullptr;
-  }
+  // Null without a gradient arena (an inference-only model binds no gradient pointers). Under ZeRO-2 a bucket
+  // tensor's gradient lives in its bucket's transient buffer while that is open (grad_buckets.h), else null.
+  float* g32(const std::string& n) const;
+  float* grad_at(int64_t arena_offset) const;
   void refresh_compute();  // bf16 copy of the master weights
 
   // Data parallel with a sharded optimiser (ZeRO-1), gpu_params_cuda.cpp. The arena has two regions:
@@ -153,6 +153,22 @@ struct GpuModel::Impl {
   void reduce_expert_grads();
   bool experts_reduced = false;
 
+  // Gradient partitioning (GpuModelOptions::zero; 1 on one GPU). The persistent gradient array `grads` is the
+  // arena under ZeRO-1. Under ZeRO-2 it is [region X whole | every bucket's own slice, in bucket order | region
+  // R]: grad_index maps an arena offset held there (region X, region R, or inside this rank's slice of a bucket)
+  // to its index; under ZeRO-1 it is the identity. grad_elems: the array's length.
+  int zero = 1;
+  bool reduce_bf16 = false;
+  bool zero2() const { return zero >= 2 && dp_size > 1; }
+  int64_t grad_index(int64_t arena_offset) const;
+  int64_t grad_elems() const {
+    return zero2() ? region_x + (region_a - region_x) / dp_size + (total - region_a) : total;
+  }
+  // The transient bucket buffers and the bucket reductions of ZeRO-2 and of the bf16 reduction (grad_buckets.h).
+  std::unique_ptr<GradBuckets> gbuckets;
+  int bucket_of(int64_t arena_offset) const;  // -1 outside region A
+  void open_bucket(int b);                     // ZeRO-2: b's buffer ready (zeroed) and its blocks rebound to it
+  void bind_block_grads(GpuBlock& b);          // a block's gradient pointers from g32 (bind_block, open_bucket)
   comm::Communicator* dp = nullptr;  // null or size 1: one GPU
   int dp_size = 1, dp_rank = 0;
   int64_t region_a = 0, shard_a = 0;  // shard_a = x_shard + (region_a - region_x) / dp_size

@@ -85,6 +85,18 @@ struct GpuModelOptions {
   // before its backward (one block's activations live at a time). The gradients are none's: the same kernels on
   // the same inputs and selections.
   dsv4::Recompute recompute = dsv4::Recompute::None;
+  // Dense gradient partitioning under data parallelism (a dp group of size > 1; ignored on one GPU).
+  // 1 (ZeRO-1): every rank keeps the fp32 gradients of the whole arena; each bucket is reduce-scattered in place
+  // as backward completes it, and the rank reads its own slice. 2 (ZeRO-2): a rank keeps persistent fp32
+  // gradients only of its own bucket slices (plus region X, its experts, and region R, the replicated fp32-read
+  // tensors); backward writes each bucket into a transient buffer (at most kGradBucketsInFlight layer buffers
+  // beside the embedding's and head's, model/cuda/grad_buckets.h), reduce-scattered when the bucket completes
+  // and added into the slice (so micro-batches accumulate in the slice). 3 (fully sharded weights) is refused:
+  // not implemented on the GPU.
+  int zero = 1;
+  // The buckets' reduce-scatter in bf16 (the fp32 gradients rounded once, summed by the communicator, added
+  // back into fp32): half the bytes on the wire. Region R's all-reduce and the experts' stay fp32.
+  bool grad_reduce_bf16 = false;
   // False: inference only (the serving engine): no gradient arena is allocated, and anything that would write or
   // read gradients (backward, a HeadMode::LossAndGrad forward, stage steps, zero_grads, grad) is an error.
   bool gradients = true;
@@ -114,9 +126,13 @@ class GpuModel {
   // fp32 gradients span the arena, the fp32 master (and each AdamW moment of train/cuda/gpu_optimizer.h) the shard.
   struct Footprint {
     int64_t arena_elems = 0, shard_elems = 0, region_x_elems = 0, n_params = 0;
+    int64_t grad_elems = 0;  // the persistent fp32 gradients: the arena, or under ZeRO-2 its shard (Impl::grad_elems)
+    // The most the bucket reductions hold at once beside them (ZeRO-2's bucket buffers, the bf16 reduction's
+    // copies; model/cuda/grad_buckets.h), from the device pool during backward.
+    int64_t grad_buffer_bytes = 0;
     bool gradients = true;
     int64_t compute_bytes() const { return 2 * arena_elems; }  // the bf16 weights the kernels read
-    int64_t grad_bytes() const { return gradients ? 4 * arena_elems : 0; }
+    int64_t grad_bytes() const { return gradients ? 4 * grad_elems : 0; }
     int64_t master_bytes() const { return 4 * shard_elems; }   // the fp32 master (ZeRO-1 shard)
     int64_t adamw_bytes() const { return 8 * shard_elems; }    // GpuOptimizer's two fp32 moments
   };
@@ -242,6 +258,7 @@ class GpuModel {
   struct ParamMemory {
     int64_t held_elems = 0;    // parameter elements held: the bf16 compute copy and the fp32 gradients hold these
     int64_t master_elems = 0;  // parameter elements of the fp32 master this rank owns (ZeRO-1); each moment alike
+    int64_t grad_elems = 0;    // parameter elements with persistent fp32 gradients (held_elems; ZeRO-2: the shard)
     int64_t weight_bytes = 0;  // the bf16 compute copy
     int64_t grad_bytes = 0;    // the fp32 gradients (0 for an inference-only model)
     int64_t master_bytes = 0;  // the fp32 master (each optimiser moment is as large: GpuOptimizer::state_bytes)

@@ -9,6 +9,7 @@
 #include "model/cuda/cuda_backend.h"
 #include "model/dsv4/program.h"
 #include "model/cuda/gpu_impl.h"
+#include "model/cuda/grad_buckets.h"
 
 namespace trex::dsv4gpu {
 
@@ -109,6 +110,12 @@ static void plan_arena(GpuModel::Impl& m, const dsv4::ModelConfig& cfg, const Gp
                "got '{}'", m.dp_rank, m.dp->backend());
   }
   configure_experts(m, cfg, opts, make_groups);
+  TREX_CHECK(opts.zero >= 1 && opts.zero <= 2,
+             "GPU model: zero {} (parallel.zero): 1 (sharded optimiser) and 2 (sharded gradients) run on the GPU; 3 "
+             "(fully sharded dense weights) is not implemented on the GPU yet",
+             opts.zero);
+  m.zero = m.dp_size > 1 ? opts.zero : 1;  // one GPU: nothing to shard
+  m.reduce_bf16 = opts.grad_reduce_bf16;
   m.l0 = opts.layer_begin, m.l1 = opts.layer_end < 0 ? cfg.n_layers : opts.layer_end;
   TREX_CHECK(m.l0 >= 0 && m.l0 < m.l1 && m.l1 <= cfg.n_layers,
              "GPU model: stage layers [{}, {}) outside the model's {} layers (or empty)", m.l0, m.l1, cfg.n_layers);
@@ -149,6 +156,8 @@ GpuModel::Footprint GpuModel::footprint(const dsv4::ModelConfig& cfg, const GpuM
   plan_arena(m, cfg, opts, false);
   Footprint f;
   f.arena_elems = m.total, f.shard_elems = m.shard_elems(), f.region_x_elems = m.region_x;
+  f.grad_elems = m.grad_elems();
+  if (opts.gradients) f.grad_buffer_bytes = GradBuckets::transient_bytes(m);
   for (const GpuParam& p : m.params) f.n_params += p.numel;
   f.gradients = opts.gradients;
   return f;
@@ -170,8 +179,10 @@ GpuModel::GpuModel(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts)
   TREX_CUDA(cudaMemsetAsync(m.master.as<float>(), 0, ns * 4, nullptr));
   TREX_CUDA(cudaMemsetAsync(m.compute.as<bf16>(), 0, n * 2, nullptr));
   if (opts.gradients) {
-    m.grads = DevMem(n * 4);
-    TREX_CUDA(cudaMemsetAsync(m.grads.as<float>(), 0, n * 4, nullptr));
+    const size_t ng = size_t(m.grad_elems());  // n, or under ZeRO-2 the shard's
+    m.grads = DevMem(ng * 4);
+    TREX_CUDA(cudaMemsetAsync(m.grads.as<float>(), 0, ng * 4, nullptr));
+    if (m.zero2() || (m.dp_size > 1 && m.reduce_bf16)) m.gbuckets = std::make_unique<GradBuckets>(m);
   }
   m.bind_all();
   m.backend = std::make_unique<CudaBackend>(m);
@@ -239,6 +250,9 @@ double GpuModel::forward_impl(const int32_t* ids, const int32_t* labels, const d
   const double balance_alpha =
       m.step_mode && balance ? m.opts.balance_alpha / double(m.step_micro_batches) : m.opts.balance_alpha;
   m.backend->set_forward(inject, head);
+  // ZeRO-2: a training forward accumulates head.weight's gradient (the fused CE), so the head's bucket buffer
+  // opens here (grad_buckets.h).
+  if (head == HeadMode::LossAndGrad && m.last_stage()) m.open_bucket(m.head_bucket);
   bf16* x_out = nullptr;
   if (!m.last_stage()) {  // the stream X[l1] for the next stage, written in place by the last block
     m.out.clear();
@@ -291,23 +305,43 @@ void GpuModel::backward_impl(const float* dx_out) {
   // the layers below.
   // The MTP bucket also holds the MTP input's projections and norms, whose backward runs after the MTP block's:
   // it is complete with the head's.
-  auto ready = [&m, n_blocks](int64_t b) {
+  // ZeRO-2 (grad_buckets.h): the buckets a backward writes get their transient buffers just before their first
+  // writer runs: the head's (its training forward may have opened it already), the MTP module's and, with MTP
+  // (its input's backward adds to embed.weight), the embedding's at the start; each layer's when the layer above
+  // it completes; the embedding's otherwise after the lowest layer. Every bucket is reduced in every backward,
+  // its slice accumulating in the shard; only region R (all-reduced in place) waits for the step's last one.
+  const bool z2 = m.zero2();
+  const bool reduce_r = m.reduce_this_backward;
+  auto open_layer = [&m, n_blocks](int64_t b) {  // block b's bucket, or the embedding's below block 0
+    if (b >= 0 && b < n_blocks) m.open_bucket(m.layer_bucket[size_t(m.l0 + b)]);
+    if (b < 0 && m.first_stage()) m.open_bucket(m.embed_bucket);
+  };
+  if (z2) {
+    if (m.last_stage()) m.open_bucket(m.head_bucket);
+    if (m.mtp()) m.open_bucket(m.mtp_bucket), m.open_bucket(m.embed_bucket);
+    open_layer(n_blocks - 1);
+  }
+  auto ready = [&m, n_blocks, z2, reduce_r, &open_layer](int64_t b) {
     if (b == dsv4::kHeadReady) {
       if (m.mtp()) m.reduce_bucket(m.mtp_bucket);
       m.reduce_bucket(m.head_bucket);
     } else if (b >= 0) {
-      if (b < n_blocks) m.reduce_bucket(m.layer_bucket[size_t(m.l0 + b)]);
+      if (b < n_blocks) {
+        m.reduce_bucket(m.layer_bucket[size_t(m.l0 + b)]);
+        if (z2) open_layer(b - 1);
+      }
     } else {
       m.reduce_bucket(m.embed_bucket);
-      if (m.dp_size > 1)  // region R (fp32-read, replicated): summed on every rank
-        m.grad_work.push_back(m.dp->all_reduce(m.grads.as<float>() + m.region_a, size_t(m.total - m.region_a),
-                                               comm::ElemType::F32, comm::ReduceOp::Sum));
+      if (m.dp_size > 1 && reduce_r)  // region R (fp32-read, replicated): summed on every rank
+        m.grad_work.push_back(m.dp->all_reduce(m.grads.as<float>() + m.grad_index(m.region_a),
+                                               size_t(m.total - m.region_a), comm::ElemType::F32, comm::ReduceOp::Sum));
     }
   };
   m.backend->begin_backward(dx_in);
   // A stage step accumulating micro-batches under DP reduces only in the step's last backward (begin_step's
   // reduce_micro): an earlier reduce-scatter would leave the arena unable to take the next micro-batch's sum.
-  const dsv4::BlocksReady hooks = m.reduce_this_backward ? dsv4::BlocksReady(ready) : dsv4::BlocksReady{};
+  // ZeRO-2 reduces every bucket in every backward (into the shard) and defers region R alone.
+  const dsv4::BlocksReady hooks = m.reduce_this_backward || z2 ? dsv4::BlocksReady(ready) : dsv4::BlocksReady{};
   m.program->backward(m.program_slot, dx_out, dx_in, hooks);
   m.backend->end_backward();
   TREX_CUDA(cudaGetLastError());

@@ -20,6 +20,7 @@
 #include "kernels/cuda/tensor_ops.h"
 #include "model/dsv4/param_table.h"
 #include "model/cuda/gpu_impl.h"
+#include "model/cuda/grad_buckets.h"
 
 namespace trex::dsv4gpu {
 
@@ -236,6 +237,10 @@ void GpuModel::Impl::reduce_bucket(int bi) {
   const Bucket& b = buckets[size_t(bi)];
   const int64_t n = b.slice(dp_size);
   if (n == 0) return;  // another pipeline stage's bucket (declared empty here)
+  if (gbuckets) {  // ZeRO-2 or the bf16 reduction (grad_buckets.h)
+    gbuckets->reduce(bi);
+    return;
+  }
   float* g = grads.as<float>();
   // In place: this rank's slice of the sum lands where its own slice is.
   grad_work.push_back(dp->reduce_scatter(g + b.begin, g + b.begin + dp_rank * n, size_t(n), comm::ElemType::F32,
@@ -269,19 +274,13 @@ std::unique_ptr<GpuBlock> GpuModel::Impl::bind_block(int64_t l) {
   const std::string& p = b->prefix;
   auto B = [&](const std::string& n) { return b16(p + n); };
   auto F = [&](const std::string& n) { return f32(p + n); };
-  auto G = [&](const std::string& n) { return g32(p + n); };
   AttnW& a = b->aw;
   a.wq_a = B("attn.wq_a.weight"), a.q_norm = B("attn.q_norm.weight"), a.wq_b = B("attn.wq_b.weight");
   a.wkv = B("attn.wkv.weight"), a.kv_norm = B("attn.kv_norm.weight"), a.wo_a = B("attn.wo_a.weight");
   a.wo_b = B("attn.wo_b.weight"), a.sink = F("attn.attn_sink");
-  a.g_wq_a = G("attn.wq_a.weight"), a.g_q_norm = G("attn.q_norm.weight"), a.g_wq_b = G("attn.wq_b.weight");
-  a.g_wkv = G("attn.wkv.weight"), a.g_kv_norm = G("attn.kv_norm.weight"), a.g_wo_a = G("attn.wo_a.weight");
-  a.g_wo_b = G("attn.wo_b.weight"), a.g_sink = G("attn.attn_sink");
   if (b->dims.type != dsv4::AttnType::Sliding) {
     a.cmp_wkv = B("attn.compressor.wkv.weight"), a.cmp_wgate = B("attn.compressor.wgate.weight");
     a.cmp_norm = B("attn.compressor.norm.weight"), a.cmp_ape = F("attn.compressor.ape");
-    a.g_cmp_wkv = G("attn.compressor.wkv.weight"), a.g_cmp_wgate = G("attn.compressor.wgate.weight");
-    a.g_cmp_norm = G("attn.compressor.norm.weight"), a.g_cmp_ape = G("attn.compressor.ape");
   }
   if (b->dims.type == dsv4::AttnType::CSA) {
     a.idx_wq_b = B("attn.indexer.wq_b.weight"), a.idx_wp = B("attn.indexer.weights_proj.weight");
@@ -289,11 +288,11 @@ std::unique_ptr<GpuBlock> GpuModel::Impl::bind_block(int64_t l) {
     a.idx_norm = B("attn.indexer.compressor.norm.weight"), a.idx_ape = F("attn.indexer.compressor.ape");
   }
   MoeW& m = b->mw;
-  m.gate = B("ffn.gate.weight"), m.g_gate = G("ffn.gate.weight");
+  m.gate = B("ffn.gate.weight");
   // The first local expert's weights (expert 0 unless expert-parallel); the kernels index local experts.
   const std::string e0 = fmt::format("ffn.experts.{}.", e_begin);
-  m.w13 = B(e0 + "w1.weight"), m.g_w13 = G(e0 + "w1.weight");
-  m.w2 = B(e0 + "w2.weight"), m.g_w2 = G(e0 + "w2.weight");
+  m.w13 = B(e0 + "w1.weight");
+  m.w2 = B(e0 + "w2.weight");
   for (int64_t e = e_begin; e < e_end; ++e) {
     const int64_t j = e - e_begin;
     TREX_CHECK(info(p + fmt::format("ffn.experts.{}.w1.weight", e)).offset == info(p + e0 + "w1.weight").offset + j * 2 * f * d &&
@@ -301,8 +300,8 @@ std::unique_ptr<GpuBlock> GpuModel::Impl::bind_block(int64_t l) {
                "GPU model: expert weights of {} are not laid out contiguously", p);
   }
   if (cfg.n_shared_experts > 0) {
-    m.sw13 = B("ffn.shared_experts.w1.weight"), m.g_sw13 = G("ffn.shared_experts.w1.weight");
-    m.sw2 = B("ffn.shared_experts.w2.weight"), m.g_sw2 = G("ffn.shared_experts.w2.weight");
+    m.sw13 = B("ffn.shared_experts.w1.weight");
+    m.sw2 = B("ffn.shared_experts.w2.weight");
   }
   if (b->hash) {
     DevMem& t = tid2eid[p + "ffn.gate.tid2eid"];
@@ -317,11 +316,71 @@ std::unique_ptr<GpuBlock> GpuModel::Impl::bind_block(int64_t l) {
   }
   b->hc_attn_fn = F("hc_attn_fn"), b->hc_attn_base = F("hc_attn_base"), b->hc_attn_scale = F("hc_attn_scale");
   b->hc_ffn_fn = F("hc_ffn_fn"), b->hc_ffn_base = F("hc_ffn_base"), b->hc_ffn_scale = F("hc_ffn_scale");
-  b->g_hc_attn_fn = G("hc_attn_fn"), b->g_hc_attn_base = G("hc_attn_base"), b->g_hc_attn_scale = G("hc_attn_scale");
-  b->g_hc_ffn_fn = G("hc_ffn_fn"), b->g_hc_ffn_base = G("hc_ffn_base"), b->g_hc_ffn_scale = G("hc_ffn_scale");
   b->attn_norm = B("attn_norm.weight"), b->ffn_norm = B("ffn_norm.weight");
-  b->g_attn_norm = G("attn_norm.weight"), b->g_ffn_norm = G("ffn_norm.weight");
+  bind_block_grads(*b);
   return b;
+}
+
+// The gradient pointers of a block (null without a gradient arena, and under ZeRO-2 for a bucket tensor whose
+// bucket is closed: open_bucket binds them again once its buffer exists).
+void GpuModel::Impl::bind_block_grads(GpuBlock& blk) {
+  const std::string& p = blk.prefix;
+  auto G = [&](const std::string& n) { return g32(p + n); };
+  AttnW& a = blk.aw;
+  a.g_wq_a = G("attn.wq_a.weight"), a.g_q_norm = G("attn.q_norm.weight"), a.g_wq_b = G("attn.wq_b.weight");
+  a.g_wkv = G("attn.wkv.weight"), a.g_kv_norm = G("attn.kv_norm.weight"), a.g_wo_a = G("attn.wo_a.weight");
+  a.g_wo_b = G("attn.wo_b.weight"), a.g_sink = G("attn.attn_sink");
+  if (blk.dims.type != dsv4::AttnType::Sliding) {
+    a.g_cmp_wkv = G("attn.compressor.wkv.weight"), a.g_cmp_wgate = G("attn.compressor.wgate.weight");
+    a.g_cmp_norm = G("attn.compressor.norm.weight"), a.g_cmp_ape = G("attn.compressor.ape");
+  }
+  MoeW& m = blk.mw;
+  m.g_gate = G("ffn.gate.weight");
+  const std::string e0 = fmt::format("ffn.experts.{}.", e_begin);
+  m.g_w13 = G(e0 + "w1.weight"), m.g_w2 = G(e0 + "w2.weight");
+  if (cfg.n_shared_experts > 0) m.g_sw13 = G("ffn.shared_experts.w1.weight"), m.g_sw2 = G("ffn.shared_experts.w2.weight");
+  blk.g_hc_attn_fn = G("hc_attn_fn"), blk.g_hc_attn_base = G("hc_attn_base"), blk.g_hc_attn_scale = G("hc_attn_scale");
+  blk.g_hc_ffn_fn = G("hc_ffn_fn"), blk.g_hc_ffn_base = G("hc_ffn_base"), blk.g_hc_ffn_scale = G("hc_ffn_scale");
+  blk.g_attn_norm = G("attn_norm.weight"), blk.g_ffn_norm = G("ffn_norm.weight");
+}
+
+int GpuModel::Impl::bucket_of(int64_t off) const {
+  if (off < region_x || off >= region_a) return -1;
+  // Buckets are in arena order: the last one starting at or before off.
+  const auto it = std::upper_bound(buckets.begin(), buckets.end(), off,
+                                   [](int64_t o, const Bucket& b) { return o < b.begin; });
+  return int(it - buckets.begin()) - 1;
+}
+
+int64_t GpuModel::Impl::grad_index(int64_t off) const {
+  if (!zero2() || off < region_x) return off;
+  if (off >= region_a) return region_x + (region_a - region_x) / dp_size + (off - region_a);
+  const int bi = bucket_of(off);
+  const Bucket& b = buckets[size_t(bi)];
+  const int64_t n = b.slice(dp_size), own0 = b.begin + dp_rank * n;
+  TREX_CHECK(off >= own0 && off <= own0 + n, "GPU model (ZeRO-2, DP rank {}): arena element {} of bucket {} is "
+             "outside this rank's gradient slice [{}, {})", dp_rank, off, bi, own0, own0 + n);
+  return region_x + (b.shard_off - x_shard) + (off - own0);
+}
+
+float* GpuModel::Impl::grad_at(int64_t off) const {
+  float* g = grads.as<float>();
+  if (!g) return nullptr;
+  if (!zero2() || off < region_x || off >= region_a) return g + grad_index(off);
+  const int bi = bucket_of(off);
+  float* buf = gbuckets ? gbuckets->buffer(bi) : nullptr;
+  return buf ? buf + (off - buckets[size_t(bi)].begin) : nullptr;
+}
+
+float* GpuModel::Impl::g32(const std::string& n) const { return grad_at(info(n).offset); }
+
+void GpuModel::Impl::open_bucket(int bi) {
+  if (!zero2() || !gbuckets->open(bi)) return;
+  // The blocks whose bound pointers lie in this bucket (head, embedding and MTP input tensors are looked up
+  // by name when used).
+  for (int64_t l = l0; l < l1; ++l)
+    if (layer_bucket[size_t(l)] == bi) bind_block_grads(*blocks[size_t(l)]);
+  if (mtp_block && bi == mtp_bucket) bind_block_grads(*mtp_block);
 }
 
 void GpuModel::Impl::bind_all() {
@@ -435,7 +494,10 @@ std::vector<float> GpuModel::grad(const std::string& name) const {
   impl_->require_gradients("grad()");
   const GpuParam& p = impl_->info(name);
   std::vector<float> v(size_t(p.numel));
-  TREX_CUDA(cudaMemcpy(v.data(), impl_->g32(name), v.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  const float* g = impl_->g32(name);
+  TREX_CHECK(g, "GPU model grad('{}'): under ZeRO-2 a bucket tensor's gradient exists only as the ranks' reduced "
+             "slices (GpuModel::dp_grad_norm, the optimiser)", name);
+  TREX_CUDA(cudaMemcpy(v.data(), g, v.size() * sizeof(float), cudaMemcpyDeviceToHost));
   return v;
 }
 
@@ -456,7 +518,9 @@ void GpuModel::set_grad(const std::string& name, const std::vector<float>& g) {
   const GpuParam& p = impl_->info(name);
   TREX_CHECK(int64_t(g.size()) == p.numel, "GPU model set_grad: '{}' has {} elements, got {}", name, p.numel,
              g.size());
-  TREX_CUDA(cudaMemcpy(impl_->g32(name), g.data(), g.size() * sizeof(float), cudaMemcpyHostToDevice));
+  float* dst = impl_->g32(name);
+  TREX_CHECK(dst, "GPU model set_grad('{}'): under ZeRO-2 a bucket tensor has no whole gradient to write", name);
+  TREX_CUDA(cudaMemcpy(dst, g.data(), g.size() * sizeof(float), cudaMemcpyHostToDevice));
   impl_->grads_zero = false;
   impl_->experts_reduced = false;
 }
@@ -471,6 +535,7 @@ void GpuModel::Impl::require_gradients(const char* what) const {
 void GpuModel::Impl::wait_grad_work() {
   for (auto& w : grad_work) stream_wait(*w);
   grad_work.clear();
+  if (gbuckets) gbuckets->wait_all();
 }
 
 void GpuModel::zero_grads() {
@@ -484,7 +549,7 @@ void GpuModel::zero_grads() {
              "before the forward");
   impl_->experts_reduced = false;
   if (impl_->grads_zero) return;  // nothing wrote them since the last memset
-  TREX_CUDA(cudaMemsetAsync(impl_->grads.as<float>(), 0, size_t(impl_->total) * sizeof(float), nullptr));
+  TREX_CUDA(cudaMemsetAsync(impl_->grads.as<float>(), 0, impl_->grads.bytes(), nullptr));
   impl_->grads_zero = true;
 }
 

@@ -78,8 +78,14 @@ GpuModel::ParamMemory GpuModel::param_memory() const {
   ParamMemory r;
   for (const GpuParam& p : m.params) {
     r.held_elems += p.numel;
-    for (const Impl::ShardPiece& w : m.own_pieces(p)) r.master_elems += w.n;
+    int64_t own = 0;
+    for (const Impl::ShardPiece& w : m.own_pieces(p)) own += w.n;
+    r.master_elems += own;
+    // ZeRO-2: a bucket tensor's gradient persists only on this rank's slice; region X and R are held whole.
+    const bool bucket = p.offset >= m.region_x && p.offset < m.region_a;
+    r.grad_elems += m.zero2() && bucket ? own : p.numel;
   }
+  if (!m.opts.gradients) r.grad_elems = 0;
   r.weight_bytes = int64_t(m.compute.bytes());
   r.grad_bytes = int64_t(m.grads.bytes());
   r.master_bytes = int64_t(m.master.bytes());
@@ -149,9 +155,9 @@ double GpuModel::dp_grad_norm() {
   for (const Impl::Bucket& b : m.buckets) {
     const int64_t n = b.slice(m.dp_size);
     if (n == 0) continue;  // another pipeline stage's bucket
-    own += host_sum_squares(g + b.begin + m.dp_rank * n, n, scratch.as<double>());
+    own += host_sum_squares(g + m.grad_index(b.begin + m.dp_rank * n), n, scratch.as<double>());
   }
-  const double r = host_sum_squares(g + m.region_a, m.total - m.region_a, scratch.as<double>());
+  const double r = host_sum_squares(g + m.grad_index(m.region_a), m.total - m.region_a, scratch.as<double>());
   DevMem d(sizeof(double));
   TREX_CUDA(cudaMemcpy(d.as<double>(), &own, sizeof(double), cudaMemcpyHostToDevice));
   m.dp->all_reduce(d.as<double>(), 1, comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
@@ -171,9 +177,9 @@ void GpuModel::add_reduced_grads_to(float* acc) {
   if (m.x_shard > 0) axpy(acc, g + m.x_own, m.x_shard);
   for (const Impl::Bucket& b : m.buckets) {
     const int64_t n = b.slice(m.dp_size);
-    if (n > 0) axpy(acc + b.shard_off, g + b.begin + m.dp_rank * n, n);
+    if (n > 0) axpy(acc + b.shard_off, g + m.grad_index(b.begin + m.dp_rank * n), n);
   }
-  axpy(acc + m.shard_a, g + m.region_a, m.total - m.region_a);
+  axpy(acc + m.shard_a, g + m.grad_index(m.region_a), m.total - m.region_a);
   TREX_CUDA(cudaDeviceSynchronize());
 }
 
@@ -188,9 +194,9 @@ void GpuModel::add_held_grads(const float* acc) {
   if (m.x_shard > 0) axpy(g + m.x_own, acc, m.x_shard);
   for (const Impl::Bucket& b : m.buckets) {
     const int64_t n = b.slice(m.dp_size);
-    if (n > 0) axpy(g + b.begin + m.dp_rank * n, acc + b.shard_off, n);
+    if (n > 0) axpy(g + m.grad_index(b.begin + m.dp_rank * n), acc + b.shard_off, n);
   }
-  axpy(g + m.region_a, acc + m.shard_a, m.total - m.region_a);
+  axpy(g + m.grad_index(m.region_a), acc + m.shard_a, m.total - m.region_a);
   TREX_CUDA(cudaDeviceSynchronize());
   m.grads_zero = false;  // region X stays reduced (experts_reduced): the norm and the step must not sum it again
 }

@@ -132,6 +132,8 @@ GpuMeshEngine::GpuMeshEngine(const TrainConfig& cfg, const dsv4::ModelConfig& mc
   go.deterministic = o.deterministic;
   go.mtp_weight = o.model.mtp_weight;  // then the schedule's, step by step (begin_step)
   go.recompute = o.recompute;
+  go.zero = cfg.parallel.zero;  // 1 (default) or 2; check_gpu_mesh_config refused 3
+  go.grad_reduce_bf16 = cfg.parallel.grad_reduce_dtype == "bf16";
   if (s.mesh.spec.pp > 1) set_gpu_stage(go, s.mc, s.mesh);  // this rank's layers only
   s.gpu = std::make_unique<dsv4gpu::GpuModel>(gpu_cfg, go);
   s.opt = std::make_unique<dsv4gpu::GpuOptimizer>(*s.gpu);
@@ -210,7 +212,7 @@ GpuMeshEngine::GpuMeshEngine(const TrainConfig& cfg, const dsv4::ModelConfig& mc
   s.load_sum.assign(size_t(s.mc.n_layers + 1), std::vector<int64_t>(size_t(s.mc.n_routed_experts), 0));
   if (s.mesh.spec.pp > 1)
     s.pipe = std::make_unique<GpuMeshPipeline>(*s.gpu, s.mesh, world, cfg.grad_accum / s.D);
-  else if (s.D > 1 && cfg.grad_accum / s.D > 1)
+  else if (s.D > 1 && cfg.grad_accum / s.D > 1 && cfg.parallel.zero == 1)  // ZeRO-2 accumulates in its shard
     TREX_CUDA(cudaMalloc(&s.acc, size_t(s.gpu->shard_elems()) * sizeof(float)));
 }
 
@@ -223,7 +225,11 @@ std::string GpuMeshEngine::describe() const {
   return fmt::format("DeepSeek-V4 on CUDA (hidden {}, {} layers, {} experts top-{}, vocab {}, {} parameters): GPU "
                      "mesh pp={} dp={} ep={}{}, {} micro-batches per DP rank",
                      s.mc.hidden, s.mc.n_layers, s.mc.n_routed_experts, s.mc.topk, s.mc.vocab_size, n,
-                     s.mesh.spec.pp, s.D, s.mesh.spec.ep, s.D > 1 ? " (ZeRO-1)" : "", s.cfg.grad_accum / s.D);
+                     s.mesh.spec.pp, s.D, s.mesh.spec.ep,
+                     s.D > 1 ? fmt::format(" (ZeRO-{}{})", s.cfg.parallel.zero,
+                                           s.cfg.parallel.grad_reduce_dtype == "bf16" ? ", bf16 reduction" : "")
+                             : std::string(),
+                     s.cfg.grad_accum / s.D);
 }
 
 int64_t GpuMeshEngine::n_params() const {
@@ -284,6 +290,15 @@ EngineStep GpuMeshEngine::forward_backward(const std::vector<data::Batch>& mine,
                double(n_micro);
       s.add_loads(layout.n_tokens(), k);
       s.gpu->backward();
+    } else if (s.acc == nullptr && M > 1) {
+      // ZeRO-2 (parallel.zero 2): every backward reduce-scatters its buckets and adds this rank's slices into the
+      // gradient shard, so micro-batches accumulate there; region R (all-reduced in place) and the experts
+      // (reduced over their replicas at the step's end) accumulate in place and are reduced once, in the last
+      // micro-batch's backward (reduce_micro M - 1; one slot, so micro-batch k runs in slot 0 as above).
+      s.gpu->begin_step(b.n_targets * n_micro, s.mtp ? s.mtp_targets(b, layout) * n_micro : -1, n_micro, M - 1);
+      local += s.gpu->forward_stage(k, b.input_ids.data(), b.labels.data(), layout, nullptr);
+      s.add_loads(layout.n_tokens(), k);
+      s.gpu->backward_stage(k, nullptr);
     } else {
       if (k == 1) TREX_CUDA(cudaMemset(s.acc, 0, size_t(s.gpu->shard_elems()) * sizeof(float)));
       if (k >= 1) {  // the previous backward's reduced shard aside, then a clean arena (the head's gradient
@@ -301,7 +316,7 @@ EngineStep GpuMeshEngine::forward_backward(const std::vector<data::Batch>& mine,
     targets += b.n_targets;
     tokens += b.batch * b.seq;
   }
-  if (!s.pipe && s.D > 1 && M > 1) s.gpu->add_held_grads(s.acc);
+  if (!s.pipe && s.D > 1 && M > 1 && s.acc) s.gpu->add_held_grads(s.acc);
   s.gpu->wait_grad_reductions();  // a skipped step's next zero_grads() must find them done
   if (s.D == 1 && !s.pipe) s.pending_scale = float(1.0 / double(n_micro));  // the pipeline's are normalised
   double red[3] = {local, double(targets), double(tokens)};

@@ -39,9 +39,13 @@ struct OptPlan {
   int64_t muon_matrices = 0;
   cuda::MuonScratch scratch;
   // Data parallel.
+  // arena: the offset of the bf16 copy (and, ZeRO-1, of the gradient); grad: the gradient's index in the
+  // persistent gradient array (GpuModel::Impl::grad_index: the arena offset under ZeRO-1, the shard's under
+  // ZeRO-2); shard: the master's and the moments'.
   struct Run {
     int64_t arena = 0, shard = 0, n = 0;
     bool decay = true;
+    int64_t grad = 0;
   };
   std::vector<Run> local_adamw;                // region X and region R
   std::vector<std::vector<Run>> bucket_adamw;  // per bucket
@@ -172,13 +176,18 @@ std::unique_ptr<OptPlan> sharded_plan(const GpuModel::Impl& m, const optim::Opti
     const std::vector<GpuModel::Impl::ShardPiece> pieces = m.own_pieces(p);
     if (c.kind == "muon" && g == optim::ParamGroup::Muon) {
       check_muon_matrix(p);
+      // The Newton-Schulz batches address the gradients by arena offset (a bucket's inputs all-gathered whole
+      // into the arena): ZeRO-2 keeps no such arena beyond region X (the local experts).
+      TREX_CHECK(expert || !m.zero2(), "GPU optimizer: Muon on '{}' under parallel.zero 2 needs whole-matrix "
+                 "gradients, which ZeRO-2 does not keep (not implemented); use zero 1 or optimizer.kind adamw",
+                 p.name);
       const int64_t rows = p.shape[p.shape.size() - 2], cols = p.shape.back(), rc = rows * cols;
       if (bucket >= 0) muon_bucket[size_t(bucket)] = 1;
       for (const auto& w : pieces) {
-        OptPlan::Run r{p.offset + w.t, w.s, w.n, true};
-        if (!plan->momentum.empty()) {  // contiguous in the arena and in the shard: one run
+        OptPlan::Run r{p.offset + w.t, w.s, w.n, true, m.grad_index(p.offset + w.t)};
+        if (!plan->momentum.empty()) {  // contiguous in the arena, the gradients and the shard: one run
           OptPlan::Run& last = plan->momentum.back();
-          if (last.arena + last.n == r.arena && last.shard + last.n == r.shard) {
+          if (last.arena + last.n == r.arena && last.shard + last.n == r.shard && last.grad + last.n == r.grad) {
             last.n += r.n;
             r.n = 0;
           }
@@ -196,13 +205,14 @@ std::unique_ptr<OptPlan> sharded_plan(const GpuModel::Impl& m, const optim::Opti
     const bool decay = c.adamw.decay_vectors || p.shape.size() >= 2;
     std::vector<OptPlan::Run>& runs = bucket >= 0 ? plan->bucket_adamw[size_t(bucket)] : plan->local_adamw;
     for (const auto& w : pieces) {
-      const OptPlan::Run r{p.offset + w.t, w.s, w.n, decay};
+      const OptPlan::Run r{p.offset + w.t, w.s, w.n, decay, m.grad_index(p.offset + w.t)};
       // Merged with the previous AdamW tensor's run across the padding between them when that padding lies in
       // this rank's part of the same region (the same gap in the arena and in the shard).
       if (prev_adamw && prev_region == bucket && !runs.empty()) {
         OptPlan::Run& last = runs.back();
         const int64_t gap = r.arena - (last.arena + last.n);
-        if (last.decay == decay && gap >= 0 && r.shard - (last.shard + last.n) == gap) {
+        if (last.decay == decay && gap >= 0 && r.shard - (last.shard + last.n) == gap &&
+            r.grad - (last.grad + last.n) == gap) {
           last.n = r.arena + r.n - last.arena;
           continue;
         }
@@ -254,7 +264,12 @@ void GpuOptimizer::zero_frozen_grads() {
   m.wait_grad_work();  // a reduction still writing them would undo the zeroing
   for (const std::string& n : impl_->frozen) {
     const GpuParam& p = m.info(n);
-    TREX_CUDA(cudaMemsetAsync(m.grads.as<float>() + p.offset, 0, size_t(p.numel) * 4, nullptr));
+    if (!m.zero2() || p.offset < m.region_x || p.offset >= m.region_a) {  // held whole
+      TREX_CUDA(cudaMemsetAsync(m.grads.as<float>() + m.grad_index(p.offset), 0, size_t(p.numel) * 4, nullptr));
+      continue;
+    }
+    for (const auto& w : m.own_pieces(p))  // ZeRO-2: this rank's slice of it
+      TREX_CUDA(cudaMemsetAsync(m.grads.as<float>() + m.grad_index(p.offset + w.t), 0, size_t(w.n) * 4, nullptr));
   }
 }
 
@@ -290,7 +305,7 @@ void GpuOptimizer::adamw_step(const cuda::AdamWStep& a_in) {
   // Region R first (replicated, read in fp32 by the next forward), then each bucket's own slice, whose
   // all-gather starts right away so it overlaps the remaining updates and the next forward's first layers.
   const int64_t nr = m.total - m.region_a;
-  cuda::adamw_step(m.master.as<float>() + m.shard_a, g + m.region_a, adam_m.as<float>() + m.shard_a,
+  cuda::adamw_step(m.master.as<float>() + m.shard_a, g + m.grad_index(m.region_a), adam_m.as<float>() + m.shard_a,
                    adam_v.as<float>() + m.shard_a, c + m.region_a, nr, a);
   m.gather_work.clear();
   m.gather_work.resize(m.buckets.size());
@@ -298,7 +313,7 @@ void GpuOptimizer::adamw_step(const cuda::AdamWStep& a_in) {
     const GpuModel::Impl::Bucket& b = m.buckets[bi];
     const int64_t n = b.slice(m.dp_size), own = b.begin + m.dp_rank * n;
     if (n == 0) continue;  // another pipeline stage's bucket (empty here)
-    cuda::adamw_step(m.master.as<float>() + b.shard_off, g + own, adam_m.as<float>() + b.shard_off,
+    cuda::adamw_step(m.master.as<float>() + b.shard_off, g + m.grad_index(own), adam_m.as<float>() + b.shard_off,
                      adam_v.as<float>() + b.shard_off, c + own, n, a);
     m.gather_work[bi] = m.dp->all_gather(c + own, c + b.begin, size_t(n), comm::ElemType::BF16);
   }
@@ -344,7 +359,7 @@ void GpuOptimizer::step(const optim::OptimizerConfig& c, double lr, int64_t step
   // Muon: the momentum of the elements held here, their Newton-Schulz inputs left in the gradient arena; the
   // buckets' inputs all-gathered (each rank holds a slice), so every matrix this rank holds a part of is whole
   // here; orthogonalised, and the own part of it updated.
-  for (const auto& r : plan.momentum) cuda::muon_momentum_range(g + r.arena, mom + r.shard, r.n, ms);
+  for (const auto& r : plan.momentum) cuda::muon_momentum_range(g + r.grad, mom + r.shard, r.n, ms);
   for (int bi : plan.input_buckets) {
     const GpuModel::Impl::Bucket& b = m.buckets[size_t(bi)];
     const int64_t n = b.slice(m.dp_size), own = b.begin + m.dp_rank * n;
@@ -362,7 +377,7 @@ void GpuOptimizer::step(const optim::OptimizerConfig& c, double lr, int64_t step
   }
   // AdamW: region X and R, then each bucket's runs with the all-gather of its updated bf16 slice.
   for (const auto& r : plan.local_adamw)
-    cuda::adamw_step(w + r.shard, g + r.arena, mom + r.shard, v + r.shard, wb + r.arena, r.n, without_decay(a, r.decay));
+    cuda::adamw_step(w + r.shard, g + r.grad, mom + r.shard, v + r.shard, wb + r.arena, r.n, without_decay(a, r.decay));
   comm::WorkPtr expert_gather;  // the updated bf16 slice of the local experts, over their replicas
   if (plan.experts_trained && m.experts_sharded())
     expert_gather = m.edp->all_gather(wb + m.x_own, wb, size_t(m.x_shard), comm::ElemType::BF16);
@@ -370,7 +385,7 @@ void GpuOptimizer::step(const optim::OptimizerConfig& c, double lr, int64_t step
   m.gather_work.resize(m.buckets.size());
   for (size_t bi = 0; bi < m.buckets.size(); ++bi) {
     for (const auto& r : plan.bucket_adamw[bi])
-      cuda::adamw_step(w + r.shard, g + r.arena, mom + r.shard, v + r.shard, wb + r.arena, r.n,
+      cuda::adamw_step(w + r.shard, g + r.grad, mom + r.shard, v + r.shard, wb + r.arena, r.n,
                        without_decay(a, r.decay));
     if (!plan.bucket_trained[bi]) continue;  // all frozen: every rank's bf16 copy is already the same
     const GpuModel::Impl::Bucket& b = m.buckets[bi];

@@ -1,0 +1,198 @@
+// Dense gradient partitioning under the GPU trainer (issue 17, "memory that partitions"): parallel.zero 2 (each
+// bucket reduce-scattered as backward completes it from a transient buffer, a rank keeping fp32 gradients only of
+// its own slices; model/cuda/grad_buckets.h) and the bf16 bucket reduction (parallel.grad_reduce_dtype bf16),
+// ranks as threads on ONE GPU over the thread-group communicator:
+// - dp=2, dp=2 x ep=2 (parallel {dp: 4, ep: 2}) and pp=2 x dp=2, with zero 2 (fp32 and bf16 reduction) and zero 1
+//   with bf16 reduction, against one rank on the same global batch (8 micro-batches: each DP rank accumulates 2 or
+//   4): every step's loss (rel 5e-3) and gradient norm (rel 5e-2), the targets; zero 2 with fp32 reduction against
+//   zero 1 of the same layout: the bucket slices sum in the same order (bit-identical), region R and the experts
+//   are reduced once per step instead of per micro-batch (fp32 rounding only): loss rel 1e-4, norm rel 1e-3;
+// - memory: each rank's persistent gradient bytes are its shard (region X and R whole, the buckets' slices), equal
+//   to the planner's ZeRO-2 count (plan::rank_param_state, zero 2) up to the arena's padding, and to
+//   GpuModel::footprint's prediction exactly.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/rank_threads.h"
+#include "comm/thread_group.h"
+#include "model/cuda/gpu_model.h"
+#include "model/dsv4/param_table.h"
+#include "parallel/mesh.h"
+#include "plan/rank_memory.h"
+#include "train/config.h"
+#include "train/cuda/gpu_mesh_engine.h"
+#include "train/cuda/gpu_optimizer.h"
+#include "train/dsv4_trainable.h"
+#include "train/metrics.h"
+#include "train/tiny_gpu_config.h"
+#include "train/trainer.h"
+#include "train/yaml.h"
+#include "tiny_corpus.h"
+
+using namespace trex;
+using namespace trex::train;
+namespace fs = std::filesystem;
+
+namespace {
+
+using Data = trex::testing::TinyCorpus;
+
+std::vector<std::string> corpus_texts() {
+  std::vector<std::string> t;
+  for (int i = 0; i < 60; ++i)
+    t.push_back("shard " + std::to_string(i % 5) + " gradients of bucket " + std::to_string(i % 7) + " by rank. ");
+  return t;
+}
+Data& dat() {
+  static Data d("trex_gpu_zero", corpus_texts(), 300, 64);
+  return d;
+}
+
+dsv4::ModelConfig model_config() {
+  dsv4::ModelConfig c = trex::testing::tiny_gpu_config("tiny GPU zero config");  // 8 routed experts
+  c.vocab_size = std::max<int64_t>(c.vocab_size, (dat().tok.vocab_size() + 63) / 64 * 64);
+  return c;
+}
+
+Dsv4TrainOptions train_options() {
+  Dsv4TrainOptions o;
+  o.model.balance_alpha = 0.0;
+  o.model.use_mtp = false;  // not with ep or pipeline stages on the GPU
+  o.bias_update_speed = 1e-3;
+  o.deterministic = true;  // the layouts then differ only by summation order
+  return o;
+}
+
+TrainConfig run_config(const std::string& parallel) {
+  return parse_train_config(parse_yaml(R"(
+seed: 5
+model: {type: dsv4, balance_alpha: 0}
+data: {shards: x, tokenizer: y, seq_len: 64, batch_size: 2, grad_accum: 8}
+optimizer: {kind: adamw, clip_grad_norm: 1.0, adamw: {eps: 1.0e-8, decay_vectors: true}}
+schedule: {lr: 0.003, min_lr: 0.0003, warmup_steps: 2}
+train: {max_steps: 6}
+checkpoint: {every: 100, keep_last: 1}
+logging: {plot: false}
+)" + parallel, "zero.yaml"), "zero.yaml");
+}
+
+struct Layout {
+  int pp, dp, ep, zero;
+  const char* reduce;  // fp32 | bf16
+  std::string name() const { return fmt::format("pp{}_dp{}_ep{}_zero{}_{}", pp, dp, ep, zero, reduce); }
+  int world() const { return pp * dp; }
+};
+
+// The layout's run under the Trainer, output in dat().dir / name; returns its metrics.
+std::vector<nlohmann::json> run_layout(const Layout& l) {
+  const fs::path out = dat().dir / l.name();
+  fs::remove_all(out);
+  const TrainConfig cfg = run_config(fmt::format("parallel: {{pp: {}, dp: {}, ep: {}, zero: {}, grad_reduce_dtype: {}}}\n",
+                                                 l.pp, l.dp, l.ep, l.zero, l.reduce));
+  auto ranks = comm::make_thread_group(l.world(), 300.0);
+  TrainerOptions q;
+  q.show_progress = false;
+  trex::testing::run_ranks(l.world(), [&](int r) {
+    GpuMeshEngine engine(cfg, model_config(), train_options(), *ranks[size_t(r)]);
+    Trainer(cfg, out, engine, *dat().ds, 1, q).run();
+  });
+  return read_jsonl(out / "metrics.jsonl");
+}
+
+const std::vector<nlohmann::json>& one_rank() {
+  static const std::vector<nlohmann::json> m = run_layout({1, 1, 1, 1, "fp32"});
+  return m;
+}
+
+// Every step's loss and grad norm of `b` against `a` within the relative tolerances; the targets equal.
+void expect_steps(const std::vector<nlohmann::json>& a, const std::vector<nlohmann::json>& b, double loss_rel,
+                  double norm_rel, const std::string& what) {
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u) << what;
+  for (size_t i = 0; i < 6; ++i) {
+    const double la = a[i]["loss"].get<double>(), lb = b[i]["loss"].get<double>();
+    const double ga = a[i]["grad_norm"].get<double>(), gb = b[i]["grad_norm"].get<double>();
+    std::printf("  %s step %zu: loss %.7f / %.7f (rel %.1e); grad norm %.6f / %.6f (rel %.1e)\n", what.c_str(), i + 1,
+                la, lb, std::abs(la - lb) / la, ga, gb, std::abs(ga - gb) / ga);
+    EXPECT_LE(std::abs(la - lb) / la, loss_rel) << what << " step " << i + 1;
+    EXPECT_LE(std::abs(ga - gb) / ga, norm_rel) << what << " step " << i + 1;
+    EXPECT_EQ(a[i]["targets"], b[i]["targets"]) << what << " step " << i + 1;
+  }
+}
+
+class GpuZero : public ::testing::TestWithParam<Layout> {};
+
+}  // namespace
+
+TEST_P(GpuZero, MatchesOneRankAndZeroOne) {
+  const Layout l = GetParam();
+  const auto& ref = one_rank();
+  const auto run = run_layout(l);
+  if (HasFailure()) return;
+  expect_steps(ref, run, 5e-3, 5e-2, l.name() + " vs one rank");
+  if (l.zero == 2 && std::string(l.reduce) == "fp32") {
+    const auto z1 = run_layout({l.pp, l.dp, l.ep, 1, "fp32"});
+    expect_steps(z1, run, 1e-4, 1e-3, l.name() + " vs zero 1");
+    const bool identical = z1[0]["loss"] == run[0]["loss"] && z1[0]["grad_norm"] == run[0]["grad_norm"];
+    std::printf("%s: step 1 %s zero 1's\n", l.name().c_str(), identical ? "bit-identical to" : "differs from");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, GpuZero,
+                         ::testing::Values(Layout{1, 2, 1, 2, "fp32"}, Layout{1, 4, 2, 2, "fp32"},
+                                           Layout{1, 2, 1, 2, "bf16"}, Layout{1, 4, 2, 2, "bf16"},
+                                           Layout{1, 2, 1, 1, "bf16"}, Layout{2, 2, 1, 2, "fp32"}),
+                         [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name(); });
+
+// A ZeRO-2 rank's persistent fp32 gradients are its shard: the planner's ZeRO-2 count up to the padding, the
+// footprint's prediction exactly, and less than ZeRO-1's full arena.
+TEST(GpuZeroMemory, PersistentGradientsAreTheRanksShard) {
+  dsv4::ModelConfig cfg = model_config();
+  cfg.n_mtp = 0;
+  int64_t fp32_tensors = 0;
+  for (const dsv4::ParamSpec& s : dsv4::param_table(cfg)) fp32_tensors += s.trained() && s.dtype == DType::F32;
+  const int64_t buckets = cfg.n_layers + 2;
+  const int64_t pad = 512 * (buckets + 1) + 8 * fp32_tensors;
+  for (const Layout l : {Layout{1, 2, 1, 2, "fp32"}, Layout{1, 2, 2, 2, "fp32"}, Layout{1, 4, 2, 2, "fp32"}}) {
+    auto ranks = comm::make_thread_group(l.dp, 120.0);
+    std::vector<dsv4gpu::GpuModel::ParamMemory> got(size_t(l.dp)), z1(size_t(l.dp));
+    std::vector<int64_t> predicted(size_t(l.dp));
+    trex::testing::run_ranks(l.dp, [&](int r) {
+      parallel::Mesh mesh = parallel::build_mesh(*ranks[size_t(r)], {1, l.dp, l.ep, 1},
+                                                 {int(cfg.n_layers), int(cfg.n_routed_experts)});
+      dsv4gpu::GpuModelOptions o;
+      o.dp = mesh.dp_group.get();
+      if (l.ep > 1) o.ep = mesh.ep_group.get();
+      {
+        dsv4gpu::GpuModel m1(cfg, o);
+        z1[size_t(mesh.dp_rank)] = m1.param_memory();
+      }
+      o.zero = 2;
+      dsv4gpu::GpuModel m(cfg, o);
+      got[size_t(mesh.dp_rank)] = m.param_memory();
+      predicted[size_t(mesh.dp_rank)] = dsv4gpu::GpuModel::footprint(cfg, o).grad_bytes();
+    });
+    if (HasFailure()) return;
+    for (int r = 0; r < l.dp; ++r) {
+      const plan::RankParamState want = plan::rank_param_state(cfg, l.dp, l.ep, r, 2);
+      const dsv4gpu::GpuModel::ParamMemory& g = got[size_t(r)];
+      std::printf("dp=%d ep=%d rank %d zero 2: planner grads %.0f B, allocated %lld B (zero 1: %lld B)\n", l.dp, l.ep,
+                  r, want.grad_bytes(), (long long)g.grad_bytes, (long long)z1[size_t(r)].grad_bytes);
+      EXPECT_NEAR(double(g.grad_elems), want.grads, double(pad)) << "dp=" << l.dp << " ep=" << l.ep << " rank " << r;
+      EXPECT_GE(double(g.grad_bytes), 4.0 * double(g.grad_elems));
+      EXPECT_LE(double(g.grad_bytes), 4.0 * (want.grads + double(pad)));
+      EXPECT_EQ(g.grad_bytes, predicted[size_t(r)]) << "GpuModel::footprint";
+      EXPECT_LT(g.grad_bytes, z1[size_t(r)].grad_bytes);
+      EXPECT_EQ(g.weight_bytes, z1[size_t(r)].weight_bytes);
+      EXPECT_EQ(g.master_bytes, z1[size_t(r)].master_bytes);
+    }
+  }
+}
