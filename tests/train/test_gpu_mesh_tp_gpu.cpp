@@ -194,11 +194,12 @@ TEST_P(GpuMeshTp, MatchesOneRankOnTheGlobalBatch) {
       EXPECT_LT(max_abs(w, w_ref), 2e-2) << name;
     }
     // The replicated tensors: the same bits on every TP rank of a DP rank (TP innermost: world ranks r, r + 1).
-    if (!is_split)
+    if (!is_split) {
       for (int r = 0; r < l.world(); r += l.tp)
         for (int t = 1; t < l.tp; ++t)
           EXPECT_EQ(run.ranks[size_t(r + t)].at(name), run.ranks[size_t(r)].at(name))
               << name << ": TP rank " << t << " of world rank " << r << "'s group drifted";
+    }
   }
   EXPECT_EQ(split, 3 * 7) << "wq_b, wo_a, wo_b, attn_sink and the shared w1, w3, w2 of the 3 layers";
   std::printf("%s: final weights vs one rank, worst rel L2: split %.2e, replicated %.2e\n", l.name().c_str(),
@@ -263,9 +264,9 @@ TEST(GpuMeshTpMemory, EachRankAllocatesThePlannersCount) {
   for (const Layout l : {Layout{1, 1, 1, 2}, Layout{1, 2, 1, 2}, Layout{1, 2, 2, 2}}) {
     const int W = l.world();
     auto ranks = comm::make_thread_group(W, 120.0);
-    std::vector<dsv4gpu::GpuModel::ParamMemory> got(size_t(W));
-    std::vector<int64_t> state(size_t(W));
-    std::vector<int> dp_rank(size_t(W));
+    std::vector<dsv4gpu::GpuModel::ParamMemory> got(static_cast<size_t>(W));
+    std::vector<int64_t> state(static_cast<size_t>(W));
+    std::vector<int> dp_rank(static_cast<size_t>(W));
     trex::testing::run_ranks(W, [&](int r) {
       parallel::MeshSpec spec{1, l.dp, l.ep, 1, l.tp};
       parallel::Mesh mesh = parallel::build_mesh(*ranks[size_t(r)], spec, {int(cfg.n_layers), int(cfg.n_routed_experts)});

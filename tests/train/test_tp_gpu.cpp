@@ -49,7 +49,7 @@ std::vector<float> slice_of(const std::vector<float>& v, const Shape& full, int 
   return out;
 }
 
-struct Run {
+struct TpRun {
   double loss = 0, norm = 0;
   Grads grads;
   std::map<std::string, int> axis;
@@ -71,14 +71,14 @@ Batch batch(int64_t V) {
 }
 dsv4::SeqLayout layout() { return dsv4::SeqLayout::packed(64, {{64}, {40, 24}}); }
 
-Run run_one(const dsv4::ModelConfig& cfg, comm::Communicator* tp) {
+TpRun run_one(const dsv4::ModelConfig& cfg, comm::Communicator* tp) {
   dsv4gpu::GpuModelOptions o;
   o.tp = tp;
   o.deterministic = true;
   dsv4gpu::GpuModel m(cfg, o);
   m.init_random(5);
   const Batch b = batch(cfg.vocab_size);
-  Run r;
+  TpRun r;
   m.zero_grads();
   r.loss = m.forward(b.ids.data(), b.labels.data(), layout(), nullptr, dsv4gpu::HeadMode::LossAndGrad);
   m.backward();
@@ -98,9 +98,9 @@ TEST_P(TpGpu, MatchesOneRank) {
   if (trex::testing::n_devices() < 1) GTEST_SKIP() << "needs a GPU";
   const dsv4::ModelConfig cfg = trex::testing::tiny_gpu_config("TP test config", GetParam().n_mtp);
   const int T = 2;
-  const Run ref = run_one(cfg, nullptr);
+  const TpRun ref = run_one(cfg, nullptr);
   auto comms = comm::make_thread_group(T, 120.0);
-  std::vector<Run> out(size_t(T));
+  std::vector<TpRun> out(static_cast<size_t>(T));
   trex::testing::run_ranks(T, [&](int r) { out[size_t(r)] = run_one(cfg, comms[size_t(r)].get()); });
   if (HasFailure()) return;
 
@@ -179,7 +179,7 @@ TEST(TpGpuShards, SlicesRoundTripAndRefuseBadSplits) {
   });
   // 4 heads over 3 ranks.
   auto three = comm::make_thread_group(3, 60.0);
-  std::vector<std::string> errors(3);
+  std::vector<std::string> errors(3u);
   trex::testing::run_ranks(3, [&](int r) {
     dsv4gpu::GpuModelOptions o;
     o.tp = three[size_t(r)].get();
