@@ -66,7 +66,7 @@ nlohmann::json planner_prediction(const TrainBenchArgs& a, const dsv4::ModelConf
   }
   est.set_partition(p.spec.pp, 1, chunks);
   plan::Layout l;
-  l.pp = p.spec.pp, l.dp = p.spec.dp, l.ep = p.spec.ep, l.mbs = p.micro_batch_seqs, l.zero = a.zero;
+  l.pp = p.spec.pp, l.dp = p.spec.dp, l.ep = p.spec.ep, l.tp = p.spec.tp, l.mbs = p.micro_batch_seqs, l.zero = a.zero;
   l.recompute = plan::parse_recompute(a.recompute);
   const plan::Estimate e = est.estimate(l, int64_t(p.world_size));
   nlohmann::json j;
@@ -141,7 +141,7 @@ RankMemory rank_memory(const dsv4::ModelConfig& cfg, const parallel::RankPartiti
 #endif
 
 void bench_train_emulated(const TrainBenchArgs& a) {
-  TREX_CHECK(!a.layout.empty(), "bench train --emulate-rank {}: give the layout (--layout pp=P,dp=D,ep=E)",
+  TREX_CHECK(!a.layout.empty(), "bench train --emulate-rank {}: give the layout (--layout pp=P,dp=D,ep=E,tp=T)",
              a.emulate_rank);
   TREX_CHECK(a.mesh.empty(), "bench train: --emulate-rank runs on one GPU; --mesh ({}) is for launched multi-GPU runs",
              a.mesh);
@@ -237,6 +237,7 @@ void bench_train_emulated(const TrainBenchArgs& a) {
                     {"embed", p.embed},             {"head", p.head},
                     {"dp_rank", p.dp_rank},         {"ep_rank", p.ep_rank},
                     {"edp_rank", p.edp_rank},       {"edp", p.edp_size},
+                    {"tp_rank", p.tp_rank},
                     {"experts", fmt::format("[{}, {})", p.expert_begin, p.expert_end)},
                     {"micro_batches", p.micro_batches}, {"micro_batch_seqs", p.micro_batch_seqs},
                     {"in_flight", p.in_flight}};

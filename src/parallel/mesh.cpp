@@ -10,10 +10,21 @@
 namespace trex::parallel {
 
 std::string check_mesh(const MeshSpec& s, int world_size, const ModelShape& m) {
-  if (s.pp < 1 || s.dp < 1 || s.ep < 1 || s.vpp < 1) return "every parallel degree must be >= 1";
-  if (s.pp * s.dp != world_size)
-    return fmt::format("pp={} x dp={} = {} ranks, but {} processes were launched", s.pp, s.dp, s.pp * s.dp,
-                       world_size);
+  if (s.pp < 1 || s.dp < 1 || s.ep < 1 || s.vpp < 1 || s.tp < 1) return "every parallel degree must be >= 1";
+  if (s.pp * s.dp * s.tp != world_size) {
+    if (s.tp == 1)
+      return fmt::format("pp={} x dp={} = {} ranks, but {} processes were launched", s.pp, s.dp, s.pp * s.dp,
+                         world_size);
+    return fmt::format("pp={} x dp={} x tp={} = {} ranks, but {} processes were launched", s.pp, s.dp, s.tp,
+                       s.pp * s.dp * s.tp, world_size);
+  }
+  if (s.tp > 1 && m.n_heads > 0 && m.n_heads % s.tp != 0)
+    return fmt::format("tp={} does not divide the {} attention query heads", s.tp, m.n_heads);
+  if (s.tp > 1 && m.o_groups > 0 && m.o_groups % s.tp != 0)
+    return fmt::format("tp={} does not divide the attention's {} output-projection groups (o_groups)", s.tp,
+                       m.o_groups);
+  if (s.tp > 1 && m.shared_inter > 0 && m.shared_inter % s.tp != 0)
+    return fmt::format("tp={} does not divide the shared expert's hidden width {}", s.tp, m.shared_inter);
   if (s.dp % s.ep != 0) return fmt::format("ep={} does not divide dp={} (EP is folded into DP)", s.ep, s.dp);
   if (m.n_experts % s.ep != 0)
     return fmt::format("ep={} does not divide the {} routed experts", s.ep, m.n_experts);
@@ -48,7 +59,8 @@ MeshSpec parse_mesh_spec(const std::string& text) {
     else if (key == "dp") s.dp = v;
     else if (key == "ep") s.ep = v;
     else if (key == "vpp") s.vpp = v;
-    else fail("parallel layout '{}': unknown dimension '{}' (expected pp, dp, ep, vpp)", text, key);
+    else if (key == "tp") s.tp = v;
+    else fail("parallel layout '{}': unknown dimension '{}' (expected pp, dp, ep, vpp, tp)", text, key);
   }
   return s;
 }
@@ -60,15 +72,20 @@ Mesh build_mesh(comm::Communicator& world, const MeshSpec& spec, const ModelShap
   m.spec = spec;
   m.world_rank = world.rank();
   m.world_size = world.size();
-  m.pp_rank = m.world_rank / spec.dp;
-  m.dp_rank = m.world_rank % spec.dp;
+  const int T = spec.tp, replica = m.world_rank / T;  // replica: the rank's place in the TP-free pp x dp mesh
+  m.tp_rank = m.world_rank % T;
+  m.pp_rank = replica / spec.dp;
+  m.dp_rank = replica % spec.dp;
   m.ep_rank = m.dp_rank % spec.ep;
   m.edp_rank = m.dp_rank / spec.ep;
-  m.dp_group = world.split(m.pp_rank, m.dp_rank);
-  m.ep_group = world.split(m.pp_rank * spec.dp + m.edp_rank, m.ep_rank);
-  m.edp_group = world.split(m.pp_rank * spec.dp + m.ep_rank, m.edp_rank);
-  m.pp_group = world.split(m.dp_rank, m.pp_rank);
-  TREX_ASSERT(m.ep_group->size() == spec.ep && m.dp_group->size() == spec.dp && m.pp_group->size() == spec.pp);
+  // Colours: the groups of one TP rank are those of the TP-free mesh (tp = 1 gives the same colours as before).
+  m.dp_group = world.split(m.pp_rank * T + m.tp_rank, m.dp_rank);
+  m.ep_group = world.split((m.pp_rank * spec.dp + m.edp_rank) * T + m.tp_rank, m.ep_rank);
+  m.edp_group = world.split((m.pp_rank * spec.dp + m.ep_rank) * T + m.tp_rank, m.edp_rank);
+  m.pp_group = world.split(m.dp_rank * T + m.tp_rank, m.pp_rank);
+  m.tp_group = world.split(replica, m.tp_rank);
+  TREX_ASSERT(m.ep_group->size() == spec.ep && m.dp_group->size() == spec.dp && m.pp_group->size() == spec.pp &&
+              m.tp_group->size() == T);
   return m;
 }
 

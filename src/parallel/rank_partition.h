@@ -16,7 +16,7 @@ namespace trex::parallel {
 struct RankPartition {
   MeshSpec spec;
   int world_rank = 0, world_size = 1;
-  int pp_rank = 0, dp_rank = 0, ep_rank = 0, edp_rank = 0, edp_size = 1;
+  int pp_rank = 0, dp_rank = 0, ep_rank = 0, edp_rank = 0, edp_size = 1, tp_rank = 0;
   int64_t layer_begin = 0, layer_end = 0;  // main layers [begin, end) of the rank's stage
   bool embed = true, head = true;          // the first stage embeds, the last holds the head
   int64_t expert_begin = 0, expert_end = 0;  // routed experts held (all of them without EP)
@@ -29,15 +29,17 @@ struct RankPartition {
 
 // Rank `rank` of the layout for a model and a global batch of `global_batch` sequences cut into micro-batches of
 // `micro_batch_seqs` sequences per DP rank. Errors (trex::Error) name the rule and the numbers: check_mesh's,
-// a rank outside [0, pp x dp), a batch that does not divide, vpp > 1 (the GPU pipeline runs 1F1B only).
+// a rank outside [0, pp x dp x tp), a batch that does not divide, vpp > 1 (the GPU pipeline runs 1F1B only). The
+// TP ranks of a DP rank (TP innermost, mesh.h) share its stage, experts and micro-batches.
 RankPartition rank_partition(const MeshSpec& spec, int rank, const dsv4::ModelConfig& cfg, int64_t global_batch,
                              int64_t micro_batch_seqs = 1);
 
 // The rank's groups as emulated communicators (null where the degree is 1): dp (its split gives the expert-data-
-// parallel group, as GpuModel asks for it), ep, and the pipeline's two direction groups (act, grad). `payload`
-// applies to the collectives (comm/emulated_group.h: CountOnly times the rank's own compute).
+// parallel group, as GpuModel asks for it), ep, tp (the attention's and shared expert's all-reduces) and the
+// pipeline's two direction groups (act, grad). `payload` applies to the collectives (comm/emulated_group.h:
+// CountOnly times the rank's own compute).
 struct EmulatedMesh {
-  std::unique_ptr<comm::EmulatedGroup> dp, ep, act, grad;
+  std::unique_ptr<comm::EmulatedGroup> dp, ep, tp, act, grad;
 };
 EmulatedMesh make_emulated_mesh(const RankPartition& p,
                                 comm::EmulatedGroup::Payload payload = comm::EmulatedGroup::Payload::Copy);

@@ -5,8 +5,10 @@
 
 namespace trex::plan {
 
-RankParamState rank_param_state(const dsv4::ModelConfig& cfg, int64_t dp, int64_t ep, int64_t dp_rank, int zero) {
+RankParamState rank_param_state(const dsv4::ModelConfig& cfg, int64_t dp, int64_t ep, int64_t dp_rank, int zero,
+                                int64_t tp) {
   TREX_CHECK(zero == 1 || zero == 2, "rank state: zero {} (the GPU trainer runs 1 and 2)", zero);
+  TREX_CHECK(tp >= 1, "rank state: tp={} must be >= 1", tp);
   const int64_t E = cfg.n_routed_experts;
   TREX_CHECK(dp >= 1 && ep >= 1 && dp % ep == 0, "rank state: ep={} must divide dp={}", ep, dp);
   TREX_CHECK(E % ep == 0, "rank state: ep={} does not divide the {} routed experts", ep, E);
@@ -15,7 +17,7 @@ RankParamState rank_param_state(const dsv4::ModelConfig& cfg, int64_t dp, int64_
   RankParamState r;
   for (const dsv4::ParamSpec& s : dsv4::param_table(cfg)) {
     if (!s.trained()) continue;  // router biases and hash tables: buffers, no gradient or optimiser state
-    const int64_t n = numel(s.shape);
+    const int64_t n = numel(dsv4::tp_local_shape(s.shape, dsv4::tp_split_axis(s.name), int(tp)));
     if (s.expert >= 0) {
       if (s.expert / per != ep_rank) continue;
       r.experts += n;

@@ -109,7 +109,7 @@ TrainConfig parse_train_config(const json& j, const std::string& where) {
   }
   if (j.contains("parallel")) {
     const json& p = j["parallel"];
-    only_keys(p, {"pp", "dp", "ep", "vpp", "schedule", "micro_batches", "comm", "timeout_s", "zero",
+    only_keys(p, {"pp", "dp", "ep", "vpp", "tp", "schedule", "micro_batches", "comm", "timeout_s", "zero",
                   "grad_reduce_dtype"},
               where, "parallel");
     ParallelConfig& pc = c.parallel;
@@ -118,6 +118,7 @@ TrainConfig parse_train_config(const json& j, const std::string& where) {
     get(p, "dp", pc.mesh.dp, where, "parallel");
     get(p, "ep", pc.mesh.ep, where, "parallel");
     get(p, "vpp", pc.mesh.vpp, where, "parallel");
+    get(p, "tp", pc.mesh.tp, where, "parallel");
     std::string kind = pc.mesh.vpp > 1 ? "interleaved" : "1f1b";
     get(p, "schedule", kind, where, "parallel");
     try {
@@ -128,8 +129,8 @@ TrainConfig parse_train_config(const json& j, const std::string& where) {
     get(p, "micro_batches", pc.micro_batches, where, "parallel");
     get(p, "comm", pc.comm, where, "parallel");
     get(p, "timeout_s", pc.timeout_s, where, "parallel");
-    TREX_CHECK(pc.mesh.pp >= 1 && pc.mesh.dp >= 1 && pc.mesh.ep >= 1 && pc.mesh.vpp >= 1,
-               "{}: parallel.pp, dp, ep and vpp must be >= 1", where);
+    TREX_CHECK(pc.mesh.pp >= 1 && pc.mesh.dp >= 1 && pc.mesh.ep >= 1 && pc.mesh.vpp >= 1 && pc.mesh.tp >= 1,
+               "{}: parallel.pp, dp, ep, vpp and tp must be >= 1", where);
     TREX_CHECK(pc.micro_batches >= 0, "{}: parallel.micro_batches must be >= 1 (or left out)", where);
     TREX_CHECK(pc.comm == "auto" || pc.comm == "mpi" || pc.comm == "local",
                "{}: parallel.comm '{}' (expected auto, mpi or local)", where, pc.comm);

@@ -148,6 +148,10 @@ TrainResult run_distributed_training(const TrainConfig& cfg_in, const fs::path& 
              "{}: parallel.zero {} / grad_reduce_dtype {} run on device cuda only (the CPU trainer runs zero 1 with "
              "fp32 reduction)",
              config.string(), cfg.parallel.zero, cfg.parallel.grad_reduce_dtype);
+  // The CPU model has no tensor-parallel split (the GPU model's is model/cuda, GpuModelOptions::tp).
+  TREX_CHECK(cfg.parallel.mesh.tp == 1,
+             "{}: tensor parallelism (parallel.tp={}) runs on device cuda only; the CPU trainer needs tp: 1",
+             config.string(), cfg.parallel.mesh.tp);
   parallel::Mesh mesh = parallel::build_mesh(*world, cfg.parallel.mesh, shape);
   const parallel::ScheduleSpec spec{mesh.spec.pp, mesh.spec.vpp, cfg.grad_accum / mesh.spec.dp, cfg.parallel.schedule};
 

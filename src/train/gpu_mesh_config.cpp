@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <optional>
 #include <vector>
 
 #include "model/dsv4/config.h"
@@ -20,6 +21,17 @@ bool trains_mtp(const TrainConfig& cfg) {
   }
   return false;
 }
+
+// The model config of the run (inline, or the config.json it names); nullopt when it cannot be read here (the
+// model's own error comes later).
+std::optional<dsv4::ModelConfig> model_of(const TrainConfig& cfg) {
+  try {
+    if (cfg.model.contains("dsv4")) return dsv4::parse_model_config(cfg.model["dsv4"], "model.dsv4");
+    if (cfg.model.contains("config")) return dsv4::load_model_config(cfg.model["config"].get<std::string>());
+  } catch (const std::exception&) {
+  }
+  return std::nullopt;
+}
 }  // namespace
 
 std::string gpu_layout_gaps(const GpuLayoutAsk& a) {
@@ -27,7 +39,9 @@ std::string gpu_layout_gaps(const GpuLayoutAsk& a) {
   auto need = [&](bool missing, const char* what) {
     if (missing) gaps.emplace_back(what);
   };
-  need(a.tp > 1, "tensor parallelism");
+  // Tensor parallelism runs (GpuModelOptions::tp: attention heads and the shared expert split, the rest
+  // replicated); Muon would orthogonalise each TP rank's slice of a split matrix instead of the matrix.
+  need(a.tp > 1 && a.muon, "Muon under tensor parallelism (a TP-split matrix is not orthogonalised whole)");
   need(a.etp > 1, "expert tensor parallelism");
   need(a.cp > 1, "context parallelism");
   need(a.vpp > 1, "interleaved stages");
@@ -48,6 +62,23 @@ std::string check_gpu_mesh_config(const TrainConfig& cfg, int world_size) {
   const parallel::MeshSpec m = cfg.parallel.present ? cfg.parallel.mesh : parallel::MeshSpec{1, world_size, 1, 1};
   if (cfg.model_type != "dsv4")
     return fmt::format("device cuda trains model type dsv4 only (not {})", cfg.model_type);
+  if (m.tp > 1) {
+    if (cfg.optimizer.kind == "muon")
+      return fmt::format("Muon (optimizer.kind muon) under tensor parallelism (parallel.tp={}) is not implemented on "
+                         "the GPU (each TP rank holds a slice of the split attention / shared-expert matrices, and "
+                         "Newton-Schulz needs the whole matrix); use optimizer.kind: adamw or tp: 1",
+                         m.tp);
+    if (const auto mc = model_of(cfg)) {
+      const int64_t fs = mc->moe_inter * mc->n_shared_experts;
+      if (mc->n_heads % m.tp != 0)
+        return fmt::format("parallel.tp={} does not divide the model's {} attention query heads", m.tp, mc->n_heads);
+      if (mc->o_groups % m.tp != 0)
+        return fmt::format("parallel.tp={} does not divide the attention's {} output-projection groups (o_groups)",
+                           m.tp, mc->o_groups);
+      if (fs % m.tp != 0)
+        return fmt::format("parallel.tp={} does not divide the shared expert's hidden width {}", m.tp, fs);
+    }
+  }
   if (m.vpp > 1)
     return fmt::format("interleaved stages (parallel.vpp={}) are not implemented on the GPU: its pipeline "
                        "(train/cuda/gpu_pipeline.h) runs 1F1B over one layer range per rank; set vpp: 1",

@@ -234,7 +234,7 @@ fs::path save_sharded_tensors(const fs::path& root, const TrainState& st, const 
   agree(world, "rank files", st.step, [&] {
     const std::string pfile = fmt::format("rank-{}.safetensors", R), ofile = fmt::format("rank-{}.optim.safetensors", R);
     json index = {{"rank", R}, {"pp_rank", mesh.pp_rank}, {"dp_rank", mesh.dp_rank}, {"ep_rank", mesh.ep_rank},
-                  {"params", json::object()}, {"optim", json::object()}};
+                  {"tp_rank", mesh.tp_rank}, {"params", json::object()}, {"optim", json::object()}};
     std::vector<ckpt::TensorToWrite> pt;
     for (const auto& p : params) {
       const size_t bytes = size_t(numel(p.shape)) * sizeof(float);
@@ -277,7 +277,7 @@ fs::path save_sharded_tensors(const fs::path& root, const TrainState& st, const 
     json m = {{"format", kFormat},
               {"step", st.step},
               {"layout", {{"pp", mesh.spec.pp}, {"dp", mesh.spec.dp}, {"ep", mesh.spec.ep}, {"vpp", mesh.spec.vpp},
-                          {"world", W}}},
+                          {"tp", mesh.spec.tp}, {"world", W}}},
               {"state", st.to_json()},
               {"optimizer_steps", optimizer_steps},
               {"files", files},

@@ -1,6 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <thread>
+#include <vector>
+
 #include "comm/communicator.h"
+#include "comm/thread_group.h"
 #include "core/error.h"
 #include "parallel/expert_dispatch.h"
 #include "parallel/mesh.h"
@@ -13,12 +17,64 @@ TEST(Mesh, ParseAndCheck) {
   EXPECT_EQ(s.dp, 4);
   EXPECT_EQ(s.ep, 2);
   EXPECT_EQ(parse_mesh_spec("pp=1,dp=8,ep=8,vpp=1").ep, 8);
-  EXPECT_THROW(parse_mesh_spec("tp=2"), trex::Error);
+  EXPECT_EQ(parse_mesh_spec("tp=2").tp, 2);
+  EXPECT_EQ(parse_mesh_spec("PP2 DP4 EP2 TP2").tp, 2);
+  EXPECT_THROW(parse_mesh_spec("cp=2"), trex::Error);
   EXPECT_EQ(check_mesh(s, 8, {44, 64}), "");
   EXPECT_NE(check_mesh(s, 6, {44, 64}).find("processes were launched"), std::string::npos);
   EXPECT_NE(check_mesh({1, 4, 3, 1}, 4, {4, 12}).find("does not divide dp=4"), std::string::npos);
   EXPECT_NE(check_mesh({1, 4, 4, 1}, 4, {4, 6}).find("does not divide the 6 routed experts"), std::string::npos);
   EXPECT_NE(check_mesh({4, 1, 1, 2}, 4, {6, 4}).find("for only 6 layers"), std::string::npos);
+  // Tensor parallelism: world = pp x dp x tp, and tp divides what it splits.
+  const MeshSpec t = parse_mesh_spec("pp=2,dp=2,ep=2,tp=2");
+  EXPECT_EQ(check_mesh(t, 8, {4, 8, 64, 8, 2048}), "");
+  EXPECT_NE(check_mesh(t, 4, {4, 8}).find("pp=2 x dp=2 x tp=2 = 8 ranks, but 4"), std::string::npos);
+  EXPECT_NE(check_mesh({1, 1, 1, 1, 3}, 3, {4, 8, 64, 8, 2048}).find("tp=3 does not divide the 64 attention query heads"),
+            std::string::npos);
+  EXPECT_NE(check_mesh({1, 1, 1, 1, 4}, 4, {4, 8, 64, 2, 2048}).find("tp=4 does not divide the attention's 2 output"),
+            std::string::npos);
+  EXPECT_NE(check_mesh({1, 1, 1, 1, 2}, 2, {4, 8, 64, 8, 3}).find("shared expert's hidden width 3"), std::string::npos);
+  EXPECT_EQ(check_mesh({1, 1, 1, 1, 0}, 0, {4, 8}), "every parallel degree must be >= 1");
+}
+
+// The groups of pp=2 x dp=2 (ep=2) x tp=2 on 8 thread ranks: TP innermost (consecutive world ranks), and the DP /
+// EP / PP groups formed among the ranks of one TP rank, as Megatron orders them.
+TEST(Mesh, TensorParallelGroupsAreInnermost) {
+  const MeshSpec spec = parse_mesh_spec("pp=2,dp=2,ep=2,tp=2");
+  auto ranks = trex::comm::make_thread_group(8, 60.0);
+  struct Seen {
+    int pp, dp, tp, ep;
+    std::vector<float> tp_sum, dp_sum, pp_sum;
+  };
+  std::vector<Seen> seen(8);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 8; ++r)
+    ts.emplace_back([&, r] {
+      Mesh m = build_mesh(*ranks[size_t(r)], spec, {4, 8});
+      Seen& s = seen[size_t(r)];
+      s.pp = m.pp_rank, s.dp = m.dp_rank, s.tp = m.tp_rank, s.ep = m.ep_rank;
+      // Each group's sum of world ranks tells who is in it.
+      for (auto [g, out] : {std::pair{m.tp_group.get(), &s.tp_sum}, std::pair{m.dp_group.get(), &s.dp_sum},
+                            std::pair{m.pp_group.get(), &s.pp_sum}}) {
+        std::vector<float> v{float(r)};
+        g->all_reduce(v.data(), 1, trex::comm::ElemType::F32, trex::comm::ReduceOp::Sum)->wait();
+        *out = v;
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < 8; ++r) {
+    const Seen& s = seen[size_t(r)];
+    EXPECT_EQ(s.tp, r % 2) << r;
+    EXPECT_EQ(s.dp, (r / 2) % 2) << r;
+    EXPECT_EQ(s.pp, r / 4) << r;
+    EXPECT_EQ(s.ep, s.dp % 2) << r;
+    const int base = r - s.tp;  // the TP group: r and its neighbour
+    EXPECT_EQ(s.tp_sum[0], float(base + base + 1)) << r;
+    const int dp0 = s.pp * 4 + s.tp;  // the DP group: same stage and TP rank, DP ranks 0 and 1
+    EXPECT_EQ(s.dp_sum[0], float(dp0 + dp0 + 2)) << r;
+    const int pp0 = s.dp * 2 + s.tp;  // the PP group: same DP and TP rank, stages 0 and 1
+    EXPECT_EQ(s.pp_sum[0], float(pp0 + pp0 + 4)) << r;
+  }
 }
 
 TEST(ExpertDispatch, SingleRankRoundTripGroupsByExpert) {

@@ -83,6 +83,35 @@ TEST(RankPartition, CoordinatesLayersExpertsAndSlots) {
   EXPECT_FALSE(one.dp || one.ep || one.act || one.grad);
 }
 
+// Tensor parallelism: TP innermost (mesh.h), so world rank 13 of pp=2 x dp=4 (ep=2) x tp=2 is TP rank 1 of DP rank 2
+// of stage 1, with that DP rank's experts and micro-batches; its emulated TP group has the TP degree.
+TEST(RankPartition, TensorParallelRanksAreInnermost) {
+  const dsv4::ModelConfig cfg = trex::testing::tiny_gpu_config("rank partition test");  // 4 heads, 2 groups
+  const parallel::MeshSpec s = parse_mesh_spec("pp=2,dp=4,ep=2,tp=2");
+  const parallel::RankPartition p = rank_partition(s, 13, cfg, 16);
+  EXPECT_EQ(p.world_size, 16);
+  EXPECT_EQ(p.tp_rank, 1);
+  EXPECT_EQ(p.pp_rank, 1);
+  EXPECT_EQ(p.dp_rank, 2);
+  EXPECT_EQ(p.ep_rank, 0);
+  EXPECT_EQ(p.micro_batches, 4);
+  const parallel::RankPartition q = rank_partition(s, 12, cfg, 16);  // its TP peer: the same share
+  EXPECT_EQ(q.tp_rank, 0);
+  EXPECT_EQ(q.dp_rank, p.dp_rank);
+  EXPECT_EQ(q.expert_begin, p.expert_begin);
+  EXPECT_EQ(q.layer_begin, p.layer_begin);
+  const parallel::EmulatedMesh m = parallel::make_emulated_mesh(p);
+  ASSERT_TRUE(m.tp);
+  EXPECT_EQ(m.tp->rank(), 1);
+  EXPECT_EQ(m.tp->size(), 2);
+  EXPECT_NE(p.describe().find("tp=2"), std::string::npos) << p.describe();
+  EXPECT_NE(error_of([&] { rank_partition(parse_mesh_spec("tp=3"), 0, cfg, 8); }).find("4 attention query heads"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { rank_partition(parse_mesh_spec("tp=4"), 0, cfg, 8); }).find("2 output-projection"),
+            std::string::npos);
+  EXPECT_FALSE(parallel::make_emulated_mesh(rank_partition(parse_mesh_spec("dp=2"), 0, cfg, 2)).tp);
+}
+
 TEST(RankPartition, RefusalsNameTheRule) {
   const dsv4::ModelConfig cfg = trex::testing::tiny_gpu_config("rank partition test");
   EXPECT_NE(error_of([&] { rank_partition(parse_mesh_spec("pp=2,dp=4,ep=3"), 0, cfg, 8); })
@@ -100,7 +129,7 @@ TEST(RankPartition, RefusalsNameTheRule) {
   EXPECT_NE(error_of([&] { rank_partition(parse_mesh_spec("pp=2,vpp=2"), 0, tiny_with(8, 4), 8); })
                 .find("1F1B only"),
             std::string::npos);
-  EXPECT_THROW(parse_mesh_spec("pp=2,tp=2"), trex::Error);
+  EXPECT_THROW(parse_mesh_spec("pp=2,cp=2"), trex::Error);  // context parallelism: not a mesh dimension
 }
 
 // V4-Flash (43 layers, 256 experts) on 128 ranks as pp=4 x dp=32 x ep=32: 11 + 11 + 11 + 10 layers (split_layers:

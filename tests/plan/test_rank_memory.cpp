@@ -83,6 +83,31 @@ TEST(PlanRankMemory, MatchesThePartitionRulesAndTheLayoutInvariants) {
   EXPECT_THROW(rank_param_state(tiny, 3, 3, 0), Error);  // 3 does not divide the 8 experts
 }
 
+// Tensor parallelism: each split tensor (dsv4::tp_split_axis) counts 1 / tp of its elements on every TP rank, the
+// rest whole; so over the tp ranks the split ones sum to the model's and the others are held tp times.
+TEST(PlanRankMemory, TensorParallelRanksHoldTheirSliceOfTheSplitTensors) {
+  const dsv4::ModelConfig tiny = trex::testing::tiny_gpu_config("rank memory tp test");
+  int64_t split = 0, split_f32 = 0;
+  for (const dsv4::ParamSpec& s : dsv4::param_table(tiny))
+    if (s.trained() && dsv4::tp_split_axis(s.name) >= 0) {
+      split += numel(s.shape);
+      if (s.dtype == DType::F32) split_f32 += numel(s.shape);
+    }
+  ASSERT_GT(split, 0);
+  for (int64_t tp : {2, 4}) {
+    if (tiny.o_groups % tp != 0) continue;
+    const RankParamState one = rank_param_state(tiny, 2, 2, 1), t = rank_param_state(tiny, 2, 2, 1, 1, tp);
+    EXPECT_EQ(t.experts, one.experts) << "expert TP = 1: the routed experts are not split";
+    EXPECT_EQ(t.dense, one.dense - split + split / tp) << tp;
+    // The split bf16-read tensors' masters are ZeRO-1 sharded over dp = 2 as the rest; the sinks (fp32) are not.
+    EXPECT_NEAR(t.owned, one.owned - double(split - split_f32) * (1.0 - 1.0 / double(tp)) / 2.0 -
+                             double(split_f32) * (1.0 - 1.0 / double(tp)),
+                1e-6)
+        << tp;
+  }
+  EXPECT_THROW(rank_param_state(tiny, 1, 1, 0, 1, 3), Error);  // 3 does not split the 4 heads' wq_b rows
+}
+
 TEST(PlanRankMemory, AgreesWithTheEstimatorsWeightsPerRank) {
   Workload w;
   w.seq = 4096, w.gbs = 64, w.mode = "cpt", w.mtp = false, w.frozen_router = false;

@@ -92,9 +92,10 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
     int world;
     GpuLayoutAsk ask;
   };
-  auto ask = [](int64_t pp, int64_t vpp, int64_t ep, int64_t dp, bool muon, bool freeze, bool mtp = false) {
+  auto ask = [](int64_t pp, int64_t vpp, int64_t ep, int64_t dp, bool muon, bool freeze, bool mtp = false,
+                int64_t tp = 1) {
     GpuLayoutAsk a;
-    a.pp = pp, a.vpp = vpp, a.ep = ep, a.dp = dp, a.muon = muon, a.freeze = freeze, a.mtp = mtp;
+    a.pp = pp, a.vpp = vpp, a.ep = ep, a.dp = dp, a.muon = muon, a.freeze = freeze, a.mtp = mtp, a.tp = tp;
     return a;
   };
   const char* mtp = "{type: dsv4, balance_alpha: 0, dsv4: {num_nextn_predict_layers: 1}}";
@@ -133,6 +134,14 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
       {"parallel: {dp: 2}\n", "", balance, 2, with_balance(ask(1, 1, 1, 2, false, false))},
       {"parallel: {dp: 4, ep: 2}\n", "", balance, 4, with_balance(ask(1, 1, 2, 4, false, false))},
       {"parallel: {pp: 2, dp: 2}\n", "", balance, 4, with_balance(ask(2, 1, 1, 2, false, false))},
+      // Tensor parallelism, alone and with dp / ep / pp, MTP, freeze, recomputation; not with Muon.
+      {"parallel: {dp: 1, tp: 2}\n", "", "", 2, ask(1, 1, 1, 1, false, false, false, 2)},
+      {"parallel: {dp: 2, tp: 4}\n", "", "", 8, ask(1, 1, 1, 2, false, false, false, 4)},
+      {"parallel: {dp: 4, ep: 2, tp: 2}\n", "", "", 8, ask(1, 1, 2, 4, false, false, false, 2)},
+      {"parallel: {pp: 2, dp: 2, tp: 2}\n", "", "", 8, ask(2, 1, 1, 2, false, false, false, 2)},
+      {"freeze: [router]\nparallel: {dp: 2, tp: 2}\n", "", mtp, 4, ask(1, 1, 1, 2, false, true, true, 2)},
+      {"recompute: full\nparallel: {dp: 2, tp: 2}\n", "", "", 4, recompute(ask(1, 1, 1, 2, false, false, false, 2))},
+      {"parallel: {dp: 2, tp: 2}\n", "{kind: muon}", "", 4, ask(1, 1, 1, 2, true, false, false, 2)},
   };
   for (const Case& c : cases) {
     const TrainConfig cfg = config(c.parallel, c.optimizer[0] ? c.optimizer : "{kind: adamw}",
@@ -144,7 +153,31 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
   }
   GpuLayoutAsk tp;
   tp.tp = 8, tp.recompute = true;
-  EXPECT_EQ(gpu_layout_gaps(tp), "tensor parallelism");  // recomputation runs on the GPU
+  EXPECT_EQ(gpu_layout_gaps(tp), "");  // tensor parallelism and recomputation run on the GPU
+  tp.muon = true;
+  EXPECT_EQ(gpu_layout_gaps(tp), "Muon under tensor parallelism (a TP-split matrix is not orthogonalised whole)");
+}
+
+// Tensor parallelism is refused on the config when it cannot split the model, with the numbers, and with Muon.
+TEST(GpuMeshConfig, RefusesTensorParallelSplitsThatDoNotDivide) {
+  const std::string model = "{type: dsv4, balance_alpha: 0, dsv4: {vocab_size: 256, hidden_size: 64, "
+                            "num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 1, head_dim: 256, "
+                            "qk_rope_head_dim: 64, q_lora_rank: 32, o_groups: 2, o_lora_rank: 16, "
+                            "n_routed_experts: 8, num_experts_per_tok: 2, n_shared_experts: 1, "
+                            "moe_intermediate_size: 32, index_n_heads: 4, index_head_dim: 64, index_topk: 4, "
+                            "sliding_window: 16, compress_ratios: [0, 4], num_hash_layers: 0, hc_mult: 4}}";
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 1, tp: 2}\n", "{kind: adamw}", model), 2), "");
+  expect_refused(config("parallel: {dp: 1, tp: 4}\n", "{kind: adamw}", model), 4,
+                 {"parallel.tp=4", "2 output-projection groups"});
+  expect_refused(config("parallel: {dp: 1, tp: 3}\n", "{kind: adamw}", model), 3,
+                 {"parallel.tp=3", "4 attention query heads"});
+  expect_refused(config("parallel: {dp: 2, tp: 2}\n", "{kind: muon}", model), 4,
+                 {"Muon", "parallel.tp=2", "adamw"});
+  // The CPU trainer's config check still takes tp (the GPU model runs it); the world is pp x dp x tp.
+  const TrainConfig c = config("parallel: {dp: 2, tp: 2}\n");
+  EXPECT_EQ(c.parallel.mesh.tp, 2);
+  EXPECT_EQ(check_parallel_config(c, 4, {2, 8}), "");
+  EXPECT_NE(check_parallel_config(c, 2, {2, 8}).find("dp=2 x tp=2 = 4 ranks"), std::string::npos);
 }
 
 // Dense partitioning (issue 17): parallel.zero 1 (default) and 2 run on the GPU with fp32 or bf16 reduction;

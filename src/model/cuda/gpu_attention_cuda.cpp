@@ -12,6 +12,7 @@
 #include "kernels/cuda/indexer.h"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/tensor_ops.h"
+#include "comm/nccl_communicator.h"
 #include "model/cuda/gpu_internal.h"
 
 namespace trex::dsv4gpu {
@@ -75,6 +76,13 @@ cuda::SparseKeySets key_sets(const Ctx& c, const GpuBlock& b) {
     k.k_sel = b.dims.index_topk;
   }
   return k;
+}
+
+// Tensor parallel: sums x (fp32, n) over the TP group in place (the compute stream waits for it). Every rank gets
+// the same bits (one reduction, delivered to all), so what is computed from x downstream stays identical.
+void tp_sum(const Ctx& c, float* x, int64_t n) {
+  comm::WorkPtr w = c.tp->all_reduce(x, size_t(n), comm::ElemType::F32, comm::ReduceOp::Sum);
+  comm::stream_wait(*w, nullptr);
 }
 
 }  // namespace
@@ -175,7 +183,15 @@ void attention_fwd(const Ctx& c, GpuBlock& b, const int64_t* injected_sel, bool 
   parts.next("out.permute");
   cuda::permute_groups(s.r, rg, N, G, D.o_rank, false);
   parts.next("out.gemm");
-  c.lin.fwd(b.y_a, s.r, w.wo_b, N, gd, d);
+  if (c.tp) {  // row-parallel wo_b: this rank's groups' partial output, summed over TP in fp32, rounded once
+    float* y = tmp.take<float>(N * d);
+    c.lin.fwd(y, s.r, w.wo_b, N, gd, d, true);
+    parts.next("out.tp_all_reduce");
+    tp_sum(c, y, N * d);
+    cuda::cast_f32_to_bf16(b.y_a, y, N * d);
+  } else {
+    c.lin.fwd(b.y_a, s.r, w.wo_b, N, gd, d);
+  }
   parts.done();
 }
 
@@ -258,6 +274,15 @@ void attention_bwd(const Ctx& c, GpuBlock& b, const bf16* dout, float* da) {
                                        w.g_sink, scratch);
   }
 
+  // Tensor parallel: this rank's heads gave their part of the shared K=V's and the compressed entries' gradients;
+  // the sums over TP make them (and everything computed from them: the replicated kv / compressor weights'
+  // gradients, the input gradient) identical on every TP rank.
+  if (c.tp) {
+    parts.next("core.tp_all_reduce");
+    tp_sum(c, dkv, N * hd);
+    if (E) tp_sum(c, dcmp, E * hd);
+  }
+
   // Query path: RoPE^T, per-head norm, wq_b, q_norm, wq_a.
   bf16* dq_pre = dO;
   parts.next("q.headnorm+rope");
@@ -265,7 +290,15 @@ void attention_bwd(const Ctx& c, GpuBlock& b, const bf16* dout, float* da) {
   parts.next("q.gemm");
   c.lin.dw(w.g_wq_b, dq_pre, s.cq, N, dc, H * hd);
   bf16* dcq = tmp.take<bf16>(N * dc);
-  c.lin.dx(dcq, dq_pre, w.wq_b, N, dc, H * hd);
+  if (c.tp) {  // column-parallel wq_b: the compressed query's gradient is summed over TP in fp32, rounded once
+    float* dcq32 = tmp.take<float>(N * dc);
+    c.lin.dx(dcq32, dq_pre, w.wq_b, N, dc, H * hd, true);
+    parts.next("q.tp_all_reduce");
+    tp_sum(c, dcq32, N * dc);
+    cuda::cast_f32_to_bf16(dcq, dcq32, N * dc);
+  } else {
+    c.lin.dx(dcq, dq_pre, w.wq_b, N, dc, H * hd);
+  }
   bf16* dqa = tmp.take<bf16>(N * dc);
   parts.next("q.norm");
   rmsnorm_bwd_full(c, dqa, w.g_q_norm, dcq, s.qa, w.q_norm, s.qa_rstd, N, dc);

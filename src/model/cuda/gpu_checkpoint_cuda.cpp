@@ -31,8 +31,9 @@ GpuModel::LoadStats GpuModel::load_checkpoint(const dsv4::CheckpointReader& ckpt
     TREX_CHECK(ckpt.has(p.name), "GPU model load: the checkpoint has no tensor '{}'", p.name);
     const HostTensor t = ckpt.load(p.name);
     // The fp32 master pieces this rank holds and the bf16 compute copy (set_shard places them).
-    set_shard(p.name, host_f32(t, p.name, p.shape), p.numel);
-    largest = std::max(largest, p.numel);
+    // Under tensor parallelism the checkpoint's tensor is the official one; set_shard keeps this TP rank's slice.
+    set_shard(p.name, host_f32(t, p.name, p.full), numel(p.full));
+    largest = std::max(largest, numel(p.full));
     ++st.tensors;
     st.bytes += p.numel * int64_t(sizeof(float));
   }

@@ -169,6 +169,23 @@ struct GpuModel::Impl {
   int bucket_of(int64_t arena_offset) const;  // -1 outside region A
   void open_bucket(int b);                     // ZeRO-2: b's buffer ready (zeroed) and its blocks rebound to it
   void bind_block_grads(GpuBlock& b);          // a block's gradient pointers from g32 (bind_block, open_bucket)
+  // Tensor parallel (GpuModelOptions::tp): this rank's slice of the TP-split tensors (GpuParam::tp_axis) is
+  // declared in place of the whole tensor, under the official name; tp_rank picks the slice.
+  comm::Communicator* tp = nullptr;
+  int tp_size = 1, tp_rank = 0;
+  // The TP-split parameters' squared gradient norm (this rank's own pieces) apart from the rest, so the norm sums
+  // the split ones over the TP group and counts the replicated ones once (gpu_shard_state_cuda.cpp).
+  // Over the arena ranges [a, e): the squared gradient elements of TP-split tensors into *split, the others into
+  // *rest (both added to).
+  void tp_sum_squares(const std::vector<std::pair<int64_t, int64_t>>& ranges, double* split, double* rest) const;
+  // The global gradient norm under tensor parallelism (grad_norm / dp_grad_norm with tp_size > 1): this rank's own
+  // reduced gradients (its DP slices, or all of them on one DP rank), the TP-split tensors' squares summed over
+  // the TP group, the replicated ones (identical on the TP ranks) counted once. The same bits on every TP rank.
+  double tp_grad_norm();
+  // This TP rank's slice of p's official tensor `full` (p.full elements) into `local` (p.numel elements), and
+  // back (`full` must be zeroed elsewhere: the TP ranks' slices sum to the tensor). `kind` as cudaMemcpy2D's.
+  void tp_slice(const GpuParam& p, const float* full, float* local, cudaMemcpyKind kind) const;
+  void tp_place(const GpuParam& p, const float* local, float* full, cudaMemcpyKind kind) const;
   comm::Communicator* dp = nullptr;  // null or size 1: one GPU
   int dp_size = 1, dp_rank = 0;
   int64_t region_a = 0, shard_a = 0;  // shard_a = x_shard + (region_a - region_x) / dp_size

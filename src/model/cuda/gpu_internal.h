@@ -96,6 +96,10 @@ struct GpuParam {
   Shape shape;
   int64_t offset = 0, numel = 0;
   int64_t ordinal = 0;  // position in the full model's declaration order (the random init stream; stages skip some)
+  // Tensor parallelism (GpuModelOptions::tp): the axis the TP ranks split (dsv4::tp_split_axis; -1 = held whole)
+  // and the official shape; `shape` is then this TP rank's slice.
+  int tp_axis = -1;
+  Shape full;
 };
 
 // Device view of one batch layout (positions, windows, compress plans per ratio).
@@ -213,6 +217,10 @@ struct Ctx {
   const RopeDev* rope_compress;
   std::function<void(const char*, bool)> section;  // (name, begin) CUDA-event sections; may be empty
   comm::Communicator* ep = nullptr;  // expert-parallel group (GpuModelOptions::ep); null: all experts local
+  // Tensor-parallel group (GpuModelOptions::tp) and its size; null / 1: no TP. The blocks' dims (AttentionDims
+  // n_heads, o_groups) are already this rank's share; tp_size divides the shared expert's width here.
+  comm::Communicator* tp = nullptr;
+  int64_t tp_size = 1;
   bool grouped_experts = false;      // GpuModelOptions::moe_grouped_gemm
   bool deterministic = false;        // GpuModelOptions::deterministic
   // GpuModelOptions::balanced_routing: the device table [N * topk] of forced expert ids (null: the router's own).

@@ -48,6 +48,16 @@ struct GpuModelOptions {
   // with their gradients and optimiser state; by-name access to another rank's expert is an error naming its
   // owner. EP folds into DP: with a dp group too, P divides its size. Null: all experts local.
   comm::Communicator* ep = nullptr;
+  // Tensor-parallel group (the mesh's tp_group; a device-memory communicator), Megatron-style inside the stage: the
+  // attention's query heads and output groups (wq_b / wo_a / attn_sink by head group, wo_b by its input columns)
+  // and the shared expert's hidden width (w1 | w3 rows, w2 columns) are split over its T ranks
+  // (dsv4::tp_split_axis); the forward all-reduces the attention's and the shared expert's partial outputs, the
+  // backward the partial input gradients of what is replicated (the attention's compressed query, its shared K=V
+  // and compressed entries; the shared expert's input). Everything else (wq_a, q_norm, K=V, compressor, indexer,
+  // router, routed experts: expert TP = 1, mHC, norms, embedding, head) is replicated and computed redundantly on
+  // identical inputs and gradients, so its gradients come out bit-identical on the TP ranks without any gradient
+  // all-reduce. dp / ep are then the groups of this TP rank. Null or size 1: no TP. Not owned.
+  comm::Communicator* tp = nullptr;
   // Routed experts as one grouped GEMM over all (local) experts, sized from device memory (no host read of the
   // per-expert counts; on sm_90 wgmma + TMA at cuBLASLt's rate or better). Off: one cuBLASLt GEMM per expert after
   // one host read of the counts per layer (the comparison path: `trex bench train --moe-gemm per-expert`).
@@ -235,11 +245,19 @@ class GpuModel {
   // arena's and nothing is collective.
   int64_t shard_elems() const;
   int dp_size() const;
+  int tp_size() const;
+  // A parameter's TP split (dsv4::tp_split_axis; -1: replicated, or no TP) and its official, unsplit shape
+  // (value() / grad() / set_grad() / set_value() work on this rank's slice).
+  int tp_axis(const std::string& name) const;
+  Shape full_shape(const std::string& name) const;
   // The whole fp32 tensor on every rank (collective over the DP group: every rank calls it for the same names in
-  // the same order). Region R tensors and the local experts (held whole by their owner) are read locally.
+  // the same order). Region R tensors and the local experts (held whole by their owner) are read locally. Under
+  // tensor parallelism a TP-split tensor is gathered over the TP group too (collective over it): the full tensor
+  // of the official shape; a replicated one is this rank's copy.
   std::vector<float> gather_shard(const std::string& name, const float* shard = nullptr) const;
   // Writes this rank's part of the whole tensor `full` into `shard` (not collective); for the master (shard null)
-  // also the bf16 compute copy of the whole tensor, which every rank holds.
+  // also the bf16 compute copy of the whole tensor, which every rank holds. Under tensor parallelism `full` is the
+  // official (unsplit) tensor and this TP rank keeps its slice.
   void set_shard(const std::string& name, const std::vector<float>& full, float* shard = nullptr);
   void set_shard(const std::string& name, const float* full, int64_t n, float* shard = nullptr);
   // The global L2 norm of the reduced gradients, collective over the DP group: each rank's own bucket slices'

@@ -63,6 +63,7 @@ Ctx GpuModel::Impl::ctx() {
   c.rope_compress = &rope_compress;
   c.section = [this](const char* n, bool b) { section(n, b); };
   c.ep = opts.ep;
+  if (tp_size > 1) c.tp = tp, c.tp_size = tp_size;
   c.grouped_experts = opts.moe_grouped_gemm;
   c.deterministic = opts.deterministic;
   c.recompute = opts.recompute;
@@ -92,6 +93,22 @@ static void configure_experts(GpuModel::Impl& m, const dsv4::ModelConfig& cfg, c
   }
 }
 
+// Tensor parallelism: the group, and the splits' divisibility (with the numbers) before any allocation.
+static void configure_tp(GpuModel::Impl& m, const dsv4::ModelConfig& cfg, const GpuModelOptions& opts) {
+  if (!opts.tp || opts.tp->size() == 1) return;
+  m.tp = opts.tp, m.tp_size = opts.tp->size(), m.tp_rank = opts.tp->rank();
+  TREX_CHECK(device_memory_comm(*m.tp),
+             "GPU model rank {}: the tensor-parallel group must be a device-memory communicator (nccl or threads), "
+             "got '{}'", m.tp_rank, m.tp->backend());
+  const int T = m.tp_size;
+  TREX_CHECK(cfg.n_heads % T == 0, "GPU model: tensor parallelism over {} ranks does not divide the {} attention "
+             "query heads", T, cfg.n_heads);
+  TREX_CHECK(cfg.o_groups % T == 0, "GPU model: tensor parallelism over {} ranks does not divide the attention's {} "
+             "output-projection groups (o_groups)", T, cfg.o_groups);
+  TREX_CHECK((cfg.moe_inter * cfg.n_shared_experts) % T == 0, "GPU model: tensor parallelism over {} ranks does not "
+             "divide the shared expert's hidden width {}", T, cfg.moe_inter * cfg.n_shared_experts);
+}
+
 // Everything the constructor decides before it allocates: the checks, the groups' sizes and ranks, the arena's
 // declaration (offsets, buckets, regions). make_groups false (footprint()): no sub-communicator is split off.
 static void plan_arena(GpuModel::Impl& m, const dsv4::ModelConfig& cfg, const GpuModelOptions& opts,
@@ -116,6 +133,7 @@ static void plan_arena(GpuModel::Impl& m, const dsv4::ModelConfig& cfg, const Gp
              opts.zero);
   m.zero = m.dp_size > 1 ? opts.zero : 1;  // one GPU: nothing to shard
   m.reduce_bf16 = opts.grad_reduce_bf16;
+  configure_tp(m, cfg, opts);
   m.l0 = opts.layer_begin, m.l1 = opts.layer_end < 0 ? cfg.n_layers : opts.layer_end;
   TREX_CHECK(m.l0 >= 0 && m.l0 < m.l1 && m.l1 <= cfg.n_layers,
              "GPU model: stage layers [{}, {}) outside the model's {} layers (or empty)", m.l0, m.l1, cfg.n_layers);

@@ -223,7 +223,7 @@ comm::WorkPtr ep_exchange(comm::Communicator& ep, const bf16* send, bf16* recv, 
 
 void moe_fwd(const Ctx& c, GpuBlock& b, const int32_t* injected_sel, bool replay) {
   const int64_t N = c.lay->N, d = c.cfg->hidden, E = c.cfg->n_routed_experts, K = c.cfg->topk, f = c.cfg->moe_inter;
-  const int64_t fs = f * c.cfg->n_shared_experts;
+  const int64_t fs = f * c.cfg->n_shared_experts / c.tp_size;  // this TP rank's shared hidden width
   const float limit = float(c.cfg->swiglu_limit);
   check_router_status(b);  // the previous forward's (forward-only runs never reach moe_bwd)
   Pool& keep = b.keep;
@@ -283,7 +283,15 @@ void moe_fwd(const Ctx& c, GpuBlock& b, const int32_t* injected_sel, bool replay
     bf16* sh = tmp.take<bf16>(N * fs);
     cuda::swiglu_fwd(sh, m.sgu, N, fs, limit);
     m.sy = keep.take<bf16>(N * d);
-    c.lin.fwd(m.sy, sh, w.sw2, N, fs, d);
+    if (c.tp) {  // row-parallel w2: this rank's hidden columns' partial output, summed over TP in fp32
+      float* y = tmp.take<float>(N * d);
+      c.lin.fwd(y, sh, w.sw2, N, fs, d, true);
+      comm::WorkPtr sum = c.tp->all_reduce(y, size_t(N * d), comm::ElemType::F32, comm::ReduceOp::Sum);
+      comm::stream_wait(*sum, nullptr);
+      cuda::cast_f32_to_bf16(m.sy, y, N * d);
+    } else {
+      c.lin.fwd(m.sy, sh, w.sw2, N, fs, d);
+    }
     add = m.sy;
   };
   m.ep.reset();
@@ -325,7 +333,7 @@ void moe_fwd(const Ctx& c, GpuBlock& b, const int32_t* injected_sel, bool replay
 
 void moe_bwd(const Ctx& c, GpuBlock& b, const bf16* dout, float* du) {
   const int64_t N = c.lay->N, d = c.cfg->hidden, E = c.cfg->n_routed_experts, K = c.cfg->topk, f = c.cfg->moe_inter;
-  const int64_t fs = f * c.cfg->n_shared_experts;
+  const int64_t fs = f * c.cfg->n_shared_experts / c.tp_size;  // this TP rank's shared hidden width
   const float limit = float(c.cfg->swiglu_limit);
   check_router_status(b);
   const MoeActs& m = b.mo;
@@ -349,6 +357,13 @@ void moe_bwd(const Ctx& c, GpuBlock& b, const bf16* dout, float* du) {
     cuda::swiglu_bwd(dsgu, dsh, m.sgu, N, fs, limit);
     c.lin.dw(w.g_sw13, dsgu, b.u, N, d, 2 * fs);
     c.lin.dx(du, dsgu, w.sw13, N, d, 2 * fs, true, 1.f);
+    // Tensor parallel (column-parallel w1 | w3): du holds only this rank's share of the shared expert's input
+    // gradient so far (the caller zeroes it, and the routed experts and the router add theirs after this), so
+    // summing it over TP here gives every rank the same full gradient before the replicated parts add to it.
+    if (c.tp) {
+      comm::WorkPtr sum = c.tp->all_reduce(du, size_t(N * d), comm::ElemType::F32, comm::ReduceOp::Sum);
+      comm::stream_wait(*sum, nullptr);
+    }
   };
   const ExpertRows x = expert_rows(c, b);
   const bf16* dyl = dye;  // output gradients of this rank's expert rows, expert-major

@@ -30,8 +30,10 @@ void GpuModel::Impl::declare(const std::string& name, const Shape& shape, int64_
   GpuParam p;
   p.name = name;
   p.ordinal = ordinal;
-  p.shape = shape;
-  p.numel = numel(shape);
+  p.full = shape;
+  p.tp_axis = tp_size > 1 ? dsv4::tp_split_axis(name) : -1;
+  p.shape = dsv4::tp_local_shape(shape, p.tp_axis, tp_size);  // this TP rank's slice
+  p.numel = numel(p.shape);
   p.offset = total;
   total += p.numel;  // no padding: fused expert / shared weights must be adjacent (8-element alignment checked)
   TREX_CHECK(p.offset % 8 == 0, "GPU model: parameter '{}' starts at element {} (not 16-byte aligned for bf16)",
@@ -55,6 +57,43 @@ const GpuParam& GpuModel::Impl::info(const std::string& name) const {
   }
   return params[it->second];
 }
+
+namespace {
+// p's official tensor as rows: outer x (extent x inner) elements, this TP rank's block of extent / T x inner
+// elements in each row.
+struct TpRows {
+  int64_t rows = 1, width = 0, pitch = 0, first = 0;  // elements
+};
+TpRows tp_rows(const GpuParam& p, int tp_size, int tp_rank) {
+  TREX_CHECK(p.tp_axis >= 0, "GPU model: '{}' is not split over the tensor-parallel ranks", p.name);
+  TpRows r;
+  int64_t inner = 1;
+  for (size_t i = 0; i < p.full.size(); ++i) {
+    if (int(i) < p.tp_axis) r.rows *= p.full[i];
+    if (int(i) > p.tp_axis) inner *= p.full[i];
+  }
+  r.pitch = p.full[size_t(p.tp_axis)] * inner;
+  r.width = r.pitch / tp_size;
+  r.first = int64_t(tp_rank) * r.width;
+  return r;
+}
+}  // namespace
+
+void GpuModel::Impl::tp_slice(const GpuParam& p, const float* full, float* local, cudaMemcpyKind kind) const {
+  const TpRows r = tp_rows(p, tp_size, tp_rank);
+  TREX_CUDA(cudaMemcpy2D(local, size_t(r.width) * 4, full + r.first, size_t(r.pitch) * 4, size_t(r.width) * 4,
+                         size_t(r.rows), kind));
+}
+
+void GpuModel::Impl::tp_place(const GpuParam& p, const float* local, float* full, cudaMemcpyKind kind) const {
+  const TpRows r = tp_rows(p, tp_size, tp_rank);
+  TREX_CUDA(cudaMemcpy2D(full + r.first, size_t(r.pitch) * 4, local, size_t(r.width) * 4, size_t(r.width) * 4,
+                         size_t(r.rows), kind));
+}
+
+int GpuModel::tp_size() const { return impl_->tp_size; }
+int GpuModel::tp_axis(const std::string& name) const { return impl_->info(name).tp_axis; }
+Shape GpuModel::full_shape(const std::string& name) const { return impl_->info(name).full; }
 
 void GpuModel::Impl::pad_to(int64_t multiple) { total = (total + multiple - 1) / multiple * multiple; }
 
@@ -185,7 +224,10 @@ void GpuModel::Impl::declare_all() {
 void GpuModel::Impl::declare_fp32(const std::string& name, const Shape& shape, int64_t ordinal) {
   if (!declaring) return;
   GpuParam p;
-  p.name = name, p.shape = shape, p.numel = numel(shape), p.offset = total, p.ordinal = ordinal;
+  p.name = name, p.full = shape, p.offset = total, p.ordinal = ordinal;
+  p.tp_axis = tp_size > 1 ? dsv4::tp_split_axis(name) : -1;
+  p.shape = dsv4::tp_local_shape(shape, p.tp_axis, tp_size);  // the attention sinks: this TP rank's heads
+  p.numel = numel(p.shape);
   total += (p.numel + 7) / 8 * 8;
   TREX_CHECK(!index.count(name), "GPU model: parameter '{}' declared twice", name);
   index[name] = params.size();
@@ -270,6 +312,9 @@ std::unique_ptr<GpuBlock> GpuModel::Impl::bind_block(int64_t l) {
   b->layer = l;
   b->prefix = l < cfg.n_layers ? fmt::format("layers.{}.", l) : std::string("mtp.0.");
   b->dims = dsv4::AttentionDims::from_config(ext, l);
+  // Tensor parallel: this rank's heads and output groups (consecutive groups of consecutive heads: rank t holds
+  // heads [t H/T, (t+1) H/T), the groups [t G/T, (t+1) G/T) they form), as its wq_b / wo_a / wo_b / sink slices.
+  b->dims.n_heads /= tp_size, b->dims.o_groups /= tp_size;
   b->hash = ext.mlp_types[size_t(l)] == dsv4::MlpType::HashMoE;
   const std::string& p = b->prefix;
   auto B = [&](const std::string& n) { return b16(p + n); };
@@ -413,10 +458,18 @@ void GpuModel::init_random(uint64_t seed) {
     }
     const bool tiny = n.find("hc_") != std::string::npos || n.find("attn_sink") != std::string::npos ||
                       n.find(".ape") != std::string::npos;
-    const double fan_in = double(p.shape.back());
+    const double fan_in = double(p.full.back());  // the official tensor's (a TP slice of wo_b has fewer columns)
     const float scale = tiny ? 0.01f : float(std::sqrt(3.0 / fan_in));
-    // The stream of the parameter's ordinal in the full model: a pipeline stage draws the same values.
-    cuda::fill_uniform_f32(w, p.numel, seed * 1000003ull + uint64_t(p.ordinal + 1), scale);
+    // The stream of the parameter's ordinal in the full model: a pipeline stage draws the same values, and a
+    // tensor-parallel rank draws the whole tensor and keeps its slice.
+    const uint64_t stream = seed * 1000003ull + uint64_t(p.ordinal + 1);
+    if (p.tp_axis >= 0) {
+      DevMem whole(size_t(numel(p.full)) * 4);
+      cuda::fill_uniform_f32(whole.as<float>(), numel(p.full), stream, scale);
+      m.tp_slice(p, whole.as<float>(), w, cudaMemcpyDeviceToDevice);
+    } else {
+      cuda::fill_uniform_f32(w, p.numel, stream, scale);
+    }
   }
   std::mt19937_64 g(seed);
   const int64_t E = m.cfg.n_routed_experts, K = m.cfg.topk, V = m.cfg.vocab_size;
@@ -452,10 +505,13 @@ void GpuModel::load_from(const dsv4::ParamTable<float>& cpu) {
   for (const GpuParam& p : m.params) {
     TREX_CHECK(cpu.has(p.name), "GPU model load: the CPU table has no '{}'", p.name);
     const dsv4::ParamInfo& ci = cpu.info(p.name);
-    TREX_CHECK(ci.shape == p.shape, "GPU model load: '{}' is {} on the CPU, {} here", p.name, shape_str(ci.shape),
-               shape_str(p.shape));
+    TREX_CHECK(ci.shape == p.full, "GPU model load: '{}' is {} on the CPU, {} here", p.name, shape_str(ci.shape),
+               shape_str(p.full));
     const float* src = cpu.arena_value(ci);
-    std::copy(src, src + p.numel, host.begin() + p.offset);
+    if (p.tp_axis >= 0)  // this tensor-parallel rank's slice
+      m.tp_slice(p, src, host.data() + p.offset, cudaMemcpyHostToHost);
+    else
+      std::copy(src, src + p.numel, host.begin() + p.offset);
   }
   DevMem full(host.size() * sizeof(float));
   TREX_CUDA(cudaMemcpy(full.as<float>(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));

@@ -69,6 +69,9 @@ double host_sum_squares(const float* x, int64_t n, double* scratch) {
   return ss;
 }
 
+std::vector<float> gather_local(const GpuModel::Impl& m, const GpuParam& p, const float* shard);
+void set_local(GpuModel::Impl& m, const GpuParam& p, const float* local, float* shard);
+
 }  // namespace
 
 int64_t GpuModel::shard_elems() const { return impl_->shard_elems(); }
@@ -96,11 +99,31 @@ int GpuModel::dp_size() const { return impl_->dp_size; }
 std::vector<float> GpuModel::gather_shard(const std::string& name, const float* shard) const {
   const Impl& m = *impl_;
   const GpuParam& p = m.info(name);
+  if (p.tp_axis >= 0) {
+    // This TP rank's slice (gathered over DP below), placed into a zeroed official tensor and summed over the TP
+    // group: each element has one owner, and x + 0 is exact.
+    const std::vector<float> mine = gather_local(m, p, shard);
+    DevMem local(mine.size() * sizeof(float)), full(size_t(numel(p.full)) * sizeof(float));
+    TREX_CUDA(cudaMemcpy(local.as<float>(), mine.data(), mine.size() * sizeof(float), cudaMemcpyHostToDevice));
+    TREX_CUDA(cudaMemset(full.as<float>(), 0, full.bytes()));
+    m.tp_place(p, local.as<float>(), full.as<float>(), cudaMemcpyDeviceToDevice);
+    TREX_CUDA(cudaDeviceSynchronize());
+    m.tp->all_reduce(full.as<float>(), size_t(numel(p.full)), comm::ElemType::F32, comm::ReduceOp::Sum)->wait();
+    std::vector<float> v(size_t(numel(p.full)));
+    TREX_CUDA(cudaMemcpy(v.data(), full.as<float>(), v.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    return v;
+  }
+  return gather_local(m, p, shard);
+}
+
+namespace {
+// p as this rank holds it (its TP slice under tensor parallelism), gathered over DP.
+std::vector<float> gather_local(const GpuModel::Impl& m, const GpuParam& p, const float* shard) {
   const float* base = shard ? shard : m.master.as<float>();
   std::vector<float> v(size_t(p.numel));
   TREX_CUDA(cudaDeviceSynchronize());  // the optimiser's update of the shard has landed
   if (replicated(m, p)) {
-    const Impl::ShardPiece w = m.own_pieces(p)[0];
+    const GpuModel::Impl::ShardPiece w = m.own_pieces(p)[0];
     TREX_CUDA(cudaMemcpy(v.data(), base + w.s, v.size() * sizeof(float), cudaMemcpyDeviceToHost));
     return v;
   }
@@ -108,7 +131,7 @@ std::vector<float> GpuModel::gather_shard(const std::string& name, const float* 
   // exact, and every element has one owner): the DP group for a dense tensor, a local expert's replicas for it.
   DevMem full(size_t(p.numel) * sizeof(float));
   TREX_CUDA(cudaMemset(full.as<float>(), 0, size_t(p.numel) * sizeof(float)));
-  for (const Impl::ShardPiece& w : m.own_pieces(p))
+  for (const GpuModel::Impl::ShardPiece& w : m.own_pieces(p))
     TREX_CUDA(cudaMemcpy(full.as<float>() + w.t, base + w.s, size_t(w.n) * sizeof(float), cudaMemcpyDeviceToDevice));
   TREX_CUDA(cudaDeviceSynchronize());
   comm::Communicator& group = p.offset < m.region_x ? *m.edp : *m.dp;
@@ -117,6 +140,8 @@ std::vector<float> GpuModel::gather_shard(const std::string& name, const float* 
   return v;
 }
 
+}  // namespace
+
 void GpuModel::set_shard(const std::string& name, const std::vector<float>& full, float* shard) {
   set_shard(name, full.data(), int64_t(full.size()), shard);
 }
@@ -124,7 +149,21 @@ void GpuModel::set_shard(const std::string& name, const std::vector<float>& full
 void GpuModel::set_shard(const std::string& name, const float* full, int64_t n, float* shard) {
   Impl& m = *impl_;
   const GpuParam& p = m.info(name);
+  if (p.tp_axis >= 0) {  // the official tensor: this TP rank's slice of it
+    TREX_CHECK(n == numel(p.full), "GPU model set_shard: '{}' has {} elements (shape {}), got {}", name,
+               numel(p.full), shape_str(p.full), n);
+    std::vector<float> mine(size_t(p.numel));
+    m.tp_slice(p, full, mine.data(), cudaMemcpyHostToHost);
+    set_local(m, p, mine.data(), shard);
+    return;
+  }
   TREX_CHECK(n == p.numel, "GPU model set_shard: '{}' has {} elements, got {}", name, p.numel, n);
+  set_local(m, p, full, shard);
+}
+
+namespace {
+void set_local(GpuModel::Impl& m, const GpuParam& p, const float* full, float* shard) {
+  const int64_t n = p.numel;
   float* base = shard ? shard : m.master.as<float>();
   if (!shard)  // an all-gather of updated bf16 slices still in flight would overwrite the new compute copy
     for (auto& w : m.gather_work)
@@ -134,10 +173,62 @@ void GpuModel::set_shard(const std::string& name, const float* full, int64_t n, 
       }
   DevMem stage(size_t(p.numel) * sizeof(float));
   TREX_CUDA(cudaMemcpy(stage.as<float>(), full, size_t(n) * sizeof(float), cudaMemcpyHostToDevice));
-  for (const Impl::ShardPiece& w : m.own_pieces(p))
+  for (const GpuModel::Impl::ShardPiece& w : m.own_pieces(p))
     TREX_CUDA(cudaMemcpy(base + w.s, stage.as<float>() + w.t, size_t(w.n) * sizeof(float), cudaMemcpyDeviceToDevice));
   if (!shard) cuda::cast_f32_to_bf16(m.compute.as<bf16>() + p.offset, stage.as<float>(), p.numel);
   TREX_CUDA(cudaDeviceSynchronize());
+}
+
+}  // namespace
+
+void GpuModel::Impl::tp_sum_squares(const std::vector<std::pair<int64_t, int64_t>>& ranges, double* split,
+                                    double* rest) const {
+  std::vector<std::pair<int64_t, int64_t>> cut;  // the TP-split tensors' arena intervals, in arena order
+  for (const GpuParam& p : params)
+    if (p.tp_axis >= 0) cut.emplace_back(p.offset, p.offset + p.numel);
+  std::sort(cut.begin(), cut.end());
+  DevMem scratch(size_t(cuda::kSumSquaresBlocks + 1) * sizeof(double));
+  const float* g = grads.as<float>();
+  auto ss = [&](int64_t a, int64_t e) { return a < e ? host_sum_squares(g + a, e - a, scratch.as<double>()) : 0.0; };
+  for (const auto& [a, e] : ranges) {
+    int64_t pos = a;
+    for (const auto& [c0, c1] : cut) {
+      if (c1 <= pos || c0 >= e) continue;
+      *rest += ss(pos, std::max(pos, c0));
+      *split += ss(std::max(pos, c0), std::min(e, c1));
+      pos = std::min(e, c1);
+    }
+    *rest += ss(pos, e);
+  }
+}
+
+double GpuModel::Impl::tp_grad_norm() {
+  // Own ranges: the whole arena on one DP rank; else region X's slice and the bucket slices (summed over DP), and
+  // region R (replicated over DP, counted once).
+  std::vector<std::pair<int64_t, int64_t>> own, rep;
+  if (dp_size == 1) {
+    own.emplace_back(0, total);
+  } else {
+    if (x_shard > 0) own.emplace_back(x_own, x_own + x_shard);
+    for (const Bucket& b : buckets) {
+      const int64_t n = b.slice(dp_size);
+      if (n > 0) own.emplace_back(b.begin + dp_rank * n, b.begin + dp_rank * n + n);
+    }
+    rep.emplace_back(region_a, total);
+  }
+  double v[2] = {0, 0};  // split, rest of the DP-sharded ranges
+  tp_sum_squares(own, &v[0], &v[1]);
+  double split_r = 0, rest_r = 0;
+  tp_sum_squares(rep, &split_r, &rest_r);
+  DevMem d(2 * sizeof(double));
+  TREX_CUDA(cudaMemcpy(d.as<double>(), v, sizeof(v), cudaMemcpyHostToDevice));
+  if (dp_size > 1) dp->all_reduce(d.as<double>(), 2, comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
+  TREX_CUDA(cudaMemcpy(v, d.as<double>(), sizeof(v), cudaMemcpyDeviceToHost));
+  double split = v[0] + split_r;
+  TREX_CUDA(cudaMemcpy(d.as<double>(), &split, sizeof(double), cudaMemcpyHostToDevice));
+  tp->all_reduce(d.as<double>(), 1, comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
+  TREX_CUDA(cudaMemcpy(&split, d.as<double>(), sizeof(double), cudaMemcpyDeviceToHost));
+  return std::sqrt(v[1] + rest_r + split);
 }
 
 double GpuModel::dp_grad_norm() {
@@ -146,6 +237,7 @@ double GpuModel::dp_grad_norm() {
   m.require_gradients("dp_grad_norm()");
   m.reduce_expert_grads();  // the experts' replicas summed first (the optimiser step then finds them reduced)
   m.wait_grad_work();
+  if (m.tp_size > 1) return m.tp_grad_norm();
   DevMem scratch(size_t(cuda::kSumSquaresBlocks + 1) * sizeof(double));
   const float* g = m.grads.as<float>();
   // Region X (expert parallel): this rank's slice of its experts' reduced gradients (all of them without

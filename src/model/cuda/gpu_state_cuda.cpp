@@ -25,6 +25,7 @@ double GpuModel::grad_norm() {
   Impl& m = *impl_;
   check_one_gpu(m, "grad_norm");
   m.require_gradients("grad_norm()");
+  if (m.tp_size > 1) return m.tp_grad_norm();
   DevMem scratch(size_t(cuda::kSumSquaresBlocks + 1) * sizeof(double));
   cuda::sum_squares_f32(m.grads.as<float>(), m.total, scratch.as<double>());
   double ss = 0;

@@ -157,4 +157,21 @@ bool keeps_fp32(const std::string& n) {
          ends_with(n, "ffn.gate.bias");
 }
 
+int tp_split_axis(const std::string& n) {
+  if (ends_with(n, ".attn.wq_b.weight") || ends_with(n, ".attn.wo_a.weight") || ends_with(n, ".attn.attn_sink") ||
+      ends_with(n, ".ffn.shared_experts.w1.weight") || ends_with(n, ".ffn.shared_experts.w3.weight"))
+    return 0;
+  if (ends_with(n, ".attn.wo_b.weight") || ends_with(n, ".ffn.shared_experts.w2.weight")) return 1;
+  return -1;
+}
+
+Shape tp_local_shape(const Shape& full, int axis, int tp) {
+  if (axis < 0 || tp == 1) return full;
+  TREX_CHECK(axis < int(full.size()) && full[size_t(axis)] % tp == 0,
+             "tensor parallelism: {} ranks do not split axis {} of shape {}", tp, axis, shape_str(full));
+  Shape s = full;
+  s[size_t(axis)] /= tp;
+  return s;
+}
+
 }  // namespace trex::dsv4

@@ -59,6 +59,17 @@ ModelConfig with_mtp_block(const ModelConfig& cfg);
 // stage holds the MTP module (and, when it does not embed, its own copy of embed.weight for the MTP input).
 bool partition_holds(const ModelPartition& p, const ParamSpec& s, bool with_mtp);
 
+// Tensor parallelism (Megatron-style, the GPU model's GpuModelOptions::tp): the axis along which tp ranks split a
+// tensor, or -1 for one every TP rank holds whole (replicated). Query heads and the grouped output projection's
+// groups are split: attn.wq_b (rows: head h's c rows), attn.wo_a (rows: group g's o_rank rows), attn.attn_sink
+// (per head) along 0, attn.wo_b along 1 (its input columns are the groups' outputs); the shared expert's w1 / w3
+// along 0 (hidden rows) and w2 along 1 (its input columns). The single shared K=V head, the compressor, the
+// indexer, q_norm / wq_a, the router, the routed experts (expert TP = 1), mHC, norms, embedding and head are
+// replicated. Main layers and the MTP block alike.
+int tp_split_axis(const std::string& official);
+// The TP rank's slice of a tensor of shape `full` split along `axis` over tp ranks (axis -1 or tp 1: full).
+Shape tp_local_shape(const Shape& full, int axis, int tp);
+
 // True for the official names kept in FP32 in released checkpoints (design §1.4): mHC fn / base / scale,
 // compressor ape, attention sinks, router bias.
 bool keeps_fp32(const std::string& official);

@@ -12,7 +12,7 @@ dsv4gpu::GpuModelOptions EmulatedRank::model_options(const parallel::RankPartiti
                                                      dsv4gpu::GpuModelOptions o) {
   o.layer_begin = p.layer_begin, o.layer_end = p.layer_end;
   o.stage_slots = p.stage_slots;
-  o.dp = mesh.dp.get(), o.ep = mesh.ep.get();
+  o.dp = mesh.dp.get(), o.ep = mesh.ep.get(), o.tp = mesh.tp.get();
   o.balanced_routing = true;
   return o;
 }
@@ -64,14 +64,14 @@ double EmulatedRank::step(const cuda::AdamWStep& a) {
 
 std::map<std::string, std::map<std::string, comm::EmulatedOpStats>> EmulatedRank::comm_stats() const {
   std::map<std::string, std::map<std::string, comm::EmulatedOpStats>> out;
-  for (const comm::EmulatedGroup* g : {mesh_.dp.get(), mesh_.ep.get(), mesh_.act.get(), mesh_.grad.get()})
+  for (const comm::EmulatedGroup* g : {mesh_.dp.get(), mesh_.ep.get(), mesh_.tp.get(), mesh_.act.get(), mesh_.grad.get()})
     if (g) out[g->name()] = g->stats();
   return out;
 }
 
 int64_t EmulatedRank::loopback_bytes() const {
   int64_t n = 0;
-  for (const comm::EmulatedGroup* g : {mesh_.dp.get(), mesh_.ep.get(), mesh_.act.get(), mesh_.grad.get()})
+  for (const comm::EmulatedGroup* g : {mesh_.dp.get(), mesh_.ep.get(), mesh_.tp.get(), mesh_.act.get(), mesh_.grad.get()})
     if (g) n += g->loopback_bytes();
   return n;
 }

@@ -127,6 +127,9 @@ GpuMeshEngine::GpuMeshEngine(const TrainConfig& cfg, const dsv4::ModelConfig& mc
   dsv4gpu::GpuModelOptions go;
   if (s.D > 1) go.dp = s.mesh.dp_group.get();
   if (s.mesh.spec.ep > 1) go.ep = s.mesh.ep_group.get();
+  // Tensor parallel inside the stage: the model splits heads and the shared expert over the TP group; set_shard /
+  // gather_shard / load_from take and give the official tensors, so the checkpoints below are the unsplit ones.
+  if (s.mesh.spec.tp > 1) go.tp = s.mesh.tp_group.get();
   go.balance_alpha = o.model.balance_alpha;  // under dp: each micro-batch's share (its sequences are this rank's)
   go.balance_hash_layers = o.model.balance_hash_layers;
   go.deterministic = o.deterministic;
@@ -223,9 +226,9 @@ std::string GpuMeshEngine::describe() const {
   int64_t n = 0;  // the whole model's, whatever this rank holds
   for (const Entry& p : s.params) n += numel(p.shape);
   return fmt::format("DeepSeek-V4 on CUDA (hidden {}, {} layers, {} experts top-{}, vocab {}, {} parameters): GPU "
-                     "mesh pp={} dp={} ep={}{}, {} micro-batches per DP rank",
+                     "mesh pp={} dp={} ep={} tp={}{}, {} micro-batches per DP rank",
                      s.mc.hidden, s.mc.n_layers, s.mc.n_routed_experts, s.mc.topk, s.mc.vocab_size, n,
-                     s.mesh.spec.pp, s.D, s.mesh.spec.ep,
+                     s.mesh.spec.pp, s.D, s.mesh.spec.ep, s.mesh.spec.tp,
                      s.D > 1 ? fmt::format(" (ZeRO-{}{})", s.cfg.parallel.zero,
                                            s.cfg.parallel.grad_reduce_dtype == "bf16" ? ", bf16 reduction" : "")
                              : std::string(),
@@ -319,6 +322,8 @@ EngineStep GpuMeshEngine::forward_backward(const std::vector<data::Batch>& mine,
   if (!s.pipe && s.D > 1 && M > 1 && s.acc) s.gpu->add_held_grads(s.acc);
   s.gpu->wait_grad_reductions();  // a skipped step's next zero_grads() must find them done
   if (s.D == 1 && !s.pipe) s.pending_scale = float(1.0 / double(n_micro));  // the pipeline's are normalised
+  // The TP ranks of a DP rank ran the same micro-batches (the same loss): one of them counts them.
+  if (s.mesh.tp_rank != 0) local = 0, targets = 0, tokens = 0;
   double red[3] = {local, double(targets), double(tokens)};
   if (s.world.size() > 1) s.host->all_reduce(red, 3, comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
   EngineStep r;
@@ -363,6 +368,7 @@ void GpuMeshEngine::optimizer_step(double lr) {
     // only from its stage's DP ranks (the other stages add zeros), so the world's sum is the stage's DP sum.
     std::vector<double> all;
     for (const auto& l : s.load_sum) all.insert(all.end(), l.begin(), l.end());
+    if (s.mesh.tp_rank != 0) std::fill(all.begin(), all.end(), 0.0);  // TP rank 0's routing counts for its group
     s.host->all_reduce(all.data(), all.size(), comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
     size_t i = 0;
     for (auto& l : s.load_sum)
@@ -392,7 +398,9 @@ void GpuMeshEngine::save(const fs::path& root, const TrainState& st, int64_t kee
   for (const Entry& p : s.params) {
     if (!p.held) continue;  // another expert-parallel rank's expert (its owner writes it)
     const bool own_expert = p.expert >= 0 && s.mesh.spec.ep > 1;  // without ep an expert is a dense tensor
-    const bool mine = own_expert ? s.mesh.edp_rank == 0 : int(dense++ % size_t(W)) == R;
+    const bool writer = own_expert ? s.mesh.edp_rank == 0 : int(dense++ % size_t(W)) == R;
+    // Under tensor parallelism TP rank 0 writes (gather_shard gives every TP rank the whole official tensor).
+    const bool mine = writer && s.mesh.tp_rank == 0;
     std::vector<float> v = s.gpu->gather_shard(p.name);
     if (mine) {
       keep.push_back(std::move(v));
@@ -405,7 +413,7 @@ void GpuMeshEngine::save(const fs::path& root, const TrainState& st, int64_t kee
       ot.push_back({p.name + suffix, p.shape, keep.back().data(), ""});
     }
   }
-  if (R == 0)
+  if (R == 0 && s.mesh.tp_rank == 0)
     for (const Entry& b : s.buffers) {
       keep.push_back(s.gpu->router_bias(b.name));
       pt.push_back({b.name, b.shape, keep.back().data(), std::string(optim::group_name(b.group))});
@@ -454,7 +462,7 @@ std::vector<float> GpuMeshEngine::value(const std::string& name) {
   std::vector<double> sum(size_t(numel(it->shape)), 0.0);
   if (it->held) {
     const std::vector<float> v = s.gpu->gather_shard(name);
-    if (s.mesh.edp_rank == 0) std::copy(v.begin(), v.end(), sum.begin());
+    if (s.mesh.edp_rank == 0 && s.mesh.tp_rank == 0) std::copy(v.begin(), v.end(), sum.begin());
   }
   s.host->all_reduce(sum.data(), sum.size(), comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
   return std::vector<float>(sum.begin(), sum.end());

@@ -24,7 +24,8 @@ GpuMeshPipeline::GpuMeshPipeline(dsv4gpu::GpuModel& stage, parallel::Mesh& mesh,
   TREX_CHECK(mesh.pp_group && mesh.pp_group->size() == mesh.spec.pp,
              "GPU pipeline rank {}: the mesh has no pipeline group of {} stages", mesh.world_rank, mesh.spec.pp);
   // Each direction on its own communicator (gpu_pipeline.h: one serial stream for both would deadlock).
-  grad_ = world.split(mesh.dp_rank, mesh.pp_rank);
+  // (The colour of mesh.pp_group: the stages of one DP rank and one tensor-parallel rank.)
+  grad_ = world.split(mesh.dp_rank * mesh.spec.tp + mesh.tp_rank, mesh.pp_rank);
   pipe_ = std::make_unique<dsv4gpu::GpuPipeline>(stage, *mesh.pp_group, *grad_, micro_batches);
 }
 
@@ -56,7 +57,8 @@ double GpuMeshPipeline::ideal_bubble_fraction() const {
 }
 
 double GpuMeshPipeline::global_norm(double stage_norm, comm::Communicator& host_world) const {
-  double sq = mesh_.dp_rank == 0 ? stage_norm * stage_norm : 0.0;
+  // One rank per stage (its DP and TP ranks all hold the stage's norm).
+  double sq = mesh_.dp_rank == 0 && mesh_.tp_rank == 0 ? stage_norm * stage_norm : 0.0;
   host_world.all_reduce(&sq, 1, comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
   return std::sqrt(sq);
 }

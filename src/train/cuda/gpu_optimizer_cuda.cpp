@@ -325,6 +325,10 @@ void GpuOptimizer::step(const optim::OptimizerConfig& c, double lr, int64_t step
   GpuModel::Impl& m = model_.impl();
   TREX_CHECK(c.kind == "muon" || c.kind == "adamw", "GPU optimizer: kind '{}' (expected muon or adamw)", c.kind);
   TREX_CHECK(step >= 1, "GPU optimizer: step {} must be >= 1", step);
+  // Newton-Schulz orthogonalises a matrix whole; a tensor-parallel rank holds slices of the split ones.
+  TREX_CHECK(c.kind != "muon" || model_.tp_size() == 1,
+             "GPU optimizer: Muon under tensor parallelism ({} TP ranks) is not implemented (the split attention / "
+             "shared-expert matrices would be orthogonalised slice by slice); use adamw", model_.tp_size());
   cuda::AdamWStep a;
   a.lr = lr, a.beta1 = c.adamw.beta1, a.beta2 = c.adamw.beta2, a.eps = c.adamw.eps;
   a.weight_decay = c.adamw.weight_decay, a.step = step, a.grad_scale = grad_scale;

@@ -1,0 +1,301 @@
+// Tensor parallelism under the GPU trainer (train/cuda/gpu_mesh_engine.h, `trex train --device cuda` with
+// parallel: {dp: D, ep: E, tp: T}), ranks as threads on ONE GPU over the thread-group communicator:
+// - tp=2 (2 ranks), tp=2 x dp=2 (4 ranks), tp=2 x dp=2 x ep=2 (4 ranks) and tp=2 x pp=2 (4 ranks) against one rank
+//   on the same global batch: every step's loss (rel 5e-3), gradient norm (rel 5e-2) and target count, the final
+//   weights by name (the split ones gathered whole over TP: rel L2 2e-2; not with pp, whose stages hold their
+//   own layers only), as the EP tests bound them;
+// - the replicated tensors stay bit-identical on the TP ranks of a DP rank after the 6 steps (their gradients and
+//   the clipping norm are the same bits on the TP ranks, so AdamW moves them alike);
+// - a sharded checkpoint written under tp=2 x dp=2 holds the official (unsplit) tensors, written once, and resumes
+//   on one rank, as a one-rank checkpoint resumes under tp=2, continuing the one-rank run's losses;
+// - the bytes each rank allocates for weights, gradients and optimiser state are the planner's per-rank count
+//   (plan::rank_param_state with tp) plus the arena's alignment padding, for tp=2 and tp=2 x dp=2 x ep=2.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/rank_threads.h"
+#include "comm/thread_group.h"
+#include "kernels/gpu_test_util.h"
+#include "model/cuda/gpu_model.h"
+#include "model/dsv4/param_table.h"
+#include "parallel/mesh.h"
+#include "plan/rank_memory.h"
+#include "tiny_corpus.h"
+#include "train/config.h"
+#include "train/cuda/gpu_mesh_engine.h"
+#include "train/cuda/gpu_optimizer.h"
+#include "train/metrics.h"
+#include "train/sharded_checkpoint.h"
+#include "train/tiny_gpu_config.h"
+#include "train/trainer.h"
+#include "train/yaml.h"
+
+using namespace trex;
+using namespace trex::train;
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+using Data = trex::testing::TinyCorpus;
+using Values = std::map<std::string, std::vector<float>>;
+
+std::vector<std::string> corpus_texts() {
+  std::vector<std::string> t;
+  for (int i = 0; i < 60; ++i)
+    t.push_back("split head " + std::to_string(i % 5) + " over rank " + std::to_string(i % 3) + " of the group. ");
+  return t;
+}
+Data& dat() {
+  static Data d("trex_gpu_mesh_tp", corpus_texts(), 300, 64);
+  return d;
+}
+
+dsv4::ModelConfig model_config() {
+  dsv4::ModelConfig c = trex::testing::tiny_gpu_config("tiny GPU mesh tp config");  // 4 heads, 2 groups
+  c.vocab_size = std::max<int64_t>(c.vocab_size, (dat().tok.vocab_size() + 63) / 64 * 64);
+  return c;
+}
+
+Dsv4TrainOptions train_options() {
+  Dsv4TrainOptions o;
+  o.model.balance_alpha = 0.0;
+  o.model.use_mtp = false;  // MTP does not run with ep / pp; the model-level test (test_tp_gpu.cpp) covers it
+  o.bias_update_speed = 1e-3;
+  o.deterministic = true;
+  return o;
+}
+
+TrainConfig run_config(const std::string& parallel) {
+  return parse_train_config(parse_yaml(R"(
+seed: 3
+model: {type: dsv4, balance_alpha: 0}
+data: {shards: x, tokenizer: y, seq_len: 64, batch_size: 2, grad_accum: 8}
+optimizer: {kind: adamw, clip_grad_norm: 1.0, adamw: {eps: 1.0e-8, decay_vectors: true}}
+schedule: {lr: 0.003, min_lr: 0.0003, warmup_steps: 2}
+train: {max_steps: 6}
+checkpoint: {every: 3, keep_last: 2}
+logging: {plot: false}
+)" + parallel, "tp.yaml"), "tp.yaml");
+}
+
+TrainerOptions quiet(int64_t stop = -1) {
+  TrainerOptions q;
+  q.show_progress = false;
+  q.stop_at = stop;
+  return q;
+}
+
+struct Layout {
+  int pp = 1, dp = 1, ep = 1, tp = 1;
+  int world() const { return pp * dp * tp; }
+  std::string name() const { return fmt::format("pp{}_dp{}_ep{}_tp{}", pp, dp, ep, tp); }
+};
+
+struct LayoutRun {
+  TrainResult res;
+  Values values;               // every tensor by name after the run (rank 0's copy of the collective read)
+  std::vector<Values> ranks;   // each rank's read of every tensor (the replicated ones: its own copy)
+};
+
+LayoutRun run_layout(const Layout& l, const fs::path& out, int64_t stop = -1) {
+  const TrainConfig cfg =
+      run_config(fmt::format("parallel: {{pp: {}, dp: {}, ep: {}, tp: {}}}\n", l.pp, l.dp, l.ep, l.tp));
+  const int W = l.world();
+  auto ranks = comm::make_thread_group(W, 300.0);
+  LayoutRun run;
+  run.ranks.resize(size_t(W));
+  trex::testing::run_ranks(W, [&](int r) {
+    GpuMeshEngine engine(cfg, model_config(), train_options(), *ranks[size_t(r)]);
+    const TrainResult res = Trainer(cfg, out, engine, *dat().ds, 1, quiet(stop)).run();
+    // Collective, by name (a pipeline stage holds only its own layers: with pp the losses and norms are compared).
+    if (l.pp == 1)
+      for (const std::string& n : engine.param_names()) run.ranks[size_t(r)][n] = engine.value(n);
+    if (r == 0) run.res = res;
+  });
+  if (!run.ranks.empty()) run.values = run.ranks[0];
+  return run;
+}
+
+using trex::gpu_test::rel_l2;
+
+double max_abs(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double(a[i]) - b[i]));
+  return std::isfinite(m) ? m : INFINITY;
+}
+
+const LayoutRun& reference() {
+  static const LayoutRun r = run_layout(Layout{}, dat().dir / "ref");
+  return r;
+}
+
+void expect_steps_match(const fs::path& dir, size_t from, const std::string& what) {
+  const auto m1 = read_jsonl(dat().dir / "ref" / "metrics.jsonl"), m2 = read_jsonl(dir / "metrics.jsonl");
+  ASSERT_EQ(m1.size(), 6u);
+  ASSERT_EQ(m2.size(), 6u) << what;
+  for (size_t i = from; i < 6; ++i) {
+    const double a = m1[i]["loss"].get<double>(), b = m2[i]["loss"].get<double>();
+    const double ga = m1[i]["grad_norm"].get<double>(), gb = m2[i]["grad_norm"].get<double>();
+    std::printf("  %s step %zu: loss one rank %.6f, %.6f; grad norm %.5f / %.5f\n", what.c_str(), i + 1, a, b, ga,
+                gb);
+    EXPECT_LT(std::abs(a - b) / a, 5e-3) << what << " step " << i + 1;
+    EXPECT_LT(std::abs(ga - gb) / ga, 5e-2) << what << " step " << i + 1;
+    EXPECT_EQ(m1[i]["targets"], m2[i]["targets"]) << what << " step " << i + 1 << ": the global batch differs";
+  }
+}
+
+void copy_run(const fs::path& from, const fs::path& to) {
+  fs::remove_all(to);
+  fs::copy(from, to, fs::copy_options::recursive);
+}
+
+bool is_bias(const std::string& n) { return n.ends_with("ffn.gate.bias"); }
+
+class GpuMeshTp : public ::testing::TestWithParam<Layout> {};
+
+}  // namespace
+
+TEST_P(GpuMeshTp, MatchesOneRankOnTheGlobalBatch) {
+  const Layout l = GetParam();
+  const LayoutRun& ref = reference();
+  const fs::path dir = dat().dir / l.name();
+  const LayoutRun run = run_layout(l, dir);
+  if (HasFailure()) return;
+  EXPECT_EQ(run.res.end_step, 6);
+  expect_steps_match(dir, 0, l.name());
+  if (l.pp > 1) return;
+
+  ASSERT_EQ(run.values.size(), ref.values.size());
+  double worst_split = 0, worst_rest = 0;
+  int split = 0;
+  for (const auto& [name, w_ref] : ref.values) {
+    if (is_bias(name)) continue;
+    ASSERT_TRUE(run.values.count(name)) << name;
+    const std::vector<float>& w = run.values.at(name);
+    ASSERT_EQ(w.size(), w_ref.size()) << name << ": not the official (unsplit) tensor";
+    const bool is_split = dsv4::tp_split_axis(name) >= 0;
+    split += is_split;
+    if (w.size() >= 64) {
+      const double e = rel_l2(w, w_ref);
+      EXPECT_LT(e, 2e-2) << name;
+      double& worst = is_split ? worst_split : worst_rest;
+      worst = std::max(worst, e);
+    } else {
+      EXPECT_LT(max_abs(w, w_ref), 2e-2) << name;
+    }
+    // The replicated tensors: the same bits on every TP rank of a DP rank (TP innermost: world ranks r, r + 1).
+    if (!is_split) {
+      for (int r = 0; r < l.world(); r += l.tp)
+        for (int t = 1; t < l.tp; ++t)
+          EXPECT_EQ(run.ranks[size_t(r + t)].at(name), run.ranks[size_t(r)].at(name))
+              << name << ": TP rank " << t << " of world rank " << r << "'s group drifted";
+    }
+  }
+  EXPECT_EQ(split, 3 * 7) << "wq_b, wo_a, wo_b, attn_sink and the shared w1, w3, w2 of the 3 layers";
+  std::printf("%s: final weights vs one rank, worst rel L2: split %.2e, replicated %.2e\n", l.name().c_str(),
+              worst_split, worst_rest);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, GpuMeshTp,
+                         ::testing::Values(Layout{1, 1, 1, 2}, Layout{1, 2, 1, 2}, Layout{1, 2, 2, 2},
+                                           Layout{2, 1, 1, 2}),
+                         [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name(); });
+
+TEST(GpuMeshTpCheckpoint, OfficialTensorsResumeAcrossTpLayouts) {
+  reference();
+  // tp=2 x dp=2 for 3 steps: the manifest lists every trained tensor once, at its official shape.
+  const fs::path a = dat().dir / "tp2_dp2_step3";
+  fs::remove_all(a);
+  run_layout(Layout{1, 2, 1, 2}, a, 3);
+  const fs::path step3 = a / "checkpoints" / "step_00000003";
+  ASSERT_TRUE(fs::exists(step3 / "manifest.json"));
+  json man = json::parse(std::ifstream(step3 / "manifest.json"));
+  dsv4::ModelConfig gcfg = model_config();
+  gcfg.n_mtp = 0;
+  const CheckpointReader reader(step3);
+  for (const dsv4::ParamSpec& s : dsv4::param_table(gcfg)) {
+    if (s.kind == dsv4::ParamKind::HashTable) continue;
+    ASSERT_TRUE(man["tensors"]["params"].contains(s.name)) << s.name;
+    EXPECT_EQ(reader.param_shape(s.name), s.shape) << s.name;
+    // Written by TP rank 0 of some DP rank: world ranks 0 and 2.
+    const std::string file = man["tensors"]["params"][s.name]["file"];
+    EXPECT_TRUE(file == "rank-0.safetensors" || file == "rank-2.safetensors") << s.name << " in " << file;
+  }
+  // tp=2 x dp=2 -> one rank: steps 4..6 continue the one-rank run.
+  {
+    const fs::path d = dat().dir / "from_tp2_dp2_to_one";
+    copy_run(a, d);
+    const LayoutRun r = run_layout(Layout{}, d);
+    EXPECT_TRUE(r.res.resumed);
+    EXPECT_EQ(r.res.start_step, 3);
+    expect_steps_match(d, 3, "tp=2 x dp=2 -> one rank");
+  }
+  // One rank -> tp=2.
+  {
+    const fs::path d = dat().dir / "from_one_to_tp2";
+    copy_run(dat().dir / "ref", d);
+    fs::remove_all(d / "checkpoints" / "step_00000006");
+    const LayoutRun r = run_layout(Layout{1, 1, 1, 2}, d);
+    EXPECT_TRUE(r.res.resumed);
+    EXPECT_EQ(r.res.start_step, 3);
+    expect_steps_match(d, 3, "one rank -> tp=2");
+  }
+}
+
+// Weights, gradients and optimiser state per rank = the planner's count with tp (plan/rank_memory.h) + the
+// arena's alignment padding, as GpuMeshEpMemory checks it for dp / ep.
+TEST(GpuMeshTpMemory, EachRankAllocatesThePlannersCount) {
+  dsv4::ModelConfig cfg = model_config();
+  cfg.n_mtp = 0;
+  int64_t fp32_tensors = 0;
+  for (const dsv4::ParamSpec& s : dsv4::param_table(cfg)) fp32_tensors += s.trained() && s.dtype == DType::F32;
+  const int64_t buckets = cfg.n_layers + 2;
+  const int64_t pad = 512 * (buckets + 1) + 8 * fp32_tensors;
+  for (const Layout l : {Layout{1, 1, 1, 2}, Layout{1, 2, 1, 2}, Layout{1, 2, 2, 2}}) {
+    const int W = l.world();
+    auto ranks = comm::make_thread_group(W, 120.0);
+    std::vector<dsv4gpu::GpuModel::ParamMemory> got(static_cast<size_t>(W));
+    std::vector<int64_t> state(static_cast<size_t>(W));
+    std::vector<int> dp_rank(static_cast<size_t>(W));
+    trex::testing::run_ranks(W, [&](int r) {
+      parallel::MeshSpec spec{1, l.dp, l.ep, 1, l.tp};
+      parallel::Mesh mesh = parallel::build_mesh(*ranks[size_t(r)], spec, {int(cfg.n_layers), int(cfg.n_routed_experts)});
+      dsv4gpu::GpuModelOptions o;
+      if (l.dp > 1) o.dp = mesh.dp_group.get();
+      if (l.ep > 1) o.ep = mesh.ep_group.get();
+      o.tp = mesh.tp_group.get();
+      dsv4gpu::GpuModel m(cfg, o);
+      dsv4gpu::GpuOptimizer opt(m);
+      got[size_t(r)] = m.param_memory();
+      state[size_t(r)] = opt.state_bytes();
+      dp_rank[size_t(r)] = mesh.dp_rank;
+    });
+    if (HasFailure()) return;
+    for (int r = 0; r < W; ++r) {
+      const plan::RankParamState want = plan::rank_param_state(cfg, l.dp, l.ep, dp_rank[size_t(r)], 1, l.tp);
+      const dsv4gpu::GpuModel::ParamMemory& g = got[size_t(r)];
+      std::printf("%s rank %d: planner weights %.0f B, grads %.0f B, optimiser %.0f B; allocated %lld, %lld, %lld B\n",
+                  l.name().c_str(), r, want.weight_bytes(), want.grad_bytes(), want.optimizer_bytes(),
+                  (long long)g.weight_bytes, (long long)g.grad_bytes,
+                  (long long)(g.master_bytes + state[size_t(r)]));
+      EXPECT_EQ(g.held_elems, want.held()) << l.name() << " rank " << r;
+      EXPECT_GE(g.weight_bytes, int64_t(want.weight_bytes()));
+      EXPECT_LE(g.weight_bytes, int64_t(want.weight_bytes()) + 2 * pad);
+      EXPECT_EQ(g.grad_bytes, 2 * g.weight_bytes);
+      EXPECT_EQ(state[size_t(r)], 2 * g.master_bytes);
+      EXPECT_NEAR(double(g.master_elems), want.owned, double(pad)) << l.name() << " rank " << r;
+    }
+    // The split tensors really are split: a TP rank holds fewer elements than the one-rank model.
+    EXPECT_LT(plan::rank_param_state(cfg, l.dp, l.ep, 0, 1, l.tp).held(), plan::rank_param_state(cfg, l.dp, l.ep, 0).held());
+  }
+}

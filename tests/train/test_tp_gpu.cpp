@@ -1,0 +1,197 @@
+// Tensor parallelism in the GPU model (GpuModelOptions::tp): TP ranks emulated as threads of this process on ONE
+// GPU over the thread-group communicator (comm/thread_group.h), each rank its own GpuModel with its slice of the
+// split tensors (dsv4::tp_split_axis: the attention's query heads / output groups, the shared expert's width).
+//
+// TpGpu.MatchesOneRank/{tp2, tp2_mtp}: tp = 2 against the one-rank model on the same batch and the same seed (each
+// TP rank draws the whole tensor and keeps its slice): the loss (rel 2e-3: the partial outputs are summed in fp32
+// across the ranks instead of inside one GEMM), each split gradient against the one-rank gradient's slice and each
+// replicated gradient against the one-rank gradient (rel L2 0.05, the EP shard test's bf16 bound; 0.5 below 64
+// elements), the gradient norm (rel 1e-2). Replicated gradients are bit-identical on the two TP ranks (their
+// inputs and incoming gradients are the same bits after the TP all-reduces), and so is the norm. A wrong slice,
+// a missing all-reduce or a double-counted replicated tensor is off by O(1).
+// TpGpu.SlicesRoundTripAndRefuseBadSplits: set_shard / gather_shard take and give the official tensor; a TP degree
+// that does not divide the heads is refused with the numbers.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "comm/rank_threads.h"
+#include "comm/thread_group.h"
+#include "comm/two_rank_threads.h"
+#include "kernels/gpu_test_util.h"
+#include "model/cuda/gpu_model.h"
+#include "model/dsv4/param_table.h"
+#include "train/tiny_gpu_config.h"
+
+namespace {
+
+using namespace trex;
+using Grads = std::map<std::string, std::vector<float>>;
+using trex::gpu_test::rel_l2;
+
+// TP rank `rank` of `tp`'s slice of a row-major tensor of shape `full` split along `axis`.
+std::vector<float> slice_of(const std::vector<float>& v, const Shape& full, int axis, int tp, int rank) {
+  int64_t rows = 1, inner = 1;
+  for (size_t i = 0; i < full.size(); ++i) {
+    if (int(i) < axis) rows *= full[i];
+    if (int(i) > axis) inner *= full[i];
+  }
+  const int64_t pitch = full[size_t(axis)] * inner, width = pitch / tp;
+  std::vector<float> out;
+  for (int64_t r = 0; r < rows; ++r)
+    out.insert(out.end(), v.begin() + r * pitch + rank * width, v.begin() + r * pitch + (rank + 1) * width);
+  return out;
+}
+
+struct TpRun {
+  double loss = 0, norm = 0;
+  Grads grads;
+  std::map<std::string, int> axis;
+};
+
+// Two rows of 64 tokens, one of them two packed documents; some labels masked.
+struct Batch {
+  std::vector<int32_t> ids, labels;
+};
+Batch batch(int64_t V) {
+  std::mt19937 g(7);
+  Batch b;
+  b.ids.resize(128), b.labels.resize(128);
+  for (size_t i = 0; i < 128; ++i) {
+    b.ids[i] = int32_t(g() % uint32_t(V));
+    b.labels[i] = (i % 11 == 3) ? -100 : b.ids[i];
+  }
+  return b;
+}
+dsv4::SeqLayout layout() { return dsv4::SeqLayout::packed(64, {{64}, {40, 24}}); }
+
+TpRun run_one(const dsv4::ModelConfig& cfg, comm::Communicator* tp) {
+  dsv4gpu::GpuModelOptions o;
+  o.tp = tp;
+  o.deterministic = true;
+  dsv4gpu::GpuModel m(cfg, o);
+  m.init_random(5);
+  const Batch b = batch(cfg.vocab_size);
+  TpRun r;
+  m.zero_grads();
+  r.loss = m.forward(b.ids.data(), b.labels.data(), layout(), nullptr, dsv4gpu::HeadMode::LossAndGrad);
+  m.backward();
+  r.norm = m.grad_norm();
+  for (const std::string& n : m.param_names()) r.grads[n] = m.grad(n), r.axis[n] = m.tp_axis(n);
+  return r;
+}
+
+struct Case {
+  const char* name;
+  int64_t n_mtp;
+};
+
+class TpGpu : public ::testing::TestWithParam<Case> {};
+
+TEST_P(TpGpu, MatchesOneRank) {
+  if (trex::testing::n_devices() < 1) GTEST_SKIP() << "needs a GPU";
+  const dsv4::ModelConfig cfg = trex::testing::tiny_gpu_config("TP test config", GetParam().n_mtp);
+  const int T = 2;
+  const TpRun ref = run_one(cfg, nullptr);
+  auto comms = comm::make_thread_group(T, 120.0);
+  std::vector<TpRun> out(static_cast<size_t>(T));
+  trex::testing::run_ranks(T, [&](int r) { out[size_t(r)] = run_one(cfg, comms[size_t(r)].get()); });
+  if (HasFailure()) return;
+
+  std::printf("%s: loss one rank %.6f, tp=2 %.6f / %.6f; grad norm %.6f, tp=2 %.6f / %.6f\n", GetParam().name,
+              ref.loss, out[0].loss, out[1].loss, ref.norm, out[0].norm, out[1].norm);
+  EXPECT_LT(std::abs(out[0].loss - ref.loss) / ref.loss, 2e-3);
+  EXPECT_EQ(out[0].loss, out[1].loss) << "the TP ranks compute the same head";
+  EXPECT_LT(std::abs(out[0].norm - ref.norm) / ref.norm, 1e-2);
+  EXPECT_EQ(out[0].norm, out[1].norm) << "the norm must be the same bits on every TP rank (clipping)";
+
+  int split = 0, replicated = 0;
+  double worst_split = 0, worst_rep = 0;
+  ASSERT_EQ(out[0].grads.size(), ref.grads.size());
+  for (const auto& [name, g_ref] : ref.grads) {
+    ASSERT_TRUE(out[0].grads.count(name)) << name;
+    const int axis = out[0].axis.at(name);
+    EXPECT_EQ(axis, dsv4::tp_split_axis(name)) << name;
+    for (int r = 0; r < T; ++r) {
+      const std::vector<float>& g = out[size_t(r)].grads.at(name);
+      std::vector<float> want = g_ref;
+      if (axis >= 0) {
+        Shape shape;
+        for (const dsv4::ParamSpec& s : dsv4::param_table(cfg))
+          if (s.name == name) shape = s.shape;
+        want = slice_of(g_ref, shape, axis, T, r);
+      }
+      ASSERT_EQ(g.size(), want.size()) << name << " rank " << r;
+      double e = 0;
+      for (float x : want) e += double(x) * x;
+      if (e == 0) continue;  // no gradient (the indexer)
+      const double err = rel_l2(g, want);
+      EXPECT_LT(err, want.size() < 64 ? 0.5 : 0.05) << name << " rank " << r;
+      double& worst = axis >= 0 ? worst_split : worst_rep;
+      if (want.size() >= 64) worst = std::max(worst, err);
+    }
+    if (axis >= 0) {
+      ++split;
+    } else {
+      ++replicated;
+      EXPECT_EQ(out[0].grads.at(name), out[1].grads.at(name)) << name << ": a replicated gradient differs between "
+                                                                  "the TP ranks";
+    }
+  }
+  // wq_b, wo_a, wo_b, attn_sink per block; w1, w3, w2 of every shared expert.
+  const int64_t blocks = cfg.n_layers + cfg.n_mtp;
+  EXPECT_EQ(split, blocks * 7);
+  EXPECT_GT(replicated, 0);
+  std::printf("%s: %d split, %d replicated tensors; worst rel L2 vs one rank: split %.2e, replicated %.2e\n",
+              GetParam().name, split, replicated, worst_split, worst_rep);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tp, TpGpu, ::testing::Values(Case{"tp2", 0}, Case{"tp2_mtp", 1}),
+                         [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
+
+TEST(TpGpuShards, SlicesRoundTripAndRefuseBadSplits) {
+  if (trex::testing::n_devices() < 1) GTEST_SKIP() << "needs a GPU";
+  const dsv4::ModelConfig cfg = trex::testing::tiny_gpu_config("TP test config");
+  auto comms = comm::make_thread_group(2, 60.0);
+  const std::string wo_b = "layers.1.attn.wo_b.weight", wq_a = "layers.1.attn.wq_a.weight";
+  trex::testing::run_ranks(2, [&](int r) {
+    dsv4gpu::GpuModelOptions o;
+    o.tp = comms[size_t(r)].get();
+    dsv4gpu::GpuModel m(cfg, o);
+    for (const std::string& n : {wo_b, wq_a}) {
+      const Shape full = m.full_shape(n);
+      std::vector<float> v(size_t(numel(full)));
+      for (size_t i = 0; i < v.size(); ++i) v[i] = float(int(i % 97) - 48) / 64.f;  // exact in bf16 and fp32
+      m.set_shard(n, v);
+      EXPECT_EQ(m.gather_shard(n), v) << n << " rank " << r;  // collective: both ranks, same order
+      const std::vector<float> mine = m.value(n);
+      const int axis = m.tp_axis(n);
+      EXPECT_EQ(mine, axis >= 0 ? slice_of(v, full, axis, 2, r) : v) << n << " rank " << r;
+    }
+    EXPECT_EQ(m.tp_axis(wo_b), 1);
+    EXPECT_EQ(m.tp_axis(wq_a), -1);
+  });
+  // 4 heads over 3 ranks.
+  auto three = comm::make_thread_group(3, 60.0);
+  std::vector<std::string> errors(3u);
+  trex::testing::run_ranks(3, [&](int r) {
+    dsv4gpu::GpuModelOptions o;
+    o.tp = three[size_t(r)].get();
+    try {
+      dsv4gpu::GpuModel m(cfg, o);
+    } catch (const std::exception& e) {
+      errors[size_t(r)] = e.what();
+    }
+  });
+  for (int r = 0; r < 3; ++r)
+    EXPECT_NE(errors[size_t(r)].find("3 ranks does not divide the 4 attention query heads"), std::string::npos)
+        << errors[size_t(r)];
+}
+
+}  // namespace
