@@ -195,6 +195,7 @@ TEST(DistributedConfig, ParsesAndChecksTheParallelSection) {
             {"parallel", {{"dp", 2}, {"micro_batches", 3}}}};
   EXPECT_EQ(parse_train_config(j, "x").grad_accum, 6);
   EXPECT_THROW(parse(R"({"dp": 2, "micro_batches": 3})"), trex::Error);  // data.grad_accum 4 disagrees
-  EXPECT_THROW(parse(R"({"tp": 2})"), trex::Error);
+  EXPECT_EQ(parse(R"({"tp": 2})").parallel.mesh.tp, 2);       // tensor parallel: the GPU trainer's
+  EXPECT_THROW(parse(R"({"cp": 2})"), trex::Error);            // no context parallelism: an unknown key
   EXPECT_THROW(parse(R"({"pp": 2, "schedule": "gpipe"})"), trex::Error);
 }
