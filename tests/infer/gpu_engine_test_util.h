@@ -19,12 +19,14 @@ inline double row_err(const std::vector<float>& a, const std::vector<float>& ref
   return double(err) / std::max(double(scale), 1e-9);
 }
 
-// Logits of every position of `seq` from one uncached forward of the GPU training model (head on the host).
+// Logits of every position of `seq` from one uncached forward of the GPU training model (head on the host);
+// inject: router / indexer choices to use instead of the model's own (null: its own).
 inline std::vector<std::vector<float>> uncached_logits(dsv4gpu::GpuModel& full, const std::vector<int32_t>& seq,
-                                                       int64_t V, int64_t d) {
+                                                       int64_t V, int64_t d,
+                                                       const dsv4gpu::Injection* inject = nullptr) {
   const int64_t S = int64_t(seq.size());
   const std::vector<int32_t> labels(seq.size(), -100);
-  full.forward(seq.data(), labels.data(), dsv4::SeqLayout::unpacked(1, S));
+  full.forward(seq.data(), labels.data(), dsv4::SeqLayout::unpacked(1, S), inject);
   const std::vector<float> h = full.final_normed();
   const std::vector<float> head = full.value("head.weight");
   std::vector<std::vector<float>> out(static_cast<size_t>(S), std::vector<float>(static_cast<size_t>(V)));

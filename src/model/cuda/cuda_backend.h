@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "model/cuda/decode_cache.h"
 #include "model/cuda/gpu_impl.h"
@@ -113,6 +114,12 @@ class CudaBackend final : public dsv4::Backend {
   void set_decode(const DecodeOptions& o);
   DecodeCaches& decode_caches();
   const bf16* decode_streams() const;
+  // The choices the last decode pass made, per token of the pass (valid until the next pass; synchronises): block
+  // blk's routed experts [n_tok * topk], and on a CSA block the indexer's entries [n_tok * index_topk] as global
+  // indices of the slots' entry arrays (slot * cap + entry; -1 empty). Tests give them to the uncached model
+  // (Injection), so that a bf16 near-tie the two resolve differently is told apart from a wrong cache.
+  std::vector<int32_t> decode_router_selection(int64_t blk) const;
+  std::vector<int64_t> decode_csa_selection(int64_t blk) const;
 
  private:
   struct BlockGrads;  // one block's backward temporaries

@@ -219,7 +219,9 @@ void CudaBackend::attention_cached(const Pass& p, int64_t blk) {
       int64_t* vb = tmp.take<int64_t>(N);
       int64_t* ve = tmp.take<int64_t>(N);
       cuda::decode_visible_ranges(st, D.ratio, C.cap, vb, ve);
-      sel = tmp.take<int64_t>(N * k);
+      // In the block's picks (kept until its next pass, like the router's choice): decode_csa_selection reads it.
+      sel = b.picks.take<int64_t>(N * k);
+      dp.csa_sel[blk] = sel;
       cuda::IndexerTopkArgs ia;
       ia.n_tok = N, ia.n_heads = nI, ia.head_dim = cI, ia.k_sel = k;
       ia.max_visible = std::max<int64_t>(dp.entries.at(D.ratio).max_visible, 1);
@@ -311,6 +313,24 @@ void CudaBackend::head_logits(const Pass& p, Stream in, const int64_t* rows, int
   cuda::rmsnorm_fwd(hn, hrstd, hcol, m_.b16("norm.weight"), H, d, float(cfg.rms_eps));
   c_.lin.fwd(logits, hn, W, H, d, V, true);
   mark(kPhaseHead);
+}
+
+std::vector<int32_t> CudaBackend::decode_router_selection(int64_t blk) const {
+  TREX_CHECK(dec_, "CUDA backend: no decode pass has run");
+  const GpuBlock& b = block(blk);
+  TREX_CHECK(b.mo.sel, "CUDA backend: block {} has no router selection of the last decode pass", blk);
+  std::vector<int32_t> v(size_t(dec_->st.n_tok * m_.cfg.topk));
+  TREX_CUDA(cudaMemcpy(v.data(), b.mo.sel, v.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  return v;
+}
+
+std::vector<int64_t> CudaBackend::decode_csa_selection(int64_t blk) const {
+  TREX_CHECK(dec_, "CUDA backend: no decode pass has run");
+  const auto it = dec_->csa_sel.find(blk);
+  TREX_CHECK(it != dec_->csa_sel.end(), "CUDA backend: block {} is not a CSA layer of the last decode pass", blk);
+  std::vector<int64_t> v(size_t(dec_->st.n_tok * m_.cfg.index_topk));
+  TREX_CUDA(cudaMemcpy(v.data(), it->second, v.size() * sizeof(int64_t), cudaMemcpyDeviceToHost));
+  return v;
 }
 
 }  // namespace trex::dsv4gpu

@@ -71,6 +71,7 @@ struct DecodePass {
     int64_t max_visible = 0;  // the largest (pos + 1) / m of the step's tokens
   };
   std::map<int64_t, Entries> entries;  // by compress ratio
+  std::map<int64_t, const int64_t*> csa_sel;  // by block: the indexer's selection [N, index_topk] (block's picks)
   DevLayout lay;
   bf16 *X = nullptr, *Xmid = nullptr, *an = nullptr, *y = nullptr;
   float* rstd = nullptr;
