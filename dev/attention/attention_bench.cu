@@ -27,7 +27,7 @@
 // k_sel = 512): v1 = CUDA-core scores (IndexerKernel::CudaCore), v2 = tensor-core scores; the selections of
 // 16 sampled queries are checked against double scores (top-k invariant with tolerance 1e-4 x max |score|),
 // the agreement of v1 and v2 is printed; TFLOP/s counts 2 * 64 * 128 per visible (query, entry) pair.
-// Build + run: bench/device/attn.sh (nvcc -arch=sm_90a, with sparse_variants.cu; no CMake). Usage: attention_bench [N] [H] [c] [reps]
+// Build + run: dev/attention/device.sh (nvcc -arch=sm_90a, with sparse_variants.cu; no CMake). Usage: attention_bench [N] [H] [c] [reps]
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 // The numbered versions of dev/attention/README.md (see sparse_variants.h): the mma.sync forward kernel of
 // v2 - v5 and v8 - v10 (fwd_kernel, here only), and the other template configurations of the product's kernels
-// (attention_sparse_mma.cuh). Compiled only by bench/device/attn.sh.
+// (attention_sparse_mma.cuh). Compiled only by dev/attention/device.sh.
 // fwd_kernel, per block = one query i and R = 16 * MT heads (MT m-tiles of 16 heads, W warps):
 //   S phase   each warp computes S[16 heads of its m-tile][its keys of the tile] over the c dims (Q and the key
 //             tile both from smem through ldmatrix);

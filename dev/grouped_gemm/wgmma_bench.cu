@@ -2,7 +2,7 @@
 // the Hopper wgmma versions v1-v11, the product's m1 / m3 / v10 among them), against one cuBLAS GEMM per expert,
 // with a double-precision CPU check on small skewed cases. See README.md for the versions. Build (device): nvcc
 // -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -I src dev/grouped_gemm/wgmma_bench.cu -lcublas -o
-// wgmma_bench (bench/device/wgmma.sh does). Run: wgmma_bench [reps=10]; GG_CASE=small|flash|small-s6|decode runs
+// wgmma_bench (dev/grouped_gemm/device.sh does). Run: wgmma_bench [reps=10]; GG_CASE=small|flash|small-s6|decode runs
 // one group, GG_V=m3,1,10 only those versions (a bare number is an sm90 version), GG_NGROUP=n the sm90 fwd / dx
 // walk's n-tile groups (0 = ungrouped; default the product's).
 #include <cublas_v2.h>

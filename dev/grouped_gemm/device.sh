@@ -7,7 +7,7 @@
 # dispatch and each of its paths). Versions without clusters run apart from the cluster ones (v4 v5 v7 v8), so a
 # hang in one group (each step has a timeout) does not hide the other's numbers. Every result line starts PASS /
 # FAIL / BENCH. About 110 s.
-# Usage (repo root, device): bash bench/device/wgmma.sh
+# Usage (repo root, device): bash dev/grouped_gemm/device.sh
 set -uo pipefail
 export PATH=/usr/local/cuda/bin:$PATH
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}

@@ -10,7 +10,7 @@
 # The benchmark (attention_bench.cu + the numbered variants, dev/attention/sparse_variants.cu, both compiled
 # here) links build-dev's objects of the product kernels (already compiled by the batch) when they are there and
 # newer than the sources; else it compiles those with nvcc here too (~70 s).
-# Usage (repo root, device): bash bench/device/attn.sh
+# Usage (repo root, device): bash dev/attention/device.sh
 set -uo pipefail
 export PATH=/usr/local/cuda/bin:$PATH
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
