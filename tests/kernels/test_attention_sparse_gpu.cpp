@@ -8,7 +8,7 @@
 //            32: H = 20, 24, 32);
 //   backward H > 32 64-head blocks with prefetched keys (H = 48, 64, 128), H <= 32 CSA split dims (H = 16, 20,
 //            32), H <= 32 window / HCA multi-query blocks (H = 16, 24).
-// The other tilings of those kernels are checked by the dev/attention benchmark (bench/device/attn.sh).
+// The other tilings of those kernels are checked by the dev/attention benchmark (dev/attention/device.sh).
 // Tolerances (relative L2): o, dq 1e-2 (bf16 outputs: 2^-9 rounding, fp32 sums in another order);
 // lse 1e-5 (fp32); dkv, dcmp, dsink 1e-2 (fp32 sums over bf16 o, whose rounding enters D = dO . O).
 // The backward is bitwise deterministic (attention_dkv_reduce.h): the same call twice gives the same bits of dq,

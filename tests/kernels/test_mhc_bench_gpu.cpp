@@ -2,7 +2,7 @@
 // flash-l4 step at 8192) and at decode sizes (1 and 64 tokens), printed as ms and GB/s of the bytes each kernel
 // must move (against the H200 copy ceiling of ~4.2 TB/s). Not a test: DISABLED_ so CI and `ctest` skip it; run
 //   test_kernels_gpu --gtest_also_run_disabled_tests --gtest_filter='*MhcBench*'
-// (bench/device/mhc.sh does). Only checks that every launch succeeded.
+// Only checks that every launch succeeded.
 #include <gtest/gtest.h>
 
 #include <cstdio>
