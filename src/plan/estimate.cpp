@@ -291,7 +291,8 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
     }
     if (l.zero == 2) {
       // ZeRO-2 as the GPU trainer runs it (model/cuda/grad_buckets.h): the dense gradients persist as this
-      // rank's 1/DP slice; the experts' stay whole (their replicas reduce-scatter in place). On top, transient
+      // rank's 1/DP slice, and so do the experts' without expert parallelism (they sit in their layer's bucket);
+      // with it they stay whole (their replicas reduce-scatter in place). On top, transient
       // fp32 bucket buffers: two layers' (one written, one being reduced) and the root group's (embedding and
       // head: the head's is written from the training forward on, the embedding's with MTP from the MTP input's
       // backward on).
@@ -301,7 +302,8 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
         biggest = std::max(biggest, p.sharded / double(l.tp) + p.replicated);
       }
       const double root = (s == 0 ? pc.embed / double(l.tp) : 0) + (s == l.pp - 1 ? pc.head / double(l.tp) : 0);
-      mem.grads = (dense - frozen) * ip.grad_bytes / double(dense_dp) + experts * ip.grad_bytes +
+      const double expert_grads = l.ep * l.etp == 1 ? experts / double(dense_dp) : experts;
+      mem.grads = (dense - frozen) * ip.grad_bytes / double(dense_dp) + expert_grads * ip.grad_bytes +
                   (2 * biggest + root) * ip.grad_bytes;
     }
     if (l.zero == 3) {  // FSDP: parameters and gradients sharded too, plus gathered working copies

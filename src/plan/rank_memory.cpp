@@ -22,7 +22,10 @@ RankParamState rank_param_state(const dsv4::ModelConfig& cfg, int64_t dp, int64_
       if (s.expert / per != ep_rank) continue;
       r.experts += n;
       r.owned += double(n) / double(edp);
-      r.grads += double(n);
+      // Without expert parallelism the experts sit in their layer's bucket (gpu_params_cuda.cpp): ZeRO-2 keeps
+      // their gradients as this rank's 1/dp share, as the dense tensors'. With it they form region X, whose
+      // gradients stay whole (reduce-scattered over the replicas in place).
+      r.grads += zero == 2 && ep == 1 ? double(n) / double(dp) : double(n);
     } else {
       r.dense += n;
       const double share = s.dtype == DType::BF16 ? double(n) / double(dp) : double(n);

@@ -6,11 +6,15 @@
 // - ZeRO-1 over the dp ranks: the fp32 master and the AdamW moments of the dense tensors the kernels read in bf16
 //   are sharded dp ways; the small fp32-read tensors (mHC mixing, attention sinks, compressor ape) are replicated;
 // - a routed expert's master and moments are sharded over its dp / ep expert-data-parallel replicas;
-// - ZeRO-2 (parallel.zero 2): the fp32 gradients of the bf16-read dense tensors persist as this rank's 1/dp share
-//   too (the fp32-read ones and the experts' stay whole); the transient bucket buffers (model/cuda/grad_buckets.h)
-//   are not parameter state and are not counted here.
-// Element counts without the arena's alignment padding; the GPU test (tests/train/test_gpu_mesh_ep_gpu.cpp)
-// compares them with what each rank really allocates.
+// - ZeRO-2 (parallel.zero 2): the fp32 gradients of the bucketed tensors persist as this rank's 1/dp share too:
+//   the bf16-read dense tensors, and the routed experts when ep = 1 (they are then in their layer's bucket); the
+//   fp32-read ones (region R) and, under ep > 1, the experts (region X) stay whole. The transient bucket buffers
+//   (model/cuda/grad_buckets.h) and Muon's per-bucket Newton-Schulz gather are not parameter state and are not
+//   counted here.
+// Element counts without the arena's alignment padding. A bucket's padding falls into its last ranks' slices, so
+// a rank's real ZeRO-2 share of a bucket differs from the 1/dp share by less than the bucket alignment (512
+// elements per bucket), and the shares sum over the dp ranks to the bucketed elements exactly. The GPU tests
+// (tests/train/test_gpu_mesh_ep_gpu.cpp, test_gpu_zero_gpu.cpp) compare them with what each rank allocates.
 #pragma once
 #include <cstdint>
 

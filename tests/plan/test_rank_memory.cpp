@@ -129,8 +129,9 @@ TEST(PlanRankMemory, AgreesWithTheEstimatorsWeightsPerRank) {
   }
 }
 
-// ZeRO-2 (parallel.zero 2): the persistent fp32 gradients of the bf16-read dense tensors are a 1/dp share, the
-// fp32-read ones and the experts' stay whole; weights and optimiser state are ZeRO-1's. The estimator's ZERO=2
+// ZeRO-2 (parallel.zero 2): the persistent fp32 gradients of the bucketed tensors are a 1/dp share (the bf16-read
+// dense tensors, and the experts when ep = 1: they are in their layer's bucket), the fp32-read ones and, under
+// ep > 1, the experts' stay whole; weights and optimiser state are ZeRO-1's. The estimator's ZERO=2
 // gradients are the same share (the experts whole) plus its transient bucket buffers: two blocks and the
 // embedding and head, bounded above by the ZeRO-1 count for a large model.
 TEST(PlanRankMemory, ZeroTwoShardsTheDenseGradients) {
@@ -143,7 +144,8 @@ TEST(PlanRankMemory, ZeroTwoShardsTheDenseGradients) {
       EXPECT_DOUBLE_EQ(z1.grads, double(z1.held()));
       EXPECT_EQ(z2.held(), z1.held());
       EXPECT_DOUBLE_EQ(z2.owned, z1.owned);
-      const double want = double(c.dense_bf16) / double(dp) + double(c.dense_f32) + double(c.experts_held);
+      const double experts = ep == 1 ? double(c.experts_held) / double(dp) : double(c.experts_held);
+      const double want = double(c.dense_bf16) / double(dp) + double(c.dense_f32) + experts;
       EXPECT_NEAR(z2.grads, want, 1e-9 * want) << "dp=" << dp << " ep=" << ep;
       EXPECT_DOUBLE_EQ(z2.grad_bytes(), 4.0 * z2.grads);
     }
@@ -161,4 +163,41 @@ TEST(PlanRankMemory, ZeroTwoShardsTheDenseGradients) {
   EXPECT_DOUBLE_EQ(e2.mem.weights, e1.mem.weights);
   EXPECT_DOUBLE_EQ(e2.mem.optimizer, e1.mem.optimizer);
   std::printf("flash EP8 dp64: grads per rank ZeRO-1 %.2f GiB, ZeRO-2 %.2f GiB\n", e1.mem.grads, e2.mem.grads);
+}
+
+// The tiny GPU config's ZeRO-2 gradient count, pinned by hand from its shapes (tests/train/tiny_gpu_config.h:
+// d 64, 3 layers, 8 routed experts of f 32, one shared expert, vocabulary 256, hc 4): each routed expert is
+// 3 x 32 x 64 = 6144 elements, 8 x 3 x 6144 = 147456 in all. Without expert parallelism they are in the layer
+// buckets and ZeRO-2 keeps 1/dp of their gradients (GradBuckets); with ep = 2 each rank keeps its 4 experts'
+// gradients whole (region X). tests/train/test_gpu_zero_gpu.cpp (GpuZeroMemory) compares the same counts with
+// what each GPU rank allocates.
+TEST(PlanRankMemory, ZeroTwoGradientsOfTheTinyGpuConfig) {
+  const dsv4::ModelConfig tiny = trex::testing::tiny_gpu_config("rank memory zero 2 test");
+  const Counts c = independent(tiny, 1, 0);
+  ASSERT_EQ(c.experts_held, 147456);
+  // The dense tensors: the planner's ZeRO-1 count less the experts, split by the dtype the GPU reads them in.
+  const RankParamState one = rank_param_state(tiny, 1, 1, 0, 1);
+  EXPECT_EQ(one.dense, c.dense_bf16 + c.dense_f32);
+  EXPECT_EQ(one.experts, 147456);
+  for (int64_t dp : {2, 4}) {
+    double sum = 0;
+    for (int64_t r = 0; r < dp; ++r) {
+      const RankParamState z2 = rank_param_state(tiny, dp, 1, r, 2);
+      EXPECT_DOUBLE_EQ(z2.grads, double(c.dense_bf16 + 147456) / double(dp) + double(c.dense_f32)) << dp;
+      sum += z2.grads;
+    }
+    // Over the ranks: every bucketed gradient once, the replicated fp32-read ones on every rank.
+    EXPECT_DOUBLE_EQ(sum, double(c.dense_bf16 + 147456) + double(dp) * double(c.dense_f32)) << dp;
+  }
+  // GpuZeroMemory's config (the vocabulary widened to 320 for its corpus' tokenizer), dp 2 without ep: its two
+  // GPU ranks hold 316339 and 315411 gradient elements (the H200 run of tests/train/test_gpu_zero_gpu.cpp; the
+  // bucket padding sits in rank 1's slices), 631750 in all, which the planner's two shares sum to.
+  dsv4::ModelConfig wide = tiny;
+  wide.vocab_size = 320;
+  EXPECT_DOUBLE_EQ(rank_param_state(wide, 2, 1, 0, 2).grads + rank_param_state(wide, 2, 1, 1, 2).grads, 631750.0);
+  for (int64_t r = 0; r < 4; ++r) {  // dp 4 x ep 2: 4 experts of 8 per rank, whole
+    const RankParamState z2 = rank_param_state(tiny, 4, 2, r, 2);
+    EXPECT_EQ(z2.experts, 147456 / 2);
+    EXPECT_DOUBLE_EQ(z2.grads, double(c.dense_bf16) / 4.0 + double(c.dense_f32) + 147456.0 / 2.0) << r;
+  }
 }

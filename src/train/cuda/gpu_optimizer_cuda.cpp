@@ -21,7 +21,10 @@ namespace trex::dsv4gpu {
 // Data parallel (ZeRO-1), this rank's pieces of every tensor: AdamW runs (arena offset for g and the bf16 copy,
 // shard offset for w, m, v) per region (the local experts or this replica's slice of them, region R, each
 // bucket), the Muon elements it holds (momentum runs), the buckets whose Muon inputs are all-gathered, and the Muon
-// matrices it holds a part of, with that part (lo, hi, shard offset). Frozen tensors appear nowhere.
+// matrices it holds a part of, with that part (lo, hi, shard offset). Frozen tensors appear nowhere. ZeRO-1
+// gathers a bucket's inputs into the gradient arena itself; ZeRO-2 keeps only the rank's slices, so each bucket's
+// are gathered into a transient fp32 buffer of the bucket (GpuOptimizer::step) and its matrices are batched on
+// their own, addressed from the bucket's start.
 struct OptPlan {
   std::string kind;
   bool decay_vectors = true;
@@ -32,7 +35,10 @@ struct OptPlan {
   std::vector<Segment> adamw;
   struct MuonBatch {
     int64_t rows = 0, cols = 0, count = 0;
-    DevMem offsets;  // int64 [count], element offsets of the matrices (arena)
+    // ZeRO-2: the bucket whose transient gathered inputs the batch reads, its offsets from the bucket's begin; -1:
+    // arena offsets (one GPU, ZeRO-1, and the local experts of region X, whose gradients stay whole).
+    int bucket = -1;
+    DevMem offsets;  // int64 [count], element offsets of the matrices (arena, or from the bucket's begin)
     DevMem ranges;   // data parallel: int64 [count, 3], this rank's part of each (cuda::muon_apply_ranges)
   };
   std::vector<MuonBatch> muon;
@@ -68,13 +74,14 @@ struct MuonEntry {
   int64_t offset = 0, lo = 0, hi = 0, shard = 0;
 };
 
-void add_muon_batches(OptPlan& plan, const std::map<std::pair<int64_t, int64_t>, std::vector<MuonEntry>>& by_shape,
-                      bool with_ranges) {
+using MuonByShape = std::map<std::pair<int64_t, int64_t>, std::vector<MuonEntry>>;
+
+void add_muon_batches(OptPlan& plan, const MuonByShape& by_shape, bool with_ranges, int bucket = -1) {
   for (const auto& [shape, list] : by_shape) {
     const int64_t per = std::max<int64_t>(1, std::min<int64_t>(65535, kMuonBatchElems / (shape.first * shape.second)));
     for (size_t i = 0; i < list.size(); i += size_t(per)) {
       OptPlan::MuonBatch b;
-      b.rows = shape.first, b.cols = shape.second;
+      b.rows = shape.first, b.cols = shape.second, b.bucket = bucket;
       b.count = std::min<int64_t>(per, int64_t(list.size() - i));
       std::vector<int64_t> offs, ranges;
       for (int64_t k = 0; k < b.count; ++k) {
@@ -159,7 +166,8 @@ std::unique_ptr<OptPlan> sharded_plan(const GpuModel::Impl& m, const optim::Opti
       if (p.offset >= m.buckets[b].begin && p.offset < m.buckets[b].end) return int(b);
     fail("GPU optimizer: parameter '{}' (arena offset {}) is in no bucket", p.name, p.offset);
   };
-  std::map<std::pair<int64_t, int64_t>, std::vector<MuonEntry>> by_shape;
+  // Keyed by the batch's bucket: -1 (arena offsets) except a bucket's matrices under ZeRO-2.
+  std::map<int, MuonByShape> by_bucket;
   bool prev_adamw = false;
   int prev_region = -2;
   for (const GpuParam& p : m.params) {
@@ -176,11 +184,9 @@ std::unique_ptr<OptPlan> sharded_plan(const GpuModel::Impl& m, const optim::Opti
     const std::vector<GpuModel::Impl::ShardPiece> pieces = m.own_pieces(p);
     if (c.kind == "muon" && g == optim::ParamGroup::Muon) {
       check_muon_matrix(p);
-      // The Newton-Schulz batches address the gradients by arena offset (a bucket's inputs all-gathered whole
-      // into the arena): ZeRO-2 keeps no such arena beyond region X (the local experts).
-      TREX_CHECK(expert || !m.zero2(), "GPU optimizer: Muon on '{}' under parallel.zero 2 needs whole-matrix "
-                 "gradients, which ZeRO-2 does not keep (not implemented); use zero 1 or optimizer.kind adamw",
-                 p.name);
+      // ZeRO-2: the bucket's matrices read its transient gathered inputs, from the bucket's begin.
+      const int key = m.zero2() && bucket >= 0 ? bucket : -1;
+      const int64_t base = key >= 0 ? m.buckets[size_t(bucket)].begin : 0;
       const int64_t rows = p.shape[p.shape.size() - 2], cols = p.shape.back(), rc = rows * cols;
       if (bucket >= 0) muon_bucket[size_t(bucket)] = 1;
       for (const auto& w : pieces) {
@@ -196,7 +202,7 @@ std::unique_ptr<OptPlan> sharded_plan(const GpuModel::Impl& m, const optim::Opti
         // Every matrix this piece touches, with the part of it held here.
         for (int64_t k = w.t / rc; k * rc < w.t + w.n; ++k) {
           const int64_t a = std::max(w.t, k * rc), e = std::min(w.t + w.n, (k + 1) * rc);
-          by_shape[{rows, cols}].push_back({p.offset + k * rc, a - k * rc, e - k * rc, w.s + (a - w.t)});
+          by_bucket[key][{rows, cols}].push_back({p.offset + k * rc - base, a - k * rc, e - k * rc, w.s + (a - w.t)});
         }
       }
       prev_adamw = false;
@@ -224,7 +230,7 @@ std::unique_ptr<OptPlan> sharded_plan(const GpuModel::Impl& m, const optim::Opti
   }
   for (size_t b = 0; b < m.buckets.size(); ++b)
     if (muon_bucket[b]) plan->input_buckets.push_back(int(b));
-  add_muon_batches(*plan, by_shape, true);
+  for (const auto& [key, by_shape] : by_bucket) add_muon_batches(*plan, by_shape, true, key);
   return plan;
 }
 
@@ -364,21 +370,41 @@ void GpuOptimizer::step(const optim::OptimizerConfig& c, double lr, int64_t step
   // buckets' inputs all-gathered (each rank holds a slice), so every matrix this rank holds a part of is whole
   // here; orthogonalised, and the own part of it updated.
   for (const auto& r : plan.momentum) cuda::muon_momentum_range(g + r.grad, mom + r.shard, r.n, ms);
-  for (int bi : plan.input_buckets) {
-    const GpuModel::Impl::Bucket& b = m.buckets[size_t(bi)];
-    const int64_t n = b.slice(m.dp_size), own = b.begin + m.dp_rank * n;
-    auto work = m.dp->all_gather(g + own, g + b.begin, size_t(n), comm::ElemType::F32);
-    m.stream_wait(*work);
-  }
+  if (!m.zero2())
+    for (int bi : plan.input_buckets) {
+      const GpuModel::Impl::Bucket& b = m.buckets[size_t(bi)];
+      const int64_t n = b.slice(m.dp_size), own = b.begin + m.dp_rank * n;
+      auto work = m.dp->all_gather(g + own, g + b.begin, size_t(n), comm::ElemType::F32);
+      m.stream_wait(*work);
+    }
   if (plan.muon_experts && m.experts_sharded()) {  // the local experts' inputs, sliced over their replicas
     auto work = m.edp->all_gather(g + m.x_own, g, size_t(m.x_shard), comm::ElemType::F32);
     m.stream_wait(*work);
   }
-  for (const auto& b : plan.muon) {
-    cuda::muon_orthogonalise_batched(m.gemm, plan.scratch, b.offsets.as<int64_t>(), b.count, b.rows, b.cols, g, ms);
+  auto orthogonalise = [&](const OptPlan::MuonBatch& b, const float* u, bf16* w_bf16) {
+    cuda::muon_orthogonalise_batched(m.gemm, plan.scratch, b.offsets.as<int64_t>(), b.count, b.rows, b.cols, u, ms);
     cuda::muon_apply_ranges(plan.scratch, b.offsets.as<int64_t>(), b.ranges.as<int64_t>(), b.count, b.rows, b.cols, w,
-                            wb, ms);
-  }
+                            w_bf16, ms);
+  };
+  for (const auto& b : plan.muon)
+    if (b.bucket < 0) orthogonalise(b, g, wb);
+  if (m.zero2())
+    // Each bucket's Newton-Schulz inputs (its ranks' slices, momentum applied) all-gathered into a transient fp32
+    // buffer of the bucket, its matrices orthogonalised from there, the buffer freed (stream-ordered, so the next
+    // bucket reuses it): the persistent gradients stay the rank's slices, and the transient is at most one bucket,
+    // no more than the backward's own bucket buffers (GradBuckets::transient_bytes). Every rank gathers the same
+    // buckets in the same order (input_buckets), holding a part of their matrices or not.
+    for (int bi : plan.input_buckets) {
+      const GpuModel::Impl::Bucket& b = m.buckets[size_t(bi)];
+      const int64_t n = b.slice(m.dp_size), own = b.begin + m.dp_rank * n;
+      float* u = nullptr;
+      TREX_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&u), size_t(b.end - b.begin) * sizeof(float), nullptr));
+      auto work = m.dp->all_gather(g + m.grad_index(own), u, size_t(n), comm::ElemType::F32);
+      m.stream_wait(*work);
+      for (const auto& x : plan.muon)
+        if (x.bucket == bi) orthogonalise(x, u, wb + b.begin);
+      TREX_CUDA(cudaFreeAsync(u, nullptr));
+    }
   // AdamW: region X and R, then each bucket's runs with the all-gather of its updated bf16 slice.
   for (const auto& r : plan.local_adamw)
     cuda::adamw_step(w + r.shard, g + r.grad, mom + r.shard, v + r.shard, wb + r.arena, r.n, without_decay(a, r.decay));
