@@ -40,8 +40,7 @@ std::string gpu_layout_gaps(const GpuLayoutAsk& a) {
     if (missing) gaps.emplace_back(what);
   };
   // Tensor parallelism runs (GpuModelOptions::tp: attention heads and the shared expert split, the rest
-  // replicated); Muon would orthogonalise each TP rank's slice of a split matrix instead of the matrix.
-  need(a.tp > 1 && a.muon, "Muon under tensor parallelism (a TP-split matrix is not orthogonalised whole)");
+  // replicated), with AdamW or Muon (a TP-split matrix's Newton-Schulz input is gathered whole over TP).
   need(a.etp > 1, "expert tensor parallelism");
   need(a.cp > 1, "context parallelism");
   need(a.vpp > 1, "interleaved stages");
@@ -63,11 +62,6 @@ std::string check_gpu_mesh_config(const TrainConfig& cfg, int world_size) {
   if (cfg.model_type != "dsv4")
     return fmt::format("device cuda trains model type dsv4 only (not {})", cfg.model_type);
   if (m.tp > 1) {
-    if (cfg.optimizer.kind == "muon")
-      return fmt::format("Muon (optimizer.kind muon) under tensor parallelism (parallel.tp={}) is not implemented on "
-                         "the GPU (each TP rank holds a slice of the split attention / shared-expert matrices, and "
-                         "Newton-Schulz needs the whole matrix); use optimizer.kind: adamw or tp: 1",
-                         m.tp);
     if (const auto mc = model_of(cfg)) {
       const int64_t fs = mc->moe_inter * mc->n_shared_experts;
       if (mc->n_heads % m.tp != 0)
