@@ -167,7 +167,7 @@ std::vector<float> test_grad(const std::string& name, int step, int64_t n) {
   for (char ch : name) h = (h ^ uint8_t(ch)) * 16777619u;
   std::mt19937 g(h + uint32_t(step));
   std::uniform_real_distribution<float> u(-1e-2f, 1e-2f);
-  std::vector<float> v(size_t(n));
+  std::vector<float> v(static_cast<size_t>(n));
   for (float& x : v) x = u(g);
   return v;
 }
