@@ -117,6 +117,7 @@ RankMemory rank_memory(const dsv4::ModelConfig& cfg, const parallel::RankPartiti
   dsv4gpu::ActivationPlanShape sh;
   sh.layer_begin = p.layer_begin, sh.layer_end = p.layer_end, sh.mtp = false, sh.recompute = o.recompute;
   sh.head_grad = true;
+  sh.tp = p.spec.tp;
   r.plan = dsv4gpu::plan_activations(cfg, mb, sh);
   r.slots = p.in_flight;
   r.activations = r.slots * r.plan.kept() + r.plan.block_scratch;

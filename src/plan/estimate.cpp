@@ -33,19 +33,23 @@ void Estimator::set_impl(ImplProfile impl) {
   if (!same_attn) impl_math_ = std::make_unique<ModelMath>(m_, w_.seq, impl_.attn_compute);
 }
 
-double Estimator::activation_elems(int64_t b, Recompute rc) const {
+double Estimator::activation_elems(int64_t b, Recompute rc, int64_t tp) const {
+  TREX_CHECK(tp >= 1, "planner: tp={} must be >= 1", tp);
   const double d = double(m_.hidden), hc = double(m_.hc_mult), qr = double(m_.q_lora_rank);
-  const double nh = double(m_.n_heads), c = double(m_.head_dim), g = double(m_.o_groups);
+  // A TP rank's heads and output groups, its share of the shared expert's width (GpuModelOptions::tp).
+  const double nh = double(m_.n_heads) / double(tp), c = double(m_.head_dim), g = double(m_.o_groups) / double(tp);
   const double dg = double(m_.o_lora_rank), E = double(m_.n_routed_experts), K = double(m_.topk);
   const double f = double(m_.moe_inter), nI = double(m_.index_n_heads), cI = double(m_.index_head_dim);
+  const double fs = f * double(m_.n_shared_experts) / double(tp);
   const bool mtp = b == m_.n_layers;
   if (rc == Recompute::Full) return hc * d;  // only the block's input streams are kept
   const AttnKind kind = mtp ? AttnKind::Sliding : m_.attn[size_t(b)];
   // mHC sites: input streams, collapsed input, normalised input (both sites).
   double e = 2 * (hc * d + 2 * d);
-  // Attention: c_Q before/after its norm, Q before norm, Q after norm+RoPE, output O, KV before/after
-  // norm, grouped low-rank output, block output, softmax statistics.
-  e += 2 * qr + 3 * nh * c + 2 * c + g * dg + d + 2 * nh;
+  // Attention: c_Q before/after its norm, Q before norm, Q after norm+RoPE, output O and its rotated, group-major
+  // copy (wo_a's input, kept for its weight gradient), KV before/after norm, grouped low-rank output, block output,
+  // softmax statistics.
+  e += 2 * qr + 4 * nh * c + 2 * c + g * dg + d + 2 * nh;
   if (kind == AttnKind::CSA) {
     // compressor values/gates (2c wide, fp32), indexer queries, head weights, indexer compressor (fp32),
     // top-k indices (int32), compressed entries.
@@ -53,11 +57,14 @@ double Estimator::activation_elems(int64_t b, Recompute rc) const {
   } else if (kind == AttnKind::HCA) {
     e += 4 * c + c / 128;
   }
-  // MoE: fp32 router logits, normalised input, K dispatched copies, gate/up/activation per copy, expert
-  // outputs, the shared expert's three, the combined output.
-  e += 2 * E + 2 * d + 2 * K * d + 3 * K * f + 3 * f;
+  // MoE: fp32 router logits, normalised input, gate|up per routed copy and the experts' outputs (the GPU model
+  // re-gathers the dispatched inputs and recomputes the SwiGLU in the backward), the shared expert's gate|up, the
+  // combined output.
+  e += 2 * E + 2 * d + K * d + 2 * K * f + 2 * fs;
   if (mtp) e += hc * d + 2 * d;  // h_proj / e_proj outputs
-  if (rc == Recompute::Selective) e -= nh * c + qr + c + K * f + f + 4 * d;  // cheap elementwise results
+  // Selective recomputation rebuilds the cheap elementwise results: Q after norm+RoPE, the rotated output, c_Q
+  // after its norm, KV after norm+RoPE, the sub-layer inputs and the mid stream.
+  if (rc == Recompute::Selective) e -= 2 * nh * c + qr + c + 4 * d;
   return e;
 }
 
@@ -122,10 +129,15 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
   const double E = double(m_.n_routed_experts), V = double(m_.vocab);
   const int64_t mb = micro_batches(l, w_);
   est.micro_batches = mb;
-  const int64_t edp = l.tp * l.cp * l.dp / (l.ep * l.etp);  // expert data-parallel degree
+  // Expert data-parallel degree: the replicas of an expert that shard its state and reduce its gradients. T-Rex's
+  // TP ranks each hold and compute their DP rank's experts whole (expert TP is etp), so TP adds no replica.
+  const int64_t edp = std::max<int64_t>(1, l.cp * l.dp / (l.ep * l.etp));
   const int64_t dense_dp = l.dp * l.cp;                      // ZeRO shards dense state over DP x CP
   const double tokens_mb = double(l.mbs * w_.seq);
-  const double tokens_rank = tokens_mb / double(l.tp * l.cp);  // SP splits the sequence over TP too
+  // No sequence parallelism in T-Rex: every TP rank runs all the micro-batch's tokens; the TP-split work (the
+  // split projections, the attention core over its heads) is divided by tp below, the rest runs on every TP rank.
+  const double tokens_rank = tokens_mb / double(l.cp);
+  const double tp = double(l.tp);
   const bool fp8 = w_.precision == Precision::FP8;
   const double peak_mm = fp8 ? hw_.peak_fp8 : hw_.peak_bf16;
   const bool with_mtp = w_.mtp && m_.n_mtp > 0;
@@ -171,10 +183,11 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
     StageTime& t = st[size_t(s)];
     for (int64_t b : stages[size_t(s)]) {
       const BlockFlops& fl = impl_math_->block_flops(b);
-      const double mm = fl.dense_mm * tokens_rank / (peak_mm * ip.eff_dense) +
+      const double dense = fl.dense_mm - fl.dense_mm_split + fl.dense_mm_split / tp;
+      const double mm = dense * tokens_rank / (peak_mm * ip.eff_dense) +
                         fl.expert_mm * tokens_rank / (peak_mm * eff_expert);
-      const double attn = (fl.attn_core + fl.indexer) * tokens_rank / (hw_.peak_bf16 * ip.eff_attn);
-      const double elementwise = activation_elems(b, Recompute::None) * elem_bytes * tokens_rank *
+      const double attn = (fl.attn_core / tp + fl.indexer) * tokens_rank / (hw_.peak_bf16 * ip.eff_attn);
+      const double elementwise = activation_elems(b, Recompute::None, l.tp) * elem_bytes * tokens_rank *
                                  ip.elementwise_factor / (hw_.hbm_bw * ip.eff_hbm);
       const double fwd = mm + attn + elementwise + ip.block_overhead_s;
       const double bwd = 2 * (mm + attn + elementwise) + ip.block_overhead_s;
@@ -185,8 +198,14 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
       t.recompute += rc;
       const int64_t passes = 2 + (l.recompute == Recompute::Full ? 1 : 0);  // forward comm repeats on recompute
       if (l.tp > 1) {
-        const double bytes = tokens_mb / double(l.cp) * d * elem_bytes;
-        t.tp += 4.0 * double(passes) * ring_time(bytes, l.tp, bw_tp, hw_.scaleup_latency);
+        // T-Rex's TP all-reduces, in fp32 (an all-reduce: two ring passes): forward (again on a full
+        // recomputation) the attention's and the shared expert's partial outputs, [tokens, d] each; backward the
+        // compressed query's, the shared K=V's and the shared expert's input gradients ([tokens, q_lora_rank],
+        // [tokens, head_dim], [tokens, d]; the compressed entries' are a ratio smaller and left out).
+        const double fwd = tokens_rank * 2 * d * 4.0;
+        const double bwd = tokens_rank * (d + double(m_.q_lora_rank) + double(m_.head_dim)) * 4.0;
+        t.tp += 2.0 * (double(passes - 1) * ring_time(fwd, l.tp, bw_tp, hw_.scaleup_latency) +
+                       ring_time(bwd, l.tp, bw_tp, hw_.scaleup_latency));
       }
       if (l.etp > 1) {
         const double bytes = tokens_rank * K * d * elem_bytes * double(l.etp);
@@ -204,9 +223,9 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
         t.cp += double(passes) * ring_time(bytes, l.cp, bw_for_span(l.tp * l.cp), lat_for_span(l.tp * l.cp));
       }
     }
-    if (s == l.pp - 1) {  // LM head(s), vocab-parallel over TP
+    if (s == l.pp - 1) {  // LM head(s): whole on every TP rank (T-Rex does not split the vocabulary)
       const double head = math_->head_flops() * (with_mtp ? 2.0 : 1.0) * tokens_rank / (peak_mm * ip.eff_dense);
-      const double loss = tokens_rank * V / double(l.tp) * 4.0 * 3.0 / (hw_.hbm_bw * ip.eff_hbm);
+      const double loss = tokens_rank * V * 4.0 * 3.0 / (hw_.hbm_bw * ip.eff_hbm);
       t.compute += 3 * head + loss;
       if (l.recompute == Recompute::Full) t.compute += head, t.recompute += head;
     }
@@ -229,10 +248,10 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
   }
   const StageTime& ts = st[size_t(slow)];
   const double hidden_ep = std::min(ovl_ep * ts.ep, 0.9 * ts.compute);
-  // Pipeline point-to-point: the 4 residual streams cross each virtual-stage boundary, SP-sharded.
+  // Pipeline point-to-point: the 4 residual streams cross each virtual-stage boundary, whole on each TP rank.
   double pp_mb = 0;
   if (l.pp > 1) {
-    const double bytes = tokens_mb / double(l.cp * l.tp) * hc * d * elem_bytes;
+    const double bytes = tokens_rank * hc * d * elem_bytes;
     const double bw = single_domain ? hw_.scaleup_bw * ip.eff_comm : bw_for_span(l.tp * l.cp * l.dp * 2);
     pp_mb = 2.0 * double(l.vpp) * (bytes / bw + lat_for_span(devices));
   }
@@ -257,17 +276,18 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
     double dense = 0, experts = 0, frozen = 0, saved = 0, max_block = 0, quad = 0;
     for (int64_t b : stages[size_t(s)]) {
       const BlockParams& p = math_->block_params(b);
-      dense += p.sharded / double(l.tp) + p.replicated;
+      dense += p.sharded / tp + p.replicated;
       experts += p.experts / double(l.ep * l.etp);
       frozen += p.router * router_grads_off;
-      saved += activation_elems(b, l.recompute);
-      max_block = std::max(max_block, activation_elems(b, Recompute::None));
+      saved += activation_elems(b, l.recompute, l.tp);
+      max_block = std::max(max_block, activation_elems(b, Recompute::None, l.tp));
       quad += ip.act_quadratic_bytes * double(m_.n_heads) / double(l.tp) * double(l.mbs) * double(w_.seq) *
               double(w_.seq) / double(l.cp);
     }
-    if (s == 0) dense += pc.embed / double(l.tp);
-    if (s == l.pp - 1) dense += pc.head / double(l.tp) + pc.final_misc;
-    if (s == l.pp - 1 && with_mtp && l.pp > 1) dense += pc.embed / double(l.tp);  // MTP's copy of the embedding
+    // The embedding and the head are whole on every TP rank (T-Rex splits neither).
+    if (s == 0) dense += pc.embed;
+    if (s == l.pp - 1) dense += pc.head + pc.final_misc;
+    if (s == l.pp - 1 && with_mtp && l.pp > 1) dense += pc.embed;  // MTP's copy of the embedding
     const double params = dense + experts;
     stage_dense[size_t(s)] = dense, stage_experts[size_t(s)] = experts;
     MemoryBreakdown mem;
@@ -278,7 +298,7 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
     double state_dense = dense * (ip.master_bytes + ip.adam_bytes);
     double state_experts = experts * (ip.master_bytes + ip.adam_bytes);
     if (w_.optimizer == Optimizer::Muon) {
-      double adamw_part = (s == 0 ? pc.embed / double(l.tp) : 0) + (s == l.pp - 1 ? pc.head / double(l.tp) : 0);
+      double adamw_part = (s == 0 ? pc.embed : 0) + (s == l.pp - 1 ? pc.head : 0);
       state_dense = adamw_part * (ip.master_bytes + ip.adam_bytes) + (dense - adamw_part) * (ip.master_bytes + ip.muon_bytes);
       state_experts = experts * (ip.master_bytes + ip.muon_bytes);
     }
@@ -299,9 +319,9 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
       double biggest = 0;
       for (int64_t b : stages[size_t(s)]) {
         const BlockParams& p = math_->block_params(b);
-        biggest = std::max(biggest, p.sharded / double(l.tp) + p.replicated);
+        biggest = std::max(biggest, p.sharded / tp + p.replicated);
       }
-      const double root = (s == 0 ? pc.embed / double(l.tp) : 0) + (s == l.pp - 1 ? pc.head / double(l.tp) : 0);
+      const double root = (s == 0 ? pc.embed : 0) + (s == l.pp - 1 ? pc.head : 0);
       const double expert_grads = l.ep * l.etp == 1 ? experts / double(dense_dp) : experts;
       mem.grads = (dense - frozen) * ip.grad_bytes / double(dense_dp) + expert_grads * ip.grad_bytes +
                   (2 * biggest + root) * ip.grad_bytes;
@@ -318,16 +338,19 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
       mem.host_gib = opt / kGiB;
       double biggest = 0;
       for (int64_t b : stages[size_t(s)])
-        biggest = std::max(biggest, (math_->block_params(b).sharded / double(l.tp) + math_->block_params(b).replicated) /
+        biggest = std::max(biggest, (math_->block_params(b).sharded / tp + math_->block_params(b).replicated) /
                                             double(dense_dp) +
                                         math_->block_params(b).experts / double(l.ep * l.etp * edp));
       mem.swap_buffers = 2 * biggest * (ip.master_bytes + ip.adam_bytes) / kGiB;
       opt = 0;
     }
     if (w_.optimizer == Optimizer::Muon) {  // Newton-Schulz workspace: a few fp32 copies of the largest matrix
-      const double largest = std::max(double(m_.n_heads) * double(m_.head_dim) * double(m_.q_lora_rank) / double(l.tp),
+      // (whole under TP: a split matrix is gathered whole for its Newton-Schulz), and under TP the gathered
+      // batch and its staging (GpuOptimizer's kTpMuonBatchElems fp32 each, or the largest matrix if bigger).
+      const double largest = std::max(double(m_.n_heads) * double(m_.head_dim) * double(m_.q_lora_rank),
                                       double(m_.moe_inter) * d);
       opt += 3 * largest * 4;
+      if (l.tp > 1) opt += 2 * std::max(largest, double(int64_t(1) << 25)) * 4;
     }
     mem.optimizer = opt / kGiB;
     mem.weights /= kGiB;
@@ -344,7 +367,7 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
     double working = 0;  // recomputation rebuilds one block's full activations during its backward
     if (l.recompute != Recompute::None) working = max_block * elem_bytes * tokens_rank * ip.act_scale;
     mem.activations = (inflight * per_mb + working) / kGiB;
-    if (s == l.pp - 1) mem.logits = tokens_mb / double(l.cp) * V / double(l.tp) * ip.logits_bytes / kGiB;
+    if (s == l.pp - 1) mem.logits = tokens_rank * V * ip.logits_bytes / kGiB;  // the whole vocabulary per TP rank
     double comm = 0;
     if (l.ep > 1) comm += 2 * tokens_rank * K * d * 2.0 * 2;  // dispatch and combine receive buffers, fwd + bwd
     if (l.zero == 1 || l.zero == 0) comm += 2 * std::min(params, 40e6) * ip.grad_bytes;  // grad buckets

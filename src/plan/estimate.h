@@ -78,8 +78,12 @@ class Estimator {
   // Uses these chunks (pp x vpp lists of blocks, as partition() returns them) instead of the balanced split: the
   // trainer's own stage layers (rank emulation compares one rank of that partition with its prediction).
   void set_partition(int64_t pp, int64_t vpp, std::vector<std::vector<int64_t>> chunks);
-  // Saved-activation elements per token of block b under a recomputation policy (before TP/CP split).
-  double activation_elems(int64_t b, Recompute rc) const;
+  // Saved-activation elements per token of block b under a recomputation policy on one rank of a TP group of
+  // tp (before the CP split). T-Rex has no sequence parallelism: a TP rank holds every token of its micro-batch,
+  // and only what belongs to its attention heads / output groups and its share of the shared expert is divided
+  // by tp; the rest (the residual streams, mHC, the compressed query, K=V, compressor, indexer, router, the routed
+  // experts' copies) is whole on every TP rank.
+  double activation_elems(int64_t b, Recompute rc, int64_t tp = 1) const;
 
  private:
   ModelSpec m_;

@@ -53,19 +53,22 @@ dsv4::ModelConfig model_config(const ModelSpec& m) {
 
 namespace {
 
-// How tensor parallelism treats one tensor of the parameter table: routed experts split by EP x ETP; the small
-// tensors every TP rank keeps whole (mHC, norms, sinks, compressor ape, the router); everything else (attention,
-// compressor and indexer projections, the shared expert, MTP projections) split by TP.
+// How tensor parallelism treats one tensor of the parameter table: routed experts split by EP x ETP; the tensors
+// T-Rex splits over TP (dsv4::tp_split_axis); everything else whole on every TP rank. The matmul weights (the
+// dense FLOPs) are the bf16 projections, split or not (mHC fn and the router are counted apart).
 void add_to(BlockParams& p, const dsv4::ParamSpec& s) {
   const double n = double(numel(s.shape));
+  const bool split = dsv4::tp_split_axis(s.name) >= 0;
   if (s.expert >= 0) {
     p.experts += n;
-  } else if (s.name.ends_with("ffn.gate.weight")) {
-    p.replicated += n, p.router += n;
-  } else if (s.dtype == DType::F32 || s.name.ends_with("norm.weight")) {
-    p.replicated += n;
-  } else {
-    p.sharded += n;
+    return;
+  }
+  (split ? p.sharded : p.replicated) += n;
+  if (s.name.ends_with("ffn.gate.weight")) {
+    p.router += n;
+  } else if (!(s.dtype == DType::F32 || s.name.ends_with("norm.weight"))) {
+    p.matmul += n;
+    if (split) p.matmul_split += n;
   }
 }
 
@@ -118,10 +121,11 @@ ModelMath::ModelMath(const ModelSpec& m, int64_t seq, AttnCompute mode) : m_(m),
     } else if (kind == AttnKind::HCA) {
       keys += mode == AttnCompute::Sparse ? mean_compressed(seq, ratio, -1) : S / double(ratio);
     }
-    // Weights in matmuls per token (design §4.2 P_mm): the TP-split projections, both mHC fn and the router;
+    // Weights in matmuls per token (design §4.2 P_mm): the bf16 projections, both mHC fn and the router;
     // the MTP block's h_proj is one [d, d] weight applied to each of the hc streams (hc x its FLOPs).
-    const double dense_mm = p.sharded + mhc_fn_[size_t(b)] + p.router + (mtp ? (hc - 1) * d * d : 0.0);
+    const double dense_mm = p.matmul + mhc_fn_[size_t(b)] + p.router + (mtp ? (hc - 1) * d * d : 0.0);
     fl.dense_mm = 2 * dense_mm;
+    fl.dense_mm_split = 2 * p.matmul_split;
     fl.expert_mm = 2 * K * p.experts / E;
     fl.attn_core = 4 * nh * c * keys;
     fl.indexer = idx;

@@ -13,11 +13,16 @@
 namespace trex::plan {
 
 // Parameters of one block, split the way parallelism splits them.
+// Tensor parallelism as T-Rex runs it (model/cuda/gpu_model.h GpuModelOptions::tp, dsv4::tp_split_axis): the
+// attention's wq_b / wo_a / wo_b / sinks and the shared expert split over TP; everything else held and computed
+// whole on every TP rank (no sequence parallelism).
 struct BlockParams {
-  double sharded = 0;     // split by TP: attention projections, compressors, indexer, shared experts
-  double replicated = 0;  // every TP rank: mHC, norms, router (weight and bias), sinks, compressor ape
+  double sharded = 0;     // split by TP (dsv4::tp_split_axis): wq_b, wo_a, wo_b, attn_sink, the shared expert
+  double replicated = 0;  // every TP rank whole: wq_a, K=V, compressors, indexer, mHC, norms, router, ape
   double experts = 0;     // routed experts, split by EP x ETP
   double router = 0;      // the router weight alone (frozen with --frozen-router)
+  double matmul = 0;      // bf16 weights in matmuls per token but the router (split or not; experts apart)
+  double matmul_split = 0;  // ... of them TP-split
   double total() const { return sharded + replicated + experts; }
 };
 
@@ -34,6 +39,7 @@ struct ParamCounts {
 // Forward FLOPs per token of one block, by kind of work (the kinds run at different efficiencies).
 struct BlockFlops {
   double dense_mm = 0;   // attention/compressor/indexer projections, mHC, router, shared expert
+  double dense_mm_split = 0;  // the part of dense_mm in TP-split weights (each TP rank runs 1 / tp of it)
   double expert_mm = 0;  // the K activated routed experts
   double attn_core = 0;  // QK and PV over the attended keys
   double indexer = 0;    // the lightning indexer's dense scoring

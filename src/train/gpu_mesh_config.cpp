@@ -40,14 +40,14 @@ std::string gpu_layout_gaps(const GpuLayoutAsk& a) {
     if (missing) gaps.emplace_back(what);
   };
   // Tensor parallelism runs (GpuModelOptions::tp: attention heads and the shared expert split, the rest
-  // replicated); Muon would orthogonalise each TP rank's slice of a split matrix instead of the matrix.
-  need(a.tp > 1 && a.muon, "Muon under tensor parallelism (a TP-split matrix is not orthogonalised whole)");
+  // replicated), with AdamW or Muon (a TP-split matrix's Newton-Schulz input is gathered whole over TP).
   need(a.etp > 1, "expert tensor parallelism");
   need(a.cp > 1, "context parallelism");
   need(a.vpp > 1, "interleaved stages");
   need(a.ep > 1 && a.dp % a.ep != 0, "expert parallelism whose degree does not divide dp (EP folds into DP)");
   need(a.optimizer_offload, "optimizer offload");
   need(a.fully_sharded || a.zero >= 3, "fully sharded dense weights");
+  need(a.muon && a.tp > 1 && a.zero == 2, "Muon under tensor parallelism with sharded gradients (zero 2)");
   need(a.mtp && a.ep > 1, "the MTP module under expert parallelism (its block's experts are not placed)");
   need(a.mtp && a.pp > 1, "the MTP module on pipeline stages (its input reads the first stage's embedding)");
   need(a.balance_loss && a.ep > 1, "the balance loss under expert parallelism");
@@ -62,11 +62,6 @@ std::string check_gpu_mesh_config(const TrainConfig& cfg, int world_size) {
   if (cfg.model_type != "dsv4")
     return fmt::format("device cuda trains model type dsv4 only (not {})", cfg.model_type);
   if (m.tp > 1) {
-    if (cfg.optimizer.kind == "muon")
-      return fmt::format("Muon (optimizer.kind muon) under tensor parallelism (parallel.tp={}) is not implemented on "
-                         "the GPU (each TP rank holds a slice of the split attention / shared-expert matrices, and "
-                         "Newton-Schulz needs the whole matrix); use optimizer.kind: adamw or tp: 1",
-                         m.tp);
     if (const auto mc = model_of(cfg)) {
       const int64_t fs = mc->moe_inter * mc->n_shared_experts;
       if (mc->n_heads % m.tp != 0)
@@ -99,6 +94,12 @@ std::string check_gpu_mesh_config(const TrainConfig& cfg, int world_size) {
     return fmt::format("parallel.zero {} (fully sharded dense weights) is not implemented on the GPU; set zero: 1 "
                        "(sharded optimiser) or 2 (sharded gradients)",
                        cfg.parallel.zero);
+  // The TP Newton-Schulz gathers a split matrix's slices over TP from gradients held whole over DP (ZeRO-1);
+  // ZeRO-2's per-bucket gather does not cover the TP-split matrices.
+  if (m.tp > 1 && cfg.parallel.zero == 2 && cfg.optimizer.kind == "muon")
+    return fmt::format("Muon (optimizer.kind muon) under tensor parallelism (parallel.tp={}) with parallel.zero 2 "
+                       "is not implemented on the GPU; set zero: 1 or optimizer.kind adamw",
+                       m.tp);
   if (m.ep > 1 && m.dp % m.ep != 0)
     return fmt::format("parallel.ep={} does not divide parallel.dp={} (expert parallelism is folded into the "
                        "data-parallel ranks: each group of ep consecutive DP ranks holds all the experts)",

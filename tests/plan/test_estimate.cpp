@@ -1,6 +1,8 @@
 // Memory-accounting invariants, refusals with reasons, and the search's memory guarantee.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "core/error.h"
 #include "plan/search.h"
 
@@ -133,4 +135,42 @@ TEST(PlanEstimate, MfuConventionsAreConsistent) {
   EXPECT_NEAR(x.tokens_per_s_per_device, tok_s_dev, 1e-6 * tok_s_dev);
   EXPECT_NEAR(x.mfu, tok_s_dev * 324.3e9 / 376e12, 0.002);
   EXPECT_NEAR(x.mfu_6n / x.mfu, 293.1 / 324.3, 0.002);
+}
+
+// Tensor parallelism as T-Rex runs it (GpuModelOptions::tp): the split projections and the attention heads are
+// divided over the TP ranks, everything else is whole on each of them, with no sequence parallelism. So under full
+// recomputation a TP rank keeps the same block inputs as a TP1 rank (every token's residual streams), the logits
+// are the whole vocabulary's, the per-token activations drop only by the heads' / groups' / shared expert's share,
+// and the compute of the replicated work (the routed experts above all) is not divided: a TP2 rank is far from
+// half a TP1 rank's time. (A Megatron-style SP estimate would halve all of these.)
+TEST(PlanEstimate, TensorParallelismWithoutSequenceParallelism) {
+  Estimator e = make("flash", "nvidia-h200", 128);
+  const ModelSpec m = model_preset("flash");
+  const double nh = double(m.n_heads), c = double(m.head_dim), g = double(m.o_groups), dg = double(m.o_lora_rank);
+  const double fs = double(m.moe_inter * m.n_shared_experts);
+  for (int64_t b = 0; b < m.n_layers; ++b) {
+    EXPECT_DOUBLE_EQ(e.activation_elems(b, Recompute::Full, 2), e.activation_elems(b, Recompute::Full, 1)) << b;
+    // Q before / after its norm, the output O and its rotated copy, the softmax statistics, the grouped output,
+    // the shared expert's gate|up: the TP-split activations, halved at tp 2.
+    const double split = 4 * nh * c + 2 * nh + g * dg + 2 * fs;
+    EXPECT_NEAR(e.activation_elems(b, Recompute::None, 1) - e.activation_elems(b, Recompute::None, 2), split / 2,
+                1e-6 * split)
+        << b;
+  }
+  const Estimate one = e.estimate(parse_layout("TP1,PP1,EP64,MBS1,RC=full"), 64);
+  const Estimate two = e.estimate(parse_layout("TP2,PP1,EP64,MBS1,RC=full"), 128);  // the same dp 64
+  ASSERT_TRUE(one.valid && two.valid) << one.reason << " / " << two.reason;
+  ASSERT_EQ(one.micro_batches, two.micro_batches);
+  EXPECT_DOUBLE_EQ(two.mem.logits, one.mem.logits) << "the head is not split over TP";
+  EXPECT_LT(two.mem.activations, one.mem.activations) << "the recomputed block's split activations";
+  EXPECT_GT(two.mem.activations, 0.75 * one.mem.activations) << "the kept block inputs are whole on a TP rank";
+  EXPECT_LT(two.mem.weights, one.mem.weights);
+  EXPECT_GT(two.mem.weights, 0.5 * one.mem.weights) << "only wq_b, wo_a, wo_b, sinks and the shared expert split";
+  EXPECT_GT(two.time.compute, 0.6 * one.time.compute) << "the replicated work runs on every TP rank";
+  EXPECT_LT(two.time.compute, one.time.compute);
+  EXPECT_GT(two.time.tp, 0.0);
+  std::printf("V4-Flash TP1 / TP2 at dp 64, ep 64, full recompute: activations %.2f / %.2f GiB, weights %.2f / %.2f "
+              "GiB, compute %.3f / %.3f s per step\n",
+              one.mem.activations, two.mem.activations, one.mem.weights, two.mem.weights, one.time.compute,
+              two.time.compute);
 }

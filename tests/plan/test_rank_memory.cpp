@@ -116,10 +116,13 @@ TEST(PlanRankMemory, AgreesWithTheEstimatorsWeightsPerRank) {
   dsv4::ModelConfig cfg = model_config(spec);
   cfg.n_mtp = 0;
   const int64_t buffers = independent(cfg, 1, 0).buffers;  // router biases: in the planner's count, no GPU arena
-  for (const char* layout : {"TP1,PP1,EP8,MBS1", "TP1,PP1,EP16,MBS1", "TP1,PP1,EP64,MBS1"}) {
+  // With tp: the estimator's split tensors are the GPU model's (dsv4::tp_split_axis), the rest whole per TP rank.
+  for (const char* layout :
+       {"TP1,PP1,EP8,MBS1", "TP1,PP1,EP16,MBS1", "TP1,PP1,EP64,MBS1", "TP2,PP1,EP8,MBS1", "TP2,PP1,EP32,MBS1",
+        "TP4,PP1,EP16,MBS1"}) {
     const Estimate e = est.estimate(parse_layout(layout), 64);
     ASSERT_TRUE(e.valid) << layout << ": " << e.reason;
-    const RankParamState s = rank_param_state(cfg, e.layout.dp, e.layout.ep, 0);
+    const RankParamState s = rank_param_state(cfg, e.layout.dp, e.layout.ep, 0, 1, e.layout.tp);
     const double gib = 1024.0 * 1024.0 * 1024.0;
     const double planner_params = e.mem.weights * gib / ImplProfile{}.weight_bytes;
     std::printf("%s: estimator %.0f parameters per rank, rank state %lld held + %lld router-bias elements\n", layout,

@@ -134,7 +134,7 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
       {"parallel: {dp: 2}\n", "", balance, 2, with_balance(ask(1, 1, 1, 2, false, false))},
       {"parallel: {dp: 4, ep: 2}\n", "", balance, 4, with_balance(ask(1, 1, 2, 4, false, false))},
       {"parallel: {pp: 2, dp: 2}\n", "", balance, 4, with_balance(ask(2, 1, 1, 2, false, false))},
-      // Tensor parallelism, alone and with dp / ep / pp, MTP, freeze, recomputation; not with Muon.
+      // Tensor parallelism, alone and with dp / ep / pp, MTP, freeze, recomputation, Muon.
       {"parallel: {dp: 1, tp: 2}\n", "", "", 2, ask(1, 1, 1, 1, false, false, false, 2)},
       {"parallel: {dp: 2, tp: 4}\n", "", "", 8, ask(1, 1, 1, 2, false, false, false, 4)},
       {"parallel: {dp: 4, ep: 2, tp: 2}\n", "", "", 8, ask(1, 1, 2, 4, false, false, false, 2)},
@@ -155,10 +155,12 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
   tp.tp = 8, tp.recompute = true;
   EXPECT_EQ(gpu_layout_gaps(tp), "");  // tensor parallelism and recomputation run on the GPU
   tp.muon = true;
-  EXPECT_EQ(gpu_layout_gaps(tp), "Muon under tensor parallelism (a TP-split matrix is not orthogonalised whole)");
+  EXPECT_EQ(gpu_layout_gaps(tp), "");  // Muon gathers a TP-split matrix whole for its Newton-Schulz
+  tp.zero = 2;
+  EXPECT_EQ(gpu_layout_gaps(tp), "Muon with sharded gradients (ZeRO-2 keeps no whole-matrix gradients)");
 }
 
-// Tensor parallelism is refused on the config when it cannot split the model, with the numbers, and with Muon.
+// Tensor parallelism is refused on the config when it cannot split the model, with the numbers; Muon runs with it.
 TEST(GpuMeshConfig, RefusesTensorParallelSplitsThatDoNotDivide) {
   const std::string model = "{type: dsv4, balance_alpha: 0, dsv4: {vocab_size: 256, hidden_size: 64, "
                             "num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 1, head_dim: 256, "
@@ -171,8 +173,7 @@ TEST(GpuMeshConfig, RefusesTensorParallelSplitsThatDoNotDivide) {
                  {"parallel.tp=4", "2 output-projection groups"});
   expect_refused(config("parallel: {dp: 1, tp: 3}\n", "{kind: adamw}", model), 3,
                  {"parallel.tp=3", "4 attention query heads"});
-  expect_refused(config("parallel: {dp: 2, tp: 2}\n", "{kind: muon}", model), 4,
-                 {"Muon", "parallel.tp=2", "adamw"});
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 2, tp: 2}\n", "{kind: muon}", model), 4), "");
   // The CPU trainer's config check still takes tp (the GPU model runs it); the world is pp x dp x tp.
   const TrainConfig c = config("parallel: {dp: 2, tp: 2}\n");
   EXPECT_EQ(c.parallel.mesh.tp, 2);

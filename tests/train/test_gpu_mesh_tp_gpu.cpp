@@ -2,8 +2,11 @@
 // parallel: {dp: D, ep: E, tp: T}), ranks as threads on ONE GPU over the thread-group communicator:
 // - tp=2 (2 ranks), tp=2 x dp=2 (4 ranks), tp=2 x dp=2 x ep=2 (4 ranks) and tp=2 x pp=2 (4 ranks) against one rank
 //   on the same global batch: every step's loss (rel 5e-3), gradient norm (rel 5e-2) and target count, the final
-//   weights by name (the split ones gathered whole over TP: rel L2 2e-2; not with pp, whose stages hold their
-//   own layers only), as the EP tests bound them;
+//   weights by name (the split ones gathered whole over TP; not with pp, whose stages hold their own layers only):
+//   rel L2 2e-2 as the EP tests bound them, except where the TP rounding noise is amplified (the tiny-init mHC
+//   tensors, and the score-routed experts, whose top-k flips on near-ties; TensorClass below says how and why),
+//   printing the worst tensors by name;
+// - Muon under tp=2 x dp=2 against one rank's Muon run: the losses, norms and final weights (GpuMeshTpMuon);
 // - the replicated tensors stay bit-identical on the TP ranks of a DP rank after the 6 steps (their gradients and
 //   the clipping norm are the same bits on the TP ranks, so AdamW moves them alike);
 // - a sharded checkpoint written under tp=2 x dp=2 holds the official (unsplit) tensors, written once, and resumes
@@ -75,12 +78,15 @@ Dsv4TrainOptions train_options() {
   return o;
 }
 
-TrainConfig run_config(const std::string& parallel) {
+const char* kAdamW = "{kind: adamw, clip_grad_norm: 1.0, adamw: {eps: 1.0e-8, decay_vectors: true}}";
+const char* kMuon = "{kind: muon, clip_grad_norm: 1.0, adamw: {eps: 1.0e-8, decay_vectors: false}}";
+
+TrainConfig run_config(const std::string& parallel, const std::string& optimizer = kAdamW) {
   return parse_train_config(parse_yaml(R"(
 seed: 3
 model: {type: dsv4, balance_alpha: 0}
 data: {shards: x, tokenizer: y, seq_len: 64, batch_size: 2, grad_accum: 8}
-optimizer: {kind: adamw, clip_grad_norm: 1.0, adamw: {eps: 1.0e-8, decay_vectors: true}}
+optimizer: )" + optimizer + R"(
 schedule: {lr: 0.003, min_lr: 0.0003, warmup_steps: 2}
 train: {max_steps: 6}
 checkpoint: {every: 3, keep_last: 2}
@@ -107,9 +113,9 @@ struct LayoutRun {
   std::vector<Values> ranks;   // each rank's read of every tensor (the replicated ones: its own copy)
 };
 
-LayoutRun run_layout(const Layout& l, const fs::path& out, int64_t stop = -1) {
+LayoutRun run_layout(const Layout& l, const fs::path& out, int64_t stop = -1, const std::string& optimizer = kAdamW) {
   const TrainConfig cfg =
-      run_config(fmt::format("parallel: {{pp: {}, dp: {}, ep: {}, tp: {}}}\n", l.pp, l.dp, l.ep, l.tp));
+      run_config(fmt::format("parallel: {{pp: {}, dp: {}, ep: {}, tp: {}}}\n", l.pp, l.dp, l.ep, l.tp), optimizer);
   const int W = l.world();
   auto ranks = comm::make_thread_group(W, 300.0);
   LayoutRun run;
@@ -139,8 +145,9 @@ const LayoutRun& reference() {
   return r;
 }
 
-void expect_steps_match(const fs::path& dir, size_t from, const std::string& what) {
-  const auto m1 = read_jsonl(dat().dir / "ref" / "metrics.jsonl"), m2 = read_jsonl(dir / "metrics.jsonl");
+void expect_steps_match(const fs::path& dir, size_t from, const std::string& what,
+                        const fs::path& ref = dat().dir / "ref") {
+  const auto m1 = read_jsonl(ref / "metrics.jsonl"), m2 = read_jsonl(dir / "metrics.jsonl");
   ASSERT_EQ(m1.size(), 6u);
   ASSERT_EQ(m2.size(), 6u) << what;
   for (size_t i = from; i < 6; ++i) {
@@ -161,6 +168,71 @@ void copy_run(const fs::path& from, const fs::path& to) {
 
 bool is_bias(const std::string& n) { return n.ends_with("ffn.gate.bias"); }
 
+// How the final weights are bounded against one rank's after the 6 steps. Tensor parallelism changes the
+// arithmetic, not the maths: the row-parallel outputs (wo_b, the shared w2) and the column-parallel input
+// gradients (wq_b, the shared w1 | w3) are summed over TP in fp32 and rounded to bf16 once, where one rank's GEMM
+// rounds its own sum, so every activation downstream differs by bf16 rounding (the losses agree to 2e-4). What
+// that does to the weights depends on the tensor (the one-rank run and the dp / ep runs of the EP tests compute
+// the same bits per token, so they never see it):
+// - Split: this rank's slices of wq_b, wo_a, wo_b, attn_sink and the shared expert, gathered whole: 2e-2 (they
+//   come out near 2e-3).
+// - Replicated: everything else computed redundantly on each TP rank (wq_a, q_norm, K=V, compressor, indexer,
+//   router, embedding, head, norms, hash-routed experts): 2e-2 as well.
+// - Mhc: the hyper-connection tensors (hc_*) start at 0.01 scale (GpuModel::init_random's "tiny"), so after 6
+//   AdamW steps of up to lr = 3e-3 they are mostly the sum of their updates, and AdamW's first updates are close
+//   to lr * sign(g): an element whose gradient is near zero flips its update under the rounding noise above. The
+//   bound is relative to a weight that is mostly update, hence 5e-2 (hc_head_fn and layers.2.hc_attn_fn come
+//   out near 2.5e-2); a wrong gradient (a partial sum, a missing or doubled TP all-reduce upstream) changes the
+//   update's direction, O(1) here.
+// - ScoreRoutedExpert: a routed expert of a score-routed MoE layer. The router's top-k is discrete: a token whose
+//   two best scores are within the rounding noise goes to another expert under TP than on one rank, and an expert
+//   that saw a handful of tokens then gets another gradient, a different AdamW update (measured up to 6.7e-2 for
+//   two experts of layer 1). The hash-routed layer's experts (routed by token id) see no such flip and stay below
+//   2e-2. So each such expert is bounded by 0.1 (about half of what 6 steps can move it when every element's
+//   update differs: twice the summed lr, about 0.02, over its rms of 0.125: 0.16), and the layer's experts
+//   together by their median, 2e-2: a wrong gradient in the experts' path (their input's gradient or their
+//   input) moves all of them.
+// How each gradient is completed over TP was checked tensor by tensor (gpu_attention_cuda.cpp, gpu_moe_cuda.cpp,
+// gpu_shard_state_cuda.cpp): the split ones from this rank's heads / width alone; the replicated ones from inputs
+// and incoming gradients made identical by one all-reduce each (the attention and shared-expert outputs forward;
+// the compressed query's, K=V's, compressed entries' and shared expert's input gradients backward, the latter
+// before the routed experts and the router add theirs); the norm sums the split squares over TP and counts the
+// rest once. TpGpu (test_tp_gpu.cpp) bounds every gradient against one rank's on one batch.
+enum class TensorClass { Split = 0, Replicated = 1, Mhc = 2, ScoreRoutedExpert = 3 };
+const char* class_name(TensorClass k) {
+  switch (k) {
+    case TensorClass::Split: return "TP-split";
+    case TensorClass::Replicated: return "replicated";
+    case TensorClass::Mhc: return "replicated mHC";
+    case TensorClass::ScoreRoutedExpert: return "score-routed expert";
+  }
+  return "?";
+}
+double bound(TensorClass k) {
+  return k == TensorClass::Mhc ? 5e-2 : k == TensorClass::ScoreRoutedExpert ? 0.1 : 2e-2;
+}
+int layer_of(const std::string& n) {
+  return n.starts_with("layers.") ? std::stoi(n.substr(7)) : -1;
+}
+TensorClass tensor_class(const std::string& n, const dsv4::ModelConfig& mc) {
+  if (dsv4::tp_split_axis(n) >= 0) return TensorClass::Split;
+  if (n.find(".ffn.experts.") != std::string::npos && layer_of(n) >= 0 &&
+      mc.mlp_types[size_t(layer_of(n))] == dsv4::MlpType::MoE)
+    return TensorClass::ScoreRoutedExpert;
+  if (n.find("hc_") != std::string::npos) return TensorClass::Mhc;
+  return TensorClass::Replicated;
+}
+// "layers.1.ffn.experts.5.w2.weight" -> "layers.1.ffn.experts.*.w2.weight"
+std::string expert_group(const std::string& n) {
+  const size_t a = n.find(".ffn.experts.") + 13, e = n.find('.', a);
+  return n.substr(0, a) + "*" + n.substr(e);
+}
+struct TensorErr {
+  std::string name;
+  TensorClass cls;
+  double err, bound;
+};
+
 class GpuMeshTp : public ::testing::TestWithParam<Layout> {};
 
 }  // namespace
@@ -176,25 +248,26 @@ TEST_P(GpuMeshTp, MatchesOneRankOnTheGlobalBatch) {
   if (l.pp > 1) return;
 
   ASSERT_EQ(run.values.size(), ref.values.size());
-  double worst_split = 0, worst_rest = 0;
+  const dsv4::ModelConfig mc = model_config();
+  std::vector<TensorErr> errs;
+  std::map<std::string, std::vector<double>> expert_groups;  // "layers.L.ffn.experts.*.wK" -> each expert's error
   int split = 0;
   for (const auto& [name, w_ref] : ref.values) {
     if (is_bias(name)) continue;
     ASSERT_TRUE(run.values.count(name)) << name;
     const std::vector<float>& w = run.values.at(name);
     ASSERT_EQ(w.size(), w_ref.size()) << name << ": not the official (unsplit) tensor";
-    const bool is_split = dsv4::tp_split_axis(name) >= 0;
-    split += is_split;
+    const TensorClass k = tensor_class(name, mc);
+    split += k == TensorClass::Split;
     if (w.size() >= 64) {
       const double e = rel_l2(w, w_ref);
-      EXPECT_LT(e, 2e-2) << name;
-      double& worst = is_split ? worst_split : worst_rest;
-      worst = std::max(worst, e);
+      errs.push_back({name, k, e, bound(k)});
+      if (k == TensorClass::ScoreRoutedExpert) expert_groups[expert_group(name)].push_back(e);
     } else {
-      EXPECT_LT(max_abs(w, w_ref), 2e-2) << name;
+      EXPECT_LT(max_abs(w, w_ref), 2e-2) << name << " (" << w.size() << " elements, max abs vs one rank)";
     }
     // The replicated tensors: the same bits on every TP rank of a DP rank (TP innermost: world ranks r, r + 1).
-    if (!is_split) {
+    if (k != TensorClass::Split) {
       for (int r = 0; r < l.world(); r += l.tp)
         for (int t = 1; t < l.tp; ++t)
           EXPECT_EQ(run.ranks[size_t(r + t)].at(name), run.ranks[size_t(r)].at(name))
@@ -202,14 +275,72 @@ TEST_P(GpuMeshTp, MatchesOneRankOnTheGlobalBatch) {
     }
   }
   EXPECT_EQ(split, 3 * 7) << "wq_b, wo_a, wo_b, attn_sink and the shared w1, w3, w2 of the 3 layers";
-  std::printf("%s: final weights vs one rank, worst rel L2: split %.2e, replicated %.2e\n", l.name().c_str(),
-              worst_split, worst_rest);
+
+  // The worst tensors by name, whatever passes, so that a failure (or a drift towards one) says which.
+  std::sort(errs.begin(), errs.end(), [](const TensorErr& a, const TensorErr& b) { return a.err > b.err; });
+  std::printf("%s: final weights vs one rank, the worst rel L2 by tensor:\n", l.name().c_str());
+  for (size_t i = 0; i < std::min<size_t>(10, errs.size()); ++i)
+    std::printf("  %-40s %-22s %.2e (bound %.0e)\n", errs[i].name.c_str(), class_name(errs[i].cls), errs[i].err,
+                errs[i].bound);
+  double worst[4] = {0, 0, 0, 0};
+  for (const TensorErr& e : errs) {
+    EXPECT_LT(e.err, e.bound) << e.name << " (" << class_name(e.cls) << ")";
+    worst[int(e.cls)] = std::max(worst[int(e.cls)], e.err);
+  }
+  // A routed expert of a score-routed layer is compared as a layer: its median expert within the dense bound.
+  for (auto& [group, v] : expert_groups) {
+    std::sort(v.begin(), v.end());
+    const double median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+    std::printf("  %-40s median over its %zu experts %.2e (bound 2e-02)\n", group.c_str(), v.size(), median);
+    EXPECT_LT(median, 2e-2) << group << ": the layer's experts as a whole moved away from one rank's";
+  }
+  std::printf("%s: worst rel L2: split %.2e, replicated %.2e, mHC %.2e, score-routed experts %.2e\n",
+              l.name().c_str(), worst[0], worst[1], worst[2], worst[3]);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, GpuMeshTp,
                          ::testing::Values(Layout{1, 1, 1, 2}, Layout{1, 2, 1, 2}, Layout{1, 2, 2, 2},
                                            Layout{2, 1, 1, 2}),
                          [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name(); });
+
+// Muon under tp=2 x dp=2 (GpuOptimizer: each TP-split matrix's Newton-Schulz input all-gathered whole over TP,
+// orthogonalised whole, this rank's slice of it applied) against one rank's Muon run on the same global batch:
+// every step's loss and norm, the final weights by name. Muon's update is about lr * 0.18 RMS per element (its
+// RMS match to AdamW), 1.4e-2 of a matrix's weights over the 6 steps, so the weights bound is weak on its own:
+// TpGpuMuon (test_tp_gpu.cpp) bounds the update of every matrix on the same gradients at 1e-2. Here the TP-split
+// matrices within 3e-2 (the Muon dp tests' measured magnification of the reduction-order noise, 2.6e-2, is the
+// EP test's reason for its 5e-2 on all tensors), the rest within the EP Muon test's 5e-2, and the score-routed
+// experts as the AdamW test bounds them (their top-k flips under the rounding noise, TensorClass above).
+TEST(GpuMeshTpMuon, TpTimesDpMatchesOneRank) {
+  const fs::path one = dat().dir / "muon_one", tpdp = dat().dir / "muon_tp2_dp2";
+  const LayoutRun a = run_layout(Layout{}, one, -1, kMuon);
+  const LayoutRun b = run_layout(Layout{1, 2, 1, 2}, tpdp, -1, kMuon);
+  if (HasFailure()) return;
+  expect_steps_match(tpdp, 0, "Muon tp=2 x dp=2", one);
+  const dsv4::ModelConfig mc = model_config();
+  std::vector<TensorErr> errs;
+  std::map<std::string, std::vector<double>> expert_groups;
+  for (const auto& [name, w_ref] : a.values) {
+    if (is_bias(name) || w_ref.size() < 64) continue;
+    ASSERT_TRUE(b.values.count(name)) << name;
+    const TensorClass k = tensor_class(name, mc);
+    const double e = rel_l2(b.values.at(name), w_ref);
+    const double lim = k == TensorClass::Split ? 3e-2 : k == TensorClass::ScoreRoutedExpert ? 0.1 : 5e-2;
+    errs.push_back({name, k, e, lim});
+    EXPECT_LT(e, lim) << name << " (" << class_name(k) << ")";
+    if (k == TensorClass::ScoreRoutedExpert) expert_groups[expert_group(name)].push_back(e);
+  }
+  for (auto& [group, v] : expert_groups) {
+    std::sort(v.begin(), v.end());
+    const double median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+    EXPECT_LT(median, 3e-2) << group << ": the layer's experts as a whole moved away from one rank's";
+  }
+  std::sort(errs.begin(), errs.end(), [](const TensorErr& x, const TensorErr& y) { return x.err > y.err; });
+  std::printf("Muon tp=2 x dp=2: final weights vs one rank, the worst rel L2 by tensor:\n");
+  for (size_t i = 0; i < std::min<size_t>(10, errs.size()); ++i)
+    std::printf("  %-40s %-22s %.2e (bound %.0e)\n", errs[i].name.c_str(), class_name(errs[i].cls), errs[i].err,
+                errs[i].bound);
+}
 
 TEST(GpuMeshTpCheckpoint, OfficialTensorsResumeAcrossTpLayouts) {
   reference();

@@ -23,7 +23,7 @@ int64_t req(int64_t n, int64_t elem_bytes) { return std::max<int64_t>(n, 1) * el
 // site_norm_fwd, gpu_attention_cuda.cpp attention_fwd, gpu_moe_cuda.cpp moe_fwd, balance_fwd). `redo` names
 // what selective recomputation rebuilds; under the other modes the model puts it in keep.
 BlockPools block_pools(const dsv4::ModelConfig& ext, int64_t layer, const dsv4::SeqLayout& layout, int64_t N,
-                       bool balance) {
+                       bool balance, int64_t tp) {
   BlockPools p;
   const int64_t d = ext.hidden, hc = ext.hc_mult;
   // mHC sites + norms.
@@ -33,7 +33,8 @@ BlockPools block_pools(const dsv4::ModelConfig& ext, int64_t layer, const dsv4::
   p.keep += req(N, 4) + req(N * d, 2) + req(N, 4) + req(N * d, 2);     // a_rstd, y_a, u_rstd, y_f
   // Attention.
   const dsv4::AttentionDims D = dsv4::AttentionDims::from_config(ext, layer);
-  const int64_t H = D.n_heads, hd = D.head_dim, dc = D.d_c, gd = D.o_groups * D.o_rank;
+  // This TP rank's heads and output groups (GpuModel::Impl::bind_block divides them the same way).
+  const int64_t H = D.n_heads / tp, hd = D.head_dim, dc = D.d_c, gd = D.o_groups / tp * D.o_rank;
   p.keep += req(N * dc, 2) + req(N, 4);                  // qa, qa_rstd
   p.redo += req(N * dc, 2);                              // cq
   p.keep += req(N * H * hd, 2) + req(N * H, 4);          // q_pre, q_rstd
@@ -51,7 +52,7 @@ BlockPools block_pools(const dsv4::ModelConfig& ext, int64_t layer, const dsv4::
   p.redo += req(N * H * hd, 2);                  // og (the rotated, group-major output)
   p.keep += req(N * gd, 2);                      // r
   // MoE (the routed rows of one GPU: N * topk).
-  const int64_t E = ext.n_routed_experts, K = ext.topk, f = ext.moe_inter, fs = f * ext.n_shared_experts;
+  const int64_t E = ext.n_routed_experts, K = ext.topk, f = ext.moe_inter, fs = f * ext.n_shared_experts / tp;
   p.keep += req(N * E, 4) + req(N * E, 4) + req(N * K, 4);   // logits, scores, weight
   p.picks += req(N * K, 4);                                  // sel
   p.keep += req(N * K, 4) + req(N * K, 4) + req(E + 1, 4);   // order, slot_pos, offsets
@@ -77,6 +78,10 @@ ActivationPlan plan_activations(const dsv4::ModelConfig& cfg, const dsv4::SeqLay
              l0, l1, cfg.n_layers);
   TREX_CHECK(!shape.mtp || (cfg.n_mtp > 0 && l0 == 0 && l1 == cfg.n_layers),
              "activation plan: the MTP block needs a config with it and the whole model");
+  TREX_CHECK(shape.tp >= 1 && cfg.n_heads % shape.tp == 0 && cfg.o_groups % shape.tp == 0 &&
+                 (cfg.moe_inter * cfg.n_shared_experts) % shape.tp == 0,
+             "activation plan: tp={} does not split the {} heads, {} output groups and shared width {}", shape.tp,
+             cfg.n_heads, cfg.o_groups, cfg.moe_inter * cfg.n_shared_experts);
   const int64_t N = layout.B * layout.T, d = cfg.hidden, hc = cfg.hc_mult;
   const int64_t stream = req(N * hc * d, 2);
   ActivationPlan plan;
@@ -98,7 +103,7 @@ ActivationPlan plan_activations(const dsv4::ModelConfig& cfg, const dsv4::SeqLay
   for (int64_t l : layers) {
     const bool hash = ext.mlp_types[size_t(l)] == dsv4::MlpType::HashMoE;
     const bool balance = shape.balance && (l == cfg.n_layers || !hash || shape.balance_hash_layers);
-    const BlockPools p = block_pools(ext, l, layout, N, balance);
+    const BlockPools p = block_pools(ext, l, layout, N, balance, shape.tp);
     BlockActivations b;
     switch (shape.recompute) {
       case dsv4::Recompute::None:

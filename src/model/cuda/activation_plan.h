@@ -28,6 +28,10 @@ struct ActivationPlanShape {
   dsv4::Recompute recompute = dsv4::Recompute::None;
   bool head_grad = true;                    // HeadMode::LossAndGrad (d(normed) kept by the forward)
   bool balance = false, balance_hash_layers = false;
+  // Tensor parallelism (GpuModelOptions::tp): a TP rank's block keeps its heads' and output groups' attention
+  // activations and its share of the shared expert's; everything else (streams, mHC, the compressed query, K=V,
+  // compressor, indexer, router, routed experts, the head) is whole on every TP rank (no sequence parallelism).
+  int64_t tp = 1;
 };
 
 struct BlockActivations {

@@ -483,6 +483,7 @@ ActivationPlan GpuModel::activation_plan(const dsv4::SeqLayout& layout) const {
   s.head_grad = true;  // a training forward (HeadMode::LossAndGrad)
   s.balance = m.opts.balance_alpha != 0.0;
   s.balance_hash_layers = m.opts.balance_hash_layers;
+  s.tp = m.tp_size;
   return plan_activations(m.cfg, layout, s);
 }
 

@@ -62,6 +62,26 @@ struct OptPlan {
   // replica): any expert trained (its bf16 slice all-gathered after the update), any expert a Muon matrix (the
   // Newton-Schulz inputs all-gathered in fp32 first, as the buckets').
   bool experts_trained = false, muon_experts = false;
+  // Tensor parallel: the Muon matrices split over the TP ranks (GpuParam::tp_axis), orthogonalised whole. Each
+  // TP rank's slice of a matrix's Newton-Schulz input (in g after the momentum, and after the DP all-gather of
+  // its bucket) is all-gathered over TP in rank order, laid out as the official matrix (a row split is that
+  // order already; a column split is re-strided), the whole matrices of one shape orthogonalised as a batch, and
+  // this rank's slice of the result (its DP piece of it) applied. Every TP rank runs the same Newton-Schulz on
+  // the same bits, so the slices of one matrix are updated consistently.
+  struct TpMatrix {
+    int64_t grad = 0, nl = 0;  // this rank's slice: its Newton-Schulz input's index in g, its elements
+    int axis = 0;              // 0: rows split (the slice is one block of the matrix), 1: columns split
+  };
+  struct TpBatch {
+    int64_t rows = 0, cols = 0;  // the official matrix
+    std::vector<TpMatrix> mats;
+    DevMem in_offsets;     // int64 [count]: k rows cols (the gathered whole matrices, tp_whole)
+    DevMem apply_offsets;  // int64 [count]: the slice's arena offset - tp_rank nl (muon_apply_ranges's bf16 index)
+    DevMem ranges;         // int64 [count, 3]: this rank's elements of the matrix with its slice made contiguous
+  };
+  std::vector<TpBatch> tp_muon;
+  std::vector<Run> tp_momentum;  // one GPU per TP rank (dp 1): the split matrices' momentum (arena = shard)
+  DevMem tp_whole, tp_stack;     // one batch's gathered matrices (fp32), and the column splits' staging
 };
 
 namespace {
@@ -103,6 +123,71 @@ void add_muon_batches(OptPlan& plan, const MuonByShape& by_shape, bool with_rang
   }
 }
 
+// Tensor parallel: the TP batches hold fewer elements than kMuonBatchElems, since each needs the gathered whole
+// matrices (and the column splits' staging) beside the Newton-Schulz scratch.
+constexpr int64_t kTpMuonBatchElems = int64_t(1) << 25;
+
+// A TP-split Muon matrix of the plan: the official shape, and the part of it this rank updates.
+struct TpEntry {
+  OptPlan::TpMatrix mat;
+  int64_t rows = 0, cols = 0;
+  int64_t apply_offset = 0, lo = 0, hi = 0, shard = 0;
+};
+
+bool tp_split_matrix(const GpuParam& p) { return p.tp_axis >= 0; }
+
+// A TP-split Muon matrix p (2-D: dsv4::tp_split_axis splits wq_b / wo_a / shared w1, w3 by rows, wo_b / shared w2
+// by columns); piece: the part of this rank's slice it updates (t, s, n as GpuModel::Impl::ShardPiece).
+TpEntry tp_entry(const GpuModel::Impl& m, const GpuParam& p, int64_t t, int64_t s, int64_t n) {
+  TREX_CHECK(p.full.size() == 2 && (p.tp_axis == 0 || p.tp_axis == 1),
+             "GPU optimizer: Muon under tensor parallelism orthogonalises 2-D matrices; '{}' is {} split on axis {}",
+             p.name, shape_str(p.full), p.tp_axis);
+  TpEntry e;
+  e.rows = p.full[0], e.cols = p.full[1];
+  e.mat.grad = m.grad_index(p.offset), e.mat.nl = p.numel, e.mat.axis = p.tp_axis;
+  // The slice made contiguous: rank r's block at [r nl, (r + 1) nl) of the matrix's buffer (after the column
+  // split's re-striding of the result, step_tp_muon), so this rank's element i of its slice is r nl + i.
+  const int64_t base = int64_t(m.tp_rank) * p.numel;
+  e.apply_offset = p.offset - base;
+  e.lo = base + t, e.hi = base + t + n, e.shard = s;
+  return e;
+}
+
+void add_tp_batches(OptPlan& plan, const std::map<std::pair<int64_t, int64_t>, std::vector<TpEntry>>& by_shape) {
+  size_t whole = 0;
+  for (const auto& [shape, list] : by_shape) {
+    const int64_t n = shape.first * shape.second;
+    const int64_t per = std::max<int64_t>(1, std::min<int64_t>(65535, kTpMuonBatchElems / n));
+    for (size_t i = 0; i < list.size(); i += size_t(per)) {
+      OptPlan::TpBatch b;
+      b.rows = shape.first, b.cols = shape.second;
+      const int64_t count = std::min<int64_t>(per, int64_t(list.size() - i));
+      std::vector<int64_t> in, apply, ranges;
+      for (int64_t k = 0; k < count; ++k) {
+        const TpEntry& e = list[i + size_t(k)];
+        b.mats.push_back(e.mat);
+        in.push_back(k * n);
+        apply.push_back(e.apply_offset);
+        ranges.insert(ranges.end(), {e.lo, e.hi, e.shard});
+      }
+      auto upload = [](const std::vector<int64_t>& v) {
+        DevMem d(v.size() * sizeof(int64_t));
+        TREX_CUDA(cudaMemcpy(d.as<int64_t>(), v.data(), v.size() * sizeof(int64_t), cudaMemcpyHostToDevice));
+        return d;
+      };
+      b.in_offsets = upload(in), b.apply_offsets = upload(apply), b.ranges = upload(ranges);
+      whole = std::max(whole, size_t(count * n));
+      plan.muon_matrices += count;
+      plan.tp_muon.push_back(std::move(b));
+    }
+  }
+  if (whole == 0) return;
+  // Zeroed once: an emulated TP group (comm/emulated_group.h) writes only its own rank's block of a gather.
+  plan.tp_whole = DevMem(whole * sizeof(float)), plan.tp_stack = DevMem(whole * sizeof(float));
+  TREX_CUDA(cudaMemset(plan.tp_whole.as<float>(), 0, plan.tp_whole.bytes()));
+  TREX_CUDA(cudaMemset(plan.tp_stack.as<float>(), 0, plan.tp_stack.bytes()));
+}
+
 // The group the run's optimiser gives p (frozen tensors excluded by the caller).
 optim::ParamGroup trained_group(const GpuParam& p) {
   const optim::ParamGroup g = optim::dsv4_param_group(p.name, p.shape);
@@ -123,6 +208,7 @@ std::unique_ptr<OptPlan> one_gpu_plan(const GpuModel::Impl& m, const optim::Opti
   auto plan = std::make_unique<OptPlan>();
   plan->kind = c.kind, plan->decay_vectors = c.adamw.decay_vectors;
   std::map<std::pair<int64_t, int64_t>, std::vector<MuonEntry>> by_shape;
+  std::map<std::pair<int64_t, int64_t>, std::vector<TpEntry>> tp_by_shape;
   bool prev_adamw = false;
   int64_t end = 0;
   for (const GpuParam& p : m.params) {
@@ -135,6 +221,12 @@ std::unique_ptr<OptPlan> one_gpu_plan(const GpuModel::Impl& m, const optim::Opti
     const optim::ParamGroup g = trained_group(p);
     if (c.kind == "muon" && g == optim::ParamGroup::Muon) {
       check_muon_matrix(p);
+      if (tp_split_matrix(p)) {  // this TP rank's slice: the momentum here, the Newton-Schulz on the whole
+        plan->tp_momentum.push_back({p.offset, p.offset, p.numel, true, p.offset});
+        tp_by_shape[{p.full[0], p.full[1]}].push_back(tp_entry(m, p, 0, p.offset, p.numel));
+        prev_adamw = false;
+        continue;
+      }
       const int64_t rows = p.shape[p.shape.size() - 2], cols = p.shape.back();
       auto& list = by_shape[{rows, cols}];
       for (int64_t k = 0; k < p.numel / (rows * cols); ++k) list.push_back({p.offset + k * rows * cols});
@@ -149,6 +241,7 @@ std::unique_ptr<OptPlan> one_gpu_plan(const GpuModel::Impl& m, const optim::Opti
     prev_adamw = true;
   }
   add_muon_batches(*plan, by_shape, false);
+  add_tp_batches(*plan, tp_by_shape);
   return plan;
 }
 
@@ -168,6 +261,7 @@ std::unique_ptr<OptPlan> sharded_plan(const GpuModel::Impl& m, const optim::Opti
   };
   // Keyed by the batch's bucket: -1 (arena offsets) except a bucket's matrices under ZeRO-2.
   std::map<int, MuonByShape> by_bucket;
+  std::map<std::pair<int64_t, int64_t>, std::vector<TpEntry>> tp_by_shape;
   bool prev_adamw = false;
   int prev_region = -2;
   for (const GpuParam& p : m.params) {
@@ -199,6 +293,14 @@ std::unique_ptr<OptPlan> sharded_plan(const GpuModel::Impl& m, const optim::Opti
           }
         }
         if (r.n > 0) plan->momentum.push_back(r);
+        if (tp_split_matrix(p)) {
+          // The TP ranks of this DP rank hold the same pieces (the same arena layout, the same DP rank), so they
+          // gather the same matrices; a bucket's slice meets a tensor in one piece.
+          TREX_CHECK(pieces.size() == 1, "GPU optimizer: TP-split Muon matrix '{}' in {} pieces on DP rank {}",
+                     p.name, pieces.size(), m.dp_rank);
+          tp_by_shape[{p.full[0], p.full[1]}].push_back(tp_entry(m, p, w.t, w.s, w.n));
+          continue;
+        }
         // Every matrix this piece touches, with the part of it held here.
         for (int64_t k = w.t / rc; k * rc < w.t + w.n; ++k) {
           const int64_t a = std::max(w.t, k * rc), e = std::min(w.t + w.n, (k + 1) * rc);
@@ -231,7 +333,47 @@ std::unique_ptr<OptPlan> sharded_plan(const GpuModel::Impl& m, const optim::Opti
   for (size_t b = 0; b < m.buckets.size(); ++b)
     if (muon_bucket[b]) plan->input_buckets.push_back(int(b));
   for (const auto& [key, by_shape] : by_bucket) add_muon_batches(*plan, by_shape, true, key);
+  add_tp_batches(*plan, tp_by_shape);
   return plan;
+}
+
+// Tensor parallel: the split Muon matrices, their Newton-Schulz inputs already in g (this rank's slices, whole
+// over DP): gathered whole over TP, orthogonalised, this rank's part updated (OptPlan::TpMatrix).
+void step_tp_muon(GpuModel::Impl& m, OptPlan& plan, const cuda::MuonStep& ms, float* g, float* w, bf16* wb) {
+  const int T = m.tp_size, t = m.tp_rank;
+  float *whole = plan.tp_whole.as<float>(), *stack = plan.tp_stack.as<float>();
+  for (OptPlan::TpBatch& b : plan.tp_muon) {
+    const int64_t n = b.rows * b.cols, count = int64_t(b.mats.size());
+    for (int64_t k = 0; k < count; ++k) {
+      const OptPlan::TpMatrix& q = b.mats[size_t(k)];
+      float* dst = q.axis == 0 ? whole + k * n : stack + k * n;  // a row split's rank order is the matrix's
+      comm::WorkPtr work = m.tp->all_gather(g + q.grad, dst, size_t(q.nl), comm::ElemType::F32);
+      m.stream_wait(*work);
+      if (q.axis == 1) {  // rank r's [rows, cols / T] block -> columns [r cols / T, (r + 1) cols / T)
+        const int64_t cl = b.cols / T;
+        for (int r = 0; r < T; ++r)
+          TREX_CUDA(cudaMemcpy2DAsync(whole + k * n + r * cl, size_t(b.cols) * 4, stack + k * n + r * q.nl,
+                                      size_t(cl) * 4, size_t(cl) * 4, size_t(b.rows), cudaMemcpyDeviceToDevice,
+                                      nullptr));
+      }
+    }
+    cuda::muon_orthogonalise_batched(m.gemm, plan.scratch, b.in_offsets.as<int64_t>(), count, b.rows, b.cols, whole,
+                                     ms);
+    // A column split's slice of the result made contiguous at [t nl, (t + 1) nl) of its matrix (through the
+    // staging, which is free again), where the ranges address it.
+    float* x = plan.scratch.x32();
+    for (int64_t k = 0; k < count; ++k) {
+      const OptPlan::TpMatrix& q = b.mats[size_t(k)];
+      if (q.axis != 1) continue;
+      const int64_t cl = b.cols / T;
+      TREX_CUDA(cudaMemcpy2DAsync(stack + k * n, size_t(cl) * 4, x + k * n + t * cl, size_t(b.cols) * 4,
+                                  size_t(cl) * 4, size_t(b.rows), cudaMemcpyDeviceToDevice, nullptr));
+      TREX_CUDA(cudaMemcpyAsync(x + k * n + t * q.nl, stack + k * n, size_t(q.nl) * 4, cudaMemcpyDeviceToDevice,
+                                nullptr));
+    }
+    cuda::muon_apply_ranges(plan.scratch, b.apply_offsets.as<int64_t>(), b.ranges.as<int64_t>(), count, b.rows,
+                            b.cols, w, wb, ms);
+  }
 }
 
 cuda::AdamWStep without_decay(cuda::AdamWStep a, bool decay) {
@@ -331,10 +473,10 @@ void GpuOptimizer::step(const optim::OptimizerConfig& c, double lr, int64_t step
   GpuModel::Impl& m = model_.impl();
   TREX_CHECK(c.kind == "muon" || c.kind == "adamw", "GPU optimizer: kind '{}' (expected muon or adamw)", c.kind);
   TREX_CHECK(step >= 1, "GPU optimizer: step {} must be >= 1", step);
-  // Newton-Schulz orthogonalises a matrix whole; a tensor-parallel rank holds slices of the split ones.
-  TREX_CHECK(c.kind != "muon" || model_.tp_size() == 1,
-             "GPU optimizer: Muon under tensor parallelism ({} TP ranks) is not implemented (the split attention / "
-             "shared-expert matrices would be orthogonalised slice by slice); use adamw", model_.tp_size());
+  TREX_CHECK(!(c.kind == "muon" && m.tp_size > 1 && m.zero2()),
+             "GPU optimizer: Muon under tensor parallelism (tp={}) with ZeRO-2 is not implemented (the TP "
+             "Newton-Schulz reads gradients held whole over DP); use zero 1",
+             m.tp_size);
   cuda::AdamWStep a;
   a.lr = lr, a.beta1 = c.adamw.beta1, a.beta2 = c.adamw.beta2, a.eps = c.adamw.eps;
   a.weight_decay = c.adamw.weight_decay, a.step = step, a.grad_scale = grad_scale;
@@ -360,6 +502,8 @@ void GpuOptimizer::step(const optim::OptimizerConfig& c, double lr, int64_t step
     for (const auto& b : plan.muon)
       cuda::muon_step_batched(m.gemm, plan.scratch, b.offsets.as<int64_t>(), b.count, b.rows, b.cols, w, g, mom, wb,
                               ms);
+    for (const auto& r : plan.tp_momentum) cuda::muon_momentum_range(g + r.grad, mom + r.shard, r.n, ms);
+    step_tp_muon(m, plan, ms, g, w, wb);
     m.section("optimizer", false);
     return;
   }
@@ -405,6 +549,7 @@ void GpuOptimizer::step(const optim::OptimizerConfig& c, double lr, int64_t step
         if (x.bucket == bi) orthogonalise(x, u, wb + b.begin);
       TREX_CUDA(cudaFreeAsync(u, nullptr));
     }
+  step_tp_muon(m, plan, ms, g, w, wb);
   // AdamW: region X and R, then each bucket's runs with the all-gather of its updated bf16 slice.
   for (const auto& r : plan.local_adamw)
     cuda::adamw_step(w + r.shard, g + r.grad, mom + r.shard, v + r.shard, wb + r.arena, r.n, without_decay(a, r.decay));
