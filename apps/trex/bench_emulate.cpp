@@ -46,7 +46,7 @@ double r3(double x) { return std::round(x * 1000) / 1000; }
 nlohmann::json planner_prediction(const TrainBenchArgs& a, const dsv4::ModelConfig& cfg,
                                   const parallel::RankPartition& p, plan::MemoryBreakdown* mem_out) {
   plan::ModelSpec spec = plan::load_model_spec(a.config);
-  spec.n_mtp = 0;  // as the emulated rank (no MTP on GPU pipeline stages yet)
+  spec.n_mtp = 0;  // as the emulated rank (the emulation leaves the MTP module out)
   plan::Workload w;
   w.seq = a.seq, w.gbs = a.batch, w.mode = a.mode;
   w.frozen_router = false;  // the GPU model trains the router (freeze is not on the GPU yet)
@@ -148,7 +148,7 @@ void bench_train_emulated(const TrainBenchArgs& a) {
              a.mesh);
   dsv4::ModelConfig cfg = dsv4::load_model_config(a.config);
   const bool had_mtp = cfg.n_mtp > 0;
-  cfg.n_mtp = 0;  // GPU pipeline stages do not hold the MTP module yet
+  cfg.n_mtp = 0;  // the emulation leaves the MTP module out (emulated_rank.h)
   const parallel::MeshSpec spec = parallel::parse_mesh_spec(a.layout);
   const parallel::RankPartition p = parallel::rank_partition(spec, a.emulate_rank, cfg, a.batch, a.micro_batch_seqs);
   std::fprintf(stderr, "emulating %s%s\n", p.describe().c_str(), had_mtp ? " (config's MTP module left out)" : "");
@@ -242,7 +242,7 @@ void bench_train_emulated(const TrainBenchArgs& a) {
                     {"experts", fmt::format("[{}, {})", p.expert_begin, p.expert_end)},
                     {"micro_batches", p.micro_batches}, {"micro_batch_seqs", p.micro_batch_seqs},
                     {"in_flight", p.in_flight}};
-  j["mtp"] = had_mtp ? "left out (not on GPU pipeline stages yet)" : "none in config";
+  j["mtp"] = had_mtp ? "left out (the rank emulation runs without it)" : "none in config";
   j["seq"] = a.seq;
   j["recompute"] = a.recompute;
   j["zero"] = a.zero;

@@ -21,8 +21,7 @@ struct PlanOptions {
   std::vector<std::string> layouts, hw_set;
   int64_t devices = 0, nodes = 0, seq = 4096, gbs = 0, top = 10;
   bool search = false, no_mtp = false, train_router = false;
-  bool runnable = false;
-  bool no_balance_loss = false;  // the run sets model.balance_alpha: 0 (the trainer's default is the recipe's 1e-4)  // --search only among the layouts the GPU trainer runs (train::gpu_layout_gaps empty)
+  bool runnable = false;  // --search only among the layouts the GPU trainer runs (train::gpu_layout_gaps empty)
   double fill = 1.0;
 };
 
@@ -89,8 +88,6 @@ void run_plan(const PlanOptions& o) {
     a.zero = l.zero;
     a.muon = w.optimizer == trex::plan::Optimizer::Muon;
     a.freeze = w.frozen_router;
-    a.mtp = w.mtp && model.n_mtp > 0;
-    a.balance_loss = !o.no_balance_loss;
     return trex::train::gpu_layout_gaps(a);
   };
   auto print_gaps = [&](const std::vector<Estimate>& es) {
@@ -160,8 +157,6 @@ const bool registered_plan = trex::cli::register_command(
        app.add_flag("--search", o->search, "enumerate layouts and print the best");
        app.add_option("--top", o->top, "layouts kept by --search")->capture_default_str();
        app.add_flag("--runnable", o->runnable, "--search only among the layouts trex train --device cuda runs today");
-       app.add_flag("--no-balance-loss", o->no_balance_loss,
-                    "the run sets model.balance_alpha: 0 (what trex train --device cuda runs today says so too)");
        app.add_option("--json", o->json_path, "write the results as JSON");
        app.add_option("--html", o->html_path, "write an HTML page with charts");
        app.callback([o] { run_plan(*o); });

@@ -10,18 +10,6 @@
 namespace trex::train {
 
 namespace {
-// Whether the run trains the MTP module: model.use_mtp (default true) and a model config with it (inline, or the
-// config.json it names; an unreadable one is left to the model's own error).
-bool trains_mtp(const TrainConfig& cfg) {
-  if (!cfg.model.value("use_mtp", true)) return false;
-  try {
-    if (cfg.model.contains("dsv4")) return cfg.model["dsv4"].value("num_nextn_predict_layers", int64_t(0)) > 0;
-    if (cfg.model.contains("config")) return dsv4::load_model_config(cfg.model["config"].get<std::string>()).n_mtp > 0;
-  } catch (const std::exception&) {
-  }
-  return false;
-}
-
 // The model config of the run (inline, or the config.json it names); nullopt when it cannot be read here (the
 // model's own error comes later).
 std::optional<dsv4::ModelConfig> model_of(const TrainConfig& cfg) {
@@ -48,10 +36,6 @@ std::string gpu_layout_gaps(const GpuLayoutAsk& a) {
   need(a.optimizer_offload, "optimizer offload");
   need(a.fully_sharded || a.zero >= 3, "fully sharded dense weights");
   need(a.muon && a.tp > 1 && a.zero == 2, "Muon under tensor parallelism with sharded gradients (zero 2)");
-  need(a.mtp && a.ep > 1, "the MTP module under expert parallelism (its block's experts are not placed)");
-  need(a.mtp && a.pp > 1, "the MTP module on pipeline stages (its input reads the first stage's embedding)");
-  need(a.balance_loss && a.ep > 1, "the balance loss under expert parallelism");
-  need(a.balance_loss && a.pp > 1, "the balance loss on pipeline stages");
   std::string out;
   for (const auto& g : gaps) out += (out.empty() ? "" : "; ") + g;
   return out;
@@ -77,17 +61,6 @@ std::string check_gpu_mesh_config(const TrainConfig& cfg, int world_size) {
     return fmt::format("interleaved stages (parallel.vpp={}) are not implemented on the GPU: its pipeline "
                        "(train/cuda/gpu_pipeline.h) runs 1F1B over one layer range per rank; set vpp: 1",
                        m.vpp);
-  // Pipeline stages (train/cuda/gpu_mesh_pipeline.h): the MTP module trains on the whole model only (its input
-  // embeds token t+1 with the first stage's embedding), and the balance loss runs in whole-model steps only.
-  if (m.pp > 1 && trains_mtp(cfg))
-    return fmt::format("the MTP module (model.use_mtp) on pipeline stages (parallel.pp={}) is not implemented on "
-                       "the GPU (its input reads embed.weight, which only the first stage holds); set "
-                       "model.use_mtp: false or pp: 1",
-                       m.pp);
-  if (m.pp > 1 && cfg.model.value("balance_alpha", 1e-4) != 0)
-    return fmt::format("the sequence-wise balance loss (model.balance_alpha={}) is not implemented on GPU pipeline "
-                       "stages (parallel.pp={}); set model.balance_alpha: 0 or pp: 1",
-                       cfg.model.value("balance_alpha", 1e-4), m.pp);
   // Dense partitioning (parallel.zero): ZeRO-1 and ZeRO-2 run (AdamW or Muon: under ZeRO-2 each bucket's
   // Newton-Schulz inputs are all-gathered into a transient buffer); fully sharded weights do not yet.
   if (cfg.parallel.zero >= 3)
@@ -104,17 +77,6 @@ std::string check_gpu_mesh_config(const TrainConfig& cfg, int world_size) {
     return fmt::format("parallel.ep={} does not divide parallel.dp={} (expert parallelism is folded into the "
                        "data-parallel ranks: each group of ep consecutive DP ranks holds all the experts)",
                        m.ep, m.dp);
-  // Under expert parallelism the GPU model places the main layers' experts only, and its balance loss does not
-  // run in the expert exchange.
-  if (m.ep > 1 && trains_mtp(cfg))
-    return fmt::format("the MTP module (model.use_mtp) with expert parallelism (parallel.ep={}) is not implemented "
-                       "on the GPU (the MTP block's experts are not placed); set model.use_mtp: false or ep: 1",
-                       m.ep);
-  const double alpha = cfg.model.value("balance_alpha", 1e-4);
-  if (m.ep > 1 && alpha != 0)
-    return fmt::format("the sequence-wise balance loss (model.balance_alpha={}) is not implemented on the GPU with "
-                       "expert parallelism (parallel.ep={}); set model.balance_alpha: 0 or ep: 1",
-                       alpha, m.ep);
   return {};
 }
 

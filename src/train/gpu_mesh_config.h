@@ -16,9 +16,9 @@ struct GpuLayoutAsk {
   bool fully_sharded = false;   // ZeRO-3 / FSDP dense weights
   int zero = 1;                 // the planner's ZeRO level (2: sharded gradients; 3 as fully_sharded)
   bool muon = false;
-  bool freeze = false;          // any frozen group (the SFT recipe freezes the router)
-  bool mtp = false;             // the MTP module trained
-  bool balance_loss = false;    // the sequence-wise balance loss (model.balance_alpha != 0; the trainer's default)
+  bool freeze = false;          // any frozen group (the SFT recipe freezes the router): runs in every layout
+  // The MTP module and the sequence-wise balance loss run in every layout (MTP on the last stage, its experts
+  // over ep; each stage its own balance terms), so they take no field here.
 };
 // Empty when `trex train --device cuda` runs this layout today, else every missing piece, "; "-separated: what
 // `trex plan` reports beside each layout. check_gpu_mesh_config refuses the same things per config key (a test

@@ -1,8 +1,12 @@
 // What `trex train --device cuda` runs (train/gpu_mesh_config.h): one GPU and dp (ZeRO-1) with the V4 recipe
-// (AdamW or Muon, the balance loss, freeze, MTP), ep folded into dp, and pipeline stages with dp / ep (without
-// MTP and the balance loss) are accepted; every layout the GPU mesh engine does not run is
-// refused on the config alone, naming the key to change and what is missing.
+// (AdamW or Muon, the balance loss, freeze, MTP), ep folded into dp, and pipeline stages with dp / ep, the V4
+// recipe included (MTP on the last stage, each stage's balance terms), are accepted; every layout the GPU mesh
+// engine does not run is refused on the config alone, naming the key to change and what is missing.
 #include <gtest/gtest.h>
+
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "train/config.h"
 #include "train/gpu_mesh_config.h"
@@ -60,6 +64,18 @@ TEST(GpuMeshConfig, AcceptsOneGpuAndDataParallelWithTheV4Recipe) {
                                          "{num_nextn_predict_layers: 1}}"),
                                   2),
             "");
+  // The V4 recipe in every layout: MTP and the balance loss (the default weight too) with ep, on pipeline stages,
+  // and on both at once (pp = 2 x dp = 2 x ep = 2).
+  const std::string recipe = "{type: dsv4, dsv4: {num_nextn_predict_layers: 1}}";  // balance_alpha default 1e-4
+  const std::string frozen = "freeze: [\"*.ffn.gate.weight\"]\n";
+  for (const auto& [par, world] : std::vector<std::pair<std::string, int>>{
+           {"parallel: {dp: 2, ep: 2}\n", 2}, {"parallel: {dp: 4, ep: 2}\n", 4}, {"parallel: {pp: 2, dp: 1}\n", 2},
+           {"parallel: {pp: 2, dp: 2}\n", 4}, {"parallel: {pp: 2, dp: 4, ep: 2}\n", 8},
+           {"parallel: {pp: 4, dp: 2, ep: 2}\n", 8}}) {
+    EXPECT_EQ(check_gpu_mesh_config(config(frozen + par, "{kind: adamw}", recipe), world), "") << par;
+    EXPECT_EQ(check_gpu_mesh_config(config(par, "{kind: adamw}", "{type: dsv4, balance_alpha: 0.001}"), world), "")
+        << par;
+  }
 }
 
 // Any data-parallel degree: the ZeRO-1 buckets are padded to a multiple of 8 x dp elements (gpu_params_cuda.cpp).
@@ -69,14 +85,8 @@ TEST(GpuMeshConfig, AcceptsAnyDataParallelDegree) {
 }
 
 TEST(GpuMeshConfig, RefusesWhatTheGpuMeshDoesNotRunNamingWhatIsMissing) {
-  // On pipeline stages: interleaving, the MTP module, the balance loss (the default weight too).
+  // On pipeline stages: interleaving.
   expect_refused(config("parallel: {pp: 2, dp: 1, vpp: 2}\n"), 2, {"parallel.vpp=2", "vpp: 1"});
-  expect_refused(config("parallel: {pp: 2, dp: 1}\n", "{kind: adamw}",
-                        "{type: dsv4, balance_alpha: 0, dsv4: {num_nextn_predict_layers: 1}}"),
-                 2, {"MTP", "parallel.pp=2", "embed.weight", "use_mtp: false"});
-  expect_refused(config("parallel: {pp: 2, dp: 2}\n", "{kind: adamw}", "{type: dsv4, balance_alpha: 0.001}"), 4,
-                 {"balance_alpha=0.001", "parallel.pp=2", "pp: 1"});
-  expect_refused(config("parallel: {pp: 2, dp: 1}\n", "{kind: adamw}", "{type: dsv4}"), 2, {"balance_alpha"});
   expect_refused(config("parallel: {dp: 4, ep: 3}\n"), 4, {"parallel.ep=3", "parallel.dp=4", "does not divide"});
   expect_refused(config("parallel: {dp: 2}\n", "{kind: adamw}", "{type: toy}"), 2, {"dsv4 only", "toy"});
   expect_refused(config("", "{kind: adamw}", "{type: toy}"), 1, {"dsv4 only", "toy"});
@@ -92,10 +102,13 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
     int world;
     GpuLayoutAsk ask;
   };
+  // (The MTP module and the balance loss run in every layout: the planner's ask has no field for them, and the
+  // cases with them below must be accepted by the trainer too.)
   auto ask = [](int64_t pp, int64_t vpp, int64_t ep, int64_t dp, bool muon, bool freeze, bool mtp = false,
                 int64_t tp = 1) {
+    (void)mtp;
     GpuLayoutAsk a;
-    a.pp = pp, a.vpp = vpp, a.ep = ep, a.dp = dp, a.muon = muon, a.freeze = freeze, a.mtp = mtp, a.tp = tp;
+    a.pp = pp, a.vpp = vpp, a.ep = ep, a.dp = dp, a.muon = muon, a.freeze = freeze, a.tp = tp;
     return a;
   };
   const char* mtp = "{type: dsv4, balance_alpha: 0, dsv4: {num_nextn_predict_layers: 1}}";
@@ -104,10 +117,7 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
     return a;
   };
   const char* balance = "{type: dsv4, balance_alpha: 0.0001}";  // the trainer's default alpha
-  auto with_balance = [](GpuLayoutAsk a) {
-    a.balance_loss = true;
-    return a;
-  };
+  auto with_balance = [](GpuLayoutAsk a) { return a; };
   const std::vector<Case> cases = {
       {"parallel: {dp: 2}\n", "", "", 2, ask(1, 1, 1, 2, false, false)},
       {"parallel: {dp: 4}\n", "", "", 4, ask(1, 1, 1, 4, false, false)},
@@ -134,7 +144,10 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
       {"parallel: {dp: 2}\n", "", balance, 2, with_balance(ask(1, 1, 1, 2, false, false))},
       {"parallel: {dp: 4, ep: 2}\n", "", balance, 4, with_balance(ask(1, 1, 2, 4, false, false))},
       {"parallel: {pp: 2, dp: 2}\n", "", balance, 4, with_balance(ask(2, 1, 1, 2, false, false))},
-      // Tensor parallelism, alone and with dp / ep / pp, MTP, freeze, recomputation, Muon.
+      {"parallel: {pp: 2, dp: 4, ep: 2}\n", "", balance, 8, with_balance(ask(2, 1, 2, 4, false, false))},
+      {"parallel: {pp: 2, dp: 4, ep: 2}\n", "", mtp, 8, ask(2, 1, 2, 4, false, false, true)},
+      {"parallel: {pp: 2, dp: 1, vpp: 2}\n", "", mtp, 2, ask(2, 2, 1, 1, false, false, true)},
+      // Tensor parallelism, alone and with dp / ep / pp, MTP, freeze, recomputation; Muon.
       {"parallel: {dp: 1, tp: 2}\n", "", "", 2, ask(1, 1, 1, 1, false, false, false, 2)},
       {"parallel: {dp: 2, tp: 4}\n", "", "", 8, ask(1, 1, 1, 2, false, false, false, 4)},
       {"parallel: {dp: 4, ep: 2, tp: 2}\n", "", "", 8, ask(1, 1, 2, 4, false, false, false, 2)},

@@ -74,7 +74,7 @@ dsv4::ModelConfig model_config() {
 
 Dsv4TrainOptions train_options() {
   Dsv4TrainOptions o;
-  o.model.balance_alpha = 0.0;  // not under dp on the GPU
+  o.model.balance_alpha = 0.0;  // with MTP and the balance loss: test_gpu_mesh_recipe_gpu.cpp
   o.model.use_mtp = false;
   o.bias_update_speed = 1e-3;
   // The fixed-order attention backward: the layouts then differ only by summation order across ranks (no atomics

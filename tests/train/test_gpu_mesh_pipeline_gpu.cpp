@@ -61,8 +61,8 @@ dsv4::ModelConfig model_config() {
 
 Dsv4TrainOptions train_options() {
   Dsv4TrainOptions o;
-  o.model.balance_alpha = 0.0;  // the balance loss runs in whole-model steps only
-  o.model.use_mtp = false;      // the MTP module trains on the whole model only
+  o.model.balance_alpha = 0.0;  // the V4 recipe on stages: test_gpu_mesh_recipe_gpu.cpp
+  o.model.use_mtp = false;
   o.bias_update_speed = 1e-3;
   return o;
 }

@@ -76,8 +76,8 @@ ActivationPlan plan_activations(const dsv4::ModelConfig& cfg, const dsv4::SeqLay
   const int64_t l0 = shape.layer_begin, l1 = shape.layer_end < 0 ? cfg.n_layers : shape.layer_end;
   TREX_CHECK(l0 >= 0 && l0 < l1 && l1 <= cfg.n_layers, "activation plan: layers [{}, {}) outside the model's {}",
              l0, l1, cfg.n_layers);
-  TREX_CHECK(!shape.mtp || (cfg.n_mtp > 0 && l0 == 0 && l1 == cfg.n_layers),
-             "activation plan: the MTP block needs a config with it and the whole model");
+  TREX_CHECK(!shape.mtp || (cfg.n_mtp > 0 && l1 == cfg.n_layers),
+             "activation plan: the MTP block needs a config with it and the last stage");
   TREX_CHECK(shape.tp >= 1 && cfg.n_heads % shape.tp == 0 && cfg.o_groups % shape.tp == 0 &&
                  (cfg.moe_inter * cfg.n_shared_experts) % shape.tp == 0,
              "activation plan: tp={} does not split the {} heads, {} output groups and shared width {}", shape.tp,

@@ -700,6 +700,8 @@ void CudaBackend::head_loss_bwd(const Pass& p, HeadKind h, Stream in, const int3
 
 void CudaBackend::mtp_input_fwd(const Pass& p, const int32_t* next_ids, Stream main, Stream out) {
   m_.wait_gather(m_.mtp_bucket);  // the MTP module's parameters (its block and head follow)
+  // embed.weight: the last pipeline stage's tied copy is all-gathered in its own bucket (no embed_fwd here waited).
+  if (m_.embed_copy()) m_.wait_gather(m_.embed_bucket);
   m_.section("fwd.mtp.input", true);
   m_.mtp_input.next_ids = upload_staged(2, next_ids, p.n_tok);
   mtp_fwd(m_, c_, p.n_tok, next_ids, value(main), value(out));

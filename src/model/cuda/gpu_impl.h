@@ -63,6 +63,11 @@ struct GpuModel::Impl {
   int64_t l0 = 0, l1 = 0;
   bool first_stage() const { return l0 == 0; }
   bool last_stage() const { return l1 == cfg.n_layers; }
+  // The last stage of a pipeline with the MTP module holds its own copy of embed.weight (the MTP input embeds
+  // token t+1; design §2.10 ties it to the main embedding): declared in the embedding's bucket as on the first
+  // stage, its gradient summed with the first stage's (GpuModel::sum_tied_embedding_grads), so both copies take
+  // the same update. It is left out of this stage's gradient norm (the first stage counts it).
+  bool embed_copy() const { return cfg.n_mtp > 0 && last_stage() && !first_stage(); }
   bool declaring = true;
   // Stage steps: the whole step's labelled targets come from begin_step, not from the micro-batch.
   bool step_mode = false;

@@ -6,9 +6,10 @@
 // expert) -> expand; hc_head -> norm -> LM head fused with the masked next-token CE (logits never materialised).
 // Parameters carry the CPU model's official names, so they load from its ParamTable and gradients compare by name.
 //
-// The MTP module (num_nextn_predict_layers 1, design §2.10) trains with the model (weight mtp_weight; whole model,
-// not on a pipeline stage). Not covered (yet): the balance loss under data / expert parallelism or pipeline
-// stages, the indexer KL training signal (the indexer's weights get no gradient, as on the CPU by default).
+// The MTP module (num_nextn_predict_layers 1, design §2.10) trains with the model (weight mtp_weight), on the last
+// pipeline stage (with a tied copy of embed.weight there) and with its experts placed over ep like the main
+// layers'. The sequence-wise balance loss runs in every layout (each stage its own layers' terms). Not covered
+// (yet): the indexer KL training signal (the indexer's weights get no gradient, as on the CPU by default).
 // Clipping: grad_norm() / scale_grads().
 // The data-parallel gradient reduce-scatter (ZeRO-1 buckets) and the expert exchange run over comm::Communicator.
 #pragma once
@@ -68,9 +69,11 @@ struct GpuModelOptions {
   // traffic; docs/performance.md), so it is off unless a run asks for it (config `deterministic: true`).
   bool deterministic = false;
   // The sequence-wise balance loss (design §5, dsv4::ModelOptions::balance_alpha): added to forward()'s loss, its
-  // gradient to the router scores in backward(). 0 = off. Whole-model steps: forward() on one GPU, or stage steps
-  // of the whole model whose begin_step gives the step's micro-batch count (data parallel: each rank's sequences
-  // are its own); not with ep or pipeline stages.
+  // gradient to the router scores in backward(). 0 = off. forward() on one DP rank, or stage steps whose
+  // begin_step gives the step's micro-batch count (data parallel: each rank's sequences are its own). The term is
+  // local to a rank: it reads the router's scores over all E experts, which every rank computes for its own tokens
+  // before the expert exchange (so expert parallelism changes nothing), and a pipeline stage computes its own
+  // layers' terms (forward_stage returns them on every stage).
   double balance_alpha = 0.0;
   bool balance_hash_layers = false;  // also on hash-routed layers (as dsv4::ModelOptions)
   // The MTP loss's weight (design §2.10, dsv4::ModelOptions::mtp_weight) when the config has the MTP module
@@ -79,8 +82,14 @@ struct GpuModelOptions {
   // Pipeline stage: this model holds layers [layer_begin, layer_end) (layer_end -1: up to n_layers), the
   // embedding when layer_begin == 0 and hc_head + final norm + LM head when layer_end == n_layers; only those
   // parameters are allocated (same names and init values as the full model). Combines with dp and ep (the stage's
-  // DP / EP groups: its dense buckets ZeRO-1 sharded over dp, its layers' experts over ep); not with MTP yet.
+  // DP / EP groups: its dense buckets ZeRO-1 sharded over dp, its layers' experts over ep). With the MTP module the
+  // last stage runs it, holding its own copy of embed.weight (the MTP input embeds token t+1).
   int64_t layer_begin = 0, layer_end = -1;
+  // Pipeline stages with the MTP module: the group of the first and the last stage's ranks with the same DP / EP /
+  // TP coordinates (a device-memory communicator of 2 ranks, rank 0 the first stage; as Megatron's embedding
+  // group), over which sum_tied_embedding_grads adds the two copies' embed.weight gradients. Null elsewhere. Not
+  // owned.
+  comm::Communicator* embed_group = nullptr;
   // Micro-batches whose saved activations can be held at once (forward_stage done, backward_stage pending);
   // micro-batch m uses slot m % stage_slots. 1F1B on pipeline rank r of P needs P - r.
   int stage_slots = 1;
@@ -193,7 +202,8 @@ class GpuModel {
   // gradients are those of the mean loss over the step. forward_stage runs the stage's layers on micro-batch
   // `micro` (slot micro % stage_slots): ids / labels / layout of that micro-batch on the host; x_in the device
   // bf16 [N, hc, d] stream entering layer_begin (null on the first stage, which embeds ids). Returns this
-  // micro-batch's share of the step loss (CE sum / step targets) on the last stage, 0 elsewhere. stage_output is
+  // micro-batch's share of the step loss: on the last stage its CE (sum / step targets, MTP's too) plus its
+  // layers' balance terms, elsewhere the stage's layers' balance terms (0 without the balance loss). stage_output is
   // the bf16 [N, hc, d] stream leaving layer_end - 1 (valid until that slot's next forward). backward_stage
   // accumulates gradients; dx_out the device fp32 [N, hc, d] gradient of that stream (null on the last stage,
   // which starts from the loss); stage_input_grad then holds the fp32 gradient of x_in (not on the first stage;
@@ -285,6 +295,12 @@ class GpuModel {
   // The compute stream waits for the pending gradient reductions (a step whose gradients are dropped, e.g. a
   // skipped loss spike, must not zero them while a reduce-scatter still writes them). No-op on one GPU.
   void wait_grad_reductions();
+  // Pipeline stages with the MTP module (GpuModelOptions::embed_group): the first stage's embed.weight gradient
+  // and the last stage's (its copy, from the MTP input) summed over the group, on this rank's reduced slice (its
+  // ZeRO slice under DP: the two stages' ranks of one DP index own the same slice), so both copies take the same
+  // optimiser update and stay identical. Call it on both stages after the step's last backward, before the norm
+  // and the optimiser step (collective over the group). No-op without the group.
+  void sum_tied_embedding_grads();
   // The expert ids chosen by layer l for micro-batch `micro` of a stage step (begin_step / forward_stage), read
   // from that micro-batch's slot; valid until the slot's next forward.
   std::vector<int32_t> stage_router_selection(int64_t micro, int64_t l);

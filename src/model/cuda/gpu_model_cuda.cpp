@@ -139,17 +139,15 @@ static void plan_arena(GpuModel::Impl& m, const dsv4::ModelConfig& cfg, const Gp
              "GPU model: stage layers [{}, {}) outside the model's {} layers (or empty)", m.l0, m.l1, cfg.n_layers);
   // A stage combines with data and expert parallelism: its dense buckets are ZeRO-1 sharded over the stage's DP
   // group (another stage's buckets are declared empty), its local experts (region X) are those of its own layers.
-  const bool partial = !m.first_stage() || !m.last_stage();
   TREX_CHECK(opts.stage_slots >= 1, "GPU model: stage_slots {} must be >= 1", opts.stage_slots);
-  // The MTP input reads embed.weight, which only the first stage holds.
-  TREX_CHECK(cfg.n_mtp == 0 || !partial,
-             "GPU model: the MTP module (num_nextn_predict_layers {}) trains on the whole model, not on a pipeline "
-             "stage (layers [{}, {}))", cfg.n_mtp, m.l0, m.l1);
-  // Expert parallelism shards the main layers' experts (region X); the MTP block's experts are not placed yet.
-  TREX_CHECK(cfg.n_mtp == 0 || !opts.ep || opts.ep->size() == 1,
-             "GPU model: the MTP module (num_nextn_predict_layers {}) with expert parallelism (ep {}) is not supported "
-             "yet: its routed experts are not sharded",
-             cfg.n_mtp, opts.ep ? opts.ep->size() : 1);
+  // The MTP module runs on the last stage (it reads the final streams); its input embeds token t+1, so a last
+  // stage that is not also the first holds a copy of embed.weight (tied: Impl::embed_copy), whose gradient the
+  // trainer sums with the first stage's over opts.embed_group (sum_tied_embedding_grads). Its routed experts are
+  // placed over ep with the main layers' (region X).
+  if (m.embed_copy())
+    TREX_CHECK(opts.embed_group == nullptr || device_memory_comm(*opts.embed_group),
+               "GPU model: the tied-embedding group must be a device-memory communicator (nccl or threads), got '{}'",
+               opts.embed_group->backend());
   m.slots.resize(size_t(opts.stage_slots));
   for (auto& sl : m.slots) sl.blocks.resize(size_t(cfg.n_layers));
   m.declare_all();
@@ -255,15 +253,14 @@ double GpuModel::forward_impl(const int32_t* ids, const int32_t* labels, const d
   TREX_CHECK(m.first_stage() || x_in, "GPU model stage [{}, {}): forward needs the incoming stream x_in", m.l0,
              m.l1);
   TREX_CHECK(!m.last_stage() || labels, "GPU model: the forward needs labels");
-  // The balance loss is sequence-wise: each rank's rows are its own, so data parallelism needs only each
-  // micro-batch's share of the step (1 / M, given by begin_step) in a stage step; a forward() over a DP batch
-  // would need its rows' mean over every rank instead (not done: the trainer runs stage steps under DP).
+  // The balance loss is sequence-wise and reads the router's scores over all experts, which every rank computes
+  // for its own rows before the expert exchange: each rank's (and each stage's) terms are local. Data parallelism
+  // needs only each micro-batch's share of the step (1 / M, given by begin_step) in a stage step; a forward() over
+  // a DP batch would need its rows' mean over every rank instead (not done: the trainer runs stage steps under DP).
   const bool balance = m.opts.balance_alpha != 0.0;
-  TREX_CHECK(!balance || (!m.opts.ep && m.first_stage() && m.last_stage() &&
-                          (m.step_mode ? m.step_micro_batches > 0 : m.dp_size == 1)),
-             "GPU model: the balance loss (balance_alpha {}) runs in whole-model steps only: forward() on one GPU, or "
-             "stage steps whose begin_step gives the step's micro-batches (not with expert parallelism or pipeline "
-             "stages)",
+  TREX_CHECK(!balance || (m.step_mode ? m.step_micro_batches > 0 : m.dp_size == 1),
+             "GPU model: the balance loss (balance_alpha {}) runs in forward() on one data-parallel rank or in stage "
+             "steps whose begin_step gives the step's micro-batches",
              m.opts.balance_alpha);
   const double balance_alpha =
       m.step_mode && balance ? m.opts.balance_alpha / double(m.step_micro_batches) : m.opts.balance_alpha;
@@ -284,7 +281,7 @@ double GpuModel::forward_impl(const int32_t* ids, const int32_t* labels, const d
   mb.loss_scale = 1.0, mb.mtp_weight = m.opts.mtp_weight, mb.balance_alpha = balance_alpha;
   const dsv4::LossParts& lp = m.program->forward(mb);
   m.forward_done = true;
-  if (!m.last_stage()) return 0.0;
+  if (!m.last_stage()) return lp.total;  // no head here: the stage's balance terms (0 without the balance loss)
   if (m.step_mode || m.dp_size == 1) return lp.total;  // step mode: this micro-batch's share of the step's loss
   // The loss over the whole DP batch: the CE sums all-reduced, over the normalisers.
   std::vector<double> sums{m.backend->ce_sum(dsv4::HeadKind::Main)};

@@ -175,6 +175,10 @@ void GpuModel::Impl::declare_all() {
       for (const dsv4::ParamSpec& s : arena_order(table, dsv4::ParamPart::Layer, l, DType::BF16))
         if (s.expert >= 0 && local_expert(s.expert)) declare(s.name, s.shape, ordinal.at(s.name));
     }
+    // The MTP block's routed experts are placed like a main layer's (each rank its E / ep, on the last stage).
+    declaring = cfg.n_mtp > 0 && last_stage();
+    for (const dsv4::ParamSpec& s : arena_order(table, dsv4::ParamPart::Mtp, 0, DType::BF16))
+      if (s.expert >= 0 && local_expert(s.expert)) declare(s.name, s.shape, ordinal.at(s.name));
     declaring = true;
     pad_to(bucket_align);
   }
@@ -182,7 +186,7 @@ void GpuModel::Impl::declare_all() {
   // Region A, bucketed in the order backward finishes them (reverse): embed, head + final norm, layers.
   // A pipeline stage declares only its own parameters (the skipped ones leave empty buckets).
   int64_t begin = total;
-  declaring = first_stage();
+  declaring = first_stage() || embed_copy();
   declare_part(dsv4::ParamPart::Embed, -1, DType::BF16);
   embed_bucket = close_bucket(begin);
   begin = total;

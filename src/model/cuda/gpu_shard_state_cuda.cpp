@@ -207,12 +207,19 @@ double GpuModel::Impl::tp_grad_norm() {
   // region R (replicated over DP, counted once).
   std::vector<std::pair<int64_t, int64_t>> own, rep;
   if (dp_size == 1) {
-    own.emplace_back(0, total);
+    if (embed_copy()) {  // the tied embedding copy: the first stage counts it
+      const Bucket& e = buckets[size_t(embed_bucket)];
+      own.emplace_back(0, e.begin), own.emplace_back(e.end, total);
+    } else {
+      own.emplace_back(0, total);
+    }
   } else {
     if (x_shard > 0) own.emplace_back(x_own, x_own + x_shard);
-    for (const Bucket& b : buckets) {
+    for (size_t bi = 0; bi < buckets.size(); ++bi) {
+      const Bucket& b = buckets[bi];
       const int64_t n = b.slice(dp_size);
-      if (n > 0) own.emplace_back(b.begin + dp_rank * n, b.begin + dp_rank * n + n);
+      if (n > 0 && !(embed_copy() && int(bi) == embed_bucket))
+        own.emplace_back(b.begin + dp_rank * n, b.begin + dp_rank * n + n);
     }
     rep.emplace_back(region_a, total);
   }
@@ -244,9 +251,11 @@ double GpuModel::dp_grad_norm() {
   // replicas), so each expert element is counted once over the DP group.
   double own = host_sum_squares(g + m.x_own, m.x_shard, scratch.as<double>());
   // This rank's slices, in bucket order (deterministic).
-  for (const Impl::Bucket& b : m.buckets) {
+  for (size_t bi = 0; bi < m.buckets.size(); ++bi) {
+    const Impl::Bucket& b = m.buckets[bi];
     const int64_t n = b.slice(m.dp_size);
     if (n == 0) continue;  // another pipeline stage's bucket
+    if (m.embed_copy() && int(bi) == m.embed_bucket) continue;  // the tied embedding copy: the first stage's counts
     own += host_sum_squares(g + m.grad_index(b.begin + m.dp_rank * n), n, scratch.as<double>());
   }
   const double r = host_sum_squares(g + m.grad_index(m.region_a), m.total - m.region_a, scratch.as<double>());
@@ -255,6 +264,25 @@ double GpuModel::dp_grad_norm() {
   m.dp->all_reduce(d.as<double>(), 1, comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
   TREX_CUDA(cudaMemcpy(&own, d.as<double>(), sizeof(double), cudaMemcpyDeviceToHost));
   return std::sqrt(own + r);
+}
+
+void GpuModel::sum_tied_embedding_grads() {
+  Impl& m = *impl_;
+  comm::Communicator* g = m.opts.embed_group;
+  if (g == nullptr || g->size() == 1 || m.cfg.n_mtp == 0) return;
+  m.require_gradients("sum_tied_embedding_grads()");
+  TREX_CHECK(g->size() == 2 && m.first_stage() != m.last_stage() && (m.first_stage() || m.embed_copy()),
+             "GPU model stage [{}, {}): the tied-embedding group ({} ranks) joins the first and the last pipeline "
+             "stage only", m.l0, m.l1, g->size());
+  m.wait_grad_work();  // this stage's data-parallel reduction of the embedding's bucket is complete
+  // This rank's reduced slice of the embedding's bucket (the whole bucket on one DP rank): the first and the last
+  // stage's ranks of one DP index own the same slice (the bucket is the same size on both).
+  const Impl::Bucket& b = m.buckets[size_t(m.embed_bucket)];
+  const int64_t n = m.dp_size > 1 ? b.slice(m.dp_size) : b.end - b.begin;
+  const int64_t own0 = m.dp_size > 1 ? b.begin + m.dp_rank * n : b.begin;
+  float* grad = m.grads.as<float>() + m.grad_index(own0);
+  m.stream_wait(*g->all_reduce(grad, size_t(n), comm::ElemType::F32, comm::ReduceOp::Sum));
+  m.grads_zero = false;
 }
 
 void GpuModel::add_reduced_grads_to(float* acc) {

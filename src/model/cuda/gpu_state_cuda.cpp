@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "kernels/cuda/tensor_ops.h"
@@ -27,9 +29,20 @@ double GpuModel::grad_norm() {
   m.require_gradients("grad_norm()");
   if (m.tp_size > 1) return m.tp_grad_norm();
   DevMem scratch(size_t(cuda::kSumSquaresBlocks + 1) * sizeof(double));
-  cuda::sum_squares_f32(m.grads.as<float>(), m.total, scratch.as<double>());
+  // The ranges counted: the whole arena, less a pipeline's tied embedding copy (the first stage counts it).
+  std::vector<std::pair<int64_t, int64_t>> ranges{{0, m.total}};
+  if (m.embed_copy()) {
+    const GpuModel::Impl::Bucket& e = m.buckets[size_t(m.embed_bucket)];
+    ranges = {{0, e.begin}, {e.end, m.total}};
+  }
   double ss = 0;
-  TREX_CUDA(cudaMemcpy(&ss, scratch.as<double>(), sizeof(double), cudaMemcpyDeviceToHost));
+  for (const auto& [a, e] : ranges) {
+    if (e <= a) continue;
+    cuda::sum_squares_f32(m.grads.as<float>() + a, e - a, scratch.as<double>());
+    double part = 0;
+    TREX_CUDA(cudaMemcpy(&part, scratch.as<double>(), sizeof(double), cudaMemcpyDeviceToHost));
+    ss += part;
+  }
   return std::sqrt(ss);
 }
 

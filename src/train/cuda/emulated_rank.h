@@ -24,7 +24,7 @@ namespace trex::train {
 class EmulatedRank {
  public:
   // The model options of rank p (layer range, stage slots, the emulated dp / ep groups, balanced routing) on top
-  // of `base` (timing, GEMM choices). cfg must have no MTP module (GPU pipeline stages do not hold it yet).
+  // of `base` (timing, GEMM choices). cfg must have no MTP module (the emulation leaves it out).
   static dsv4gpu::GpuModelOptions model_options(const parallel::RankPartition& p, parallel::EmulatedMesh& mesh,
                                                 dsv4gpu::GpuModelOptions base);
 

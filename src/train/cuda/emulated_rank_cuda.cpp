@@ -20,8 +20,10 @@ dsv4gpu::GpuModelOptions EmulatedRank::model_options(const parallel::RankPartiti
 EmulatedRank::EmulatedRank(const dsv4::ModelConfig& cfg, const parallel::RankPartition& p, int64_t seq,
                            dsv4gpu::GpuModelOptions base, uint64_t seed, comm::EmulatedGroup::Payload payload)
     : cfg_(cfg), p_(p), seq_(seq), mesh_(parallel::make_emulated_mesh(p, payload)) {
-  TREX_CHECK(cfg.n_mtp == 0, "emulated rank {}: the MTP module is not placed on GPU pipeline stages yet (drop it "
-             "from the config: num_nextn_predict_layers 0)", p.world_rank);
+  // The emulated mesh has no tied-embedding group (the last stage's copy of embed.weight with MTP), and the
+  // planner's emulated-rank predictions are made without MTP (`trex plan --no-mtp`): the emulation leaves it out.
+  TREX_CHECK(cfg.n_mtp == 0, "emulated rank {}: the rank emulation runs without the MTP module (drop it from the "
+             "config: num_nextn_predict_layers 0)", p.world_rank);
   TREX_CHECK(seq >= 1, "emulated rank {}: sequence length {}", p.world_rank, seq);
   model_ = std::make_unique<dsv4gpu::GpuModel>(cfg, model_options(p, mesh_, base));
   opt_ = std::make_unique<dsv4gpu::GpuOptimizer>(*model_);

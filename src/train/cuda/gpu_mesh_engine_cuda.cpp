@@ -55,6 +55,9 @@ struct GpuMeshEngine::State {
   std::unique_ptr<comm::Communicator> host;  // host-buffer collectives over `world`
   parallel::Mesh mesh;
   int D = 1;
+  // pp > 1 with MTP: the first and the last stage's ranks of this rank's DP / TP coordinates (the tied embedding's
+  // gradient sum); a group of one on the middle stages.
+  std::unique_ptr<comm::Communicator> embed_group;
   std::unique_ptr<dsv4gpu::GpuModel> gpu;
   std::unique_ptr<dsv4gpu::GpuOptimizer> opt;
   std::unique_ptr<GpuMeshPipeline> pipe;  // pp > 1: this rank's stage in the pipeline (gpu_mesh_pipeline.h)
@@ -138,6 +141,16 @@ GpuMeshEngine::GpuMeshEngine(const TrainConfig& cfg, const dsv4::ModelConfig& mc
   go.zero = cfg.parallel.zero;  // 1 (default) or 2; check_gpu_mesh_config refused 3
   go.grad_reduce_bf16 = cfg.parallel.grad_reduce_dtype == "bf16";
   if (s.mesh.spec.pp > 1) set_gpu_stage(go, s.mc, s.mesh);  // this rank's layers only
+  if (s.mesh.spec.pp > 1 && s.mtp) {
+    // The MTP module runs on the last stage with its own copy of embed.weight; the copies' gradients are summed
+    // over {first stage, last stage} of the same DP / EP / TP coordinates (Megatron's embedding group), so both
+    // take the same update. Collective over the world (every rank splits; a middle stage gets a group of one).
+    const int P = s.mesh.spec.pp, coord = s.mesh.dp_rank * s.mesh.spec.tp + s.mesh.tp_rank;
+    const bool ends = s.mesh.pp_rank == 0 || s.mesh.pp_rank == P - 1;
+    const int colour = ends ? coord : s.D * s.mesh.spec.tp + world.rank();
+    s.embed_group = world.split(colour, s.mesh.pp_rank);
+    if (ends) go.embed_group = s.embed_group.get();
+  }
   s.gpu = std::make_unique<dsv4gpu::GpuModel>(gpu_cfg, go);
   s.opt = std::make_unique<dsv4gpu::GpuOptimizer>(*s.gpu);
   // Every trained tensor of the model (the parameter table's order, the same on every rank) and the router
@@ -321,6 +334,7 @@ EngineStep GpuMeshEngine::forward_backward(const std::vector<data::Batch>& mine,
   }
   if (!s.pipe && s.D > 1 && M > 1 && s.acc) s.gpu->add_held_grads(s.acc);
   s.gpu->wait_grad_reductions();  // a skipped step's next zero_grads() must find them done
+  s.gpu->sum_tied_embedding_grads();  // pp > 1 with MTP: the two embed.weight copies' gradients summed
   if (s.D == 1 && !s.pipe) s.pending_scale = float(1.0 / double(n_micro));  // the pipeline's are normalised
   // The TP ranks of a DP rank ran the same micro-batches (the same loss): one of them counts them.
   if (s.mesh.tp_rank != 0) local = 0, targets = 0, tokens = 0;
@@ -395,8 +409,11 @@ void GpuMeshEngine::save(const fs::path& root, const TrainState& st, int64_t kee
   std::deque<std::vector<float>> keep;
   std::vector<ShardedTensor> pt, ot;
   size_t dense = 0;
+  // The last stage's tied copy of embed.weight (pp > 1 with MTP) equals the first stage's: written once, by it.
+  const bool embed_copy = s.mtp && s.mesh.spec.pp > 1 && s.mesh.pp_rank != 0;
   for (const Entry& p : s.params) {
     if (!p.held) continue;  // another expert-parallel rank's expert (its owner writes it)
+    if (embed_copy && p.name == "embed.weight") continue;
     const bool own_expert = p.expert >= 0 && s.mesh.spec.ep > 1;  // without ep an expert is a dense tensor
     const bool writer = own_expert ? s.mesh.edp_rank == 0 : int(dense++ % size_t(W)) == R;
     // Under tensor parallelism TP rank 0 writes (gather_shard gives every TP rank the whole official tensor).

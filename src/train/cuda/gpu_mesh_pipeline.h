@@ -7,9 +7,10 @@
 // The step's numbers, as the single-process step: every micro-batch's loss normaliser is its own labelled targets
 // x the step's micro-batches (so the gradients, reduce-scattered over DP in the last backward, are those of the
 // global batch's mean of micro-batch means); the loss is the last stage's (summed over DP by the engine); the
-// clipping norm's squares are summed over the stages (each stage's ZeRO-1 shards' norm, dp_grad_norm). Not here:
-// the MTP module (its input reads the first stage's embedding) and the balance loss on a stage (check_gpu_mesh_config
-// refuses both).
+// clipping norm's squares are summed over the stages (each stage's ZeRO-1 shards' norm, dp_grad_norm). Each stage
+// adds its own layers' sequence-wise balance terms to the loss (the engine's sum over the ranks collects them).
+// The MTP module runs on the last stage (its head normaliser: the micro-batch's MTP targets x the step's
+// micro-batches), which holds a tied copy of embed.weight (GpuModelOptions::embed_group, set up by the engine).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -47,7 +48,7 @@ class GpuMeshPipeline {
   // Forward and backward of this DP rank's micro-batches (step order) through the pipeline, gradients
   // accumulated into the stage's (zeroed before). n_micro: the step's micro-batches over every DP rank.
   // after_forward(k): right after micro-batch k's forward on this stage (its slot's router selections are valid).
-  // Returns this DP rank's share of the step's loss on the last stage, 0 on the others.
+  // Returns this DP rank's share of the step's loss: the last stage's CE (and MTP) plus this stage's balance terms.
   double step(const std::vector<data::Batch>& mine, int64_t n_micro, const std::function<void(int64_t)>& after_forward);
   // The last step's timings on this rank (the pipeline's per-operation CUDA events are drained every step, so a
   // long run does not accumulate them): seconds the host waited for boundary tensors (bubble + exposed
@@ -67,6 +68,8 @@ class GpuMeshPipeline {
   std::unique_ptr<comm::Communicator> grad_;  // the gradient direction's communicator over the pipeline ranks
   std::unique_ptr<dsv4gpu::GpuPipeline> pipe_;
   int64_t micro_batches_ = 1;
+  bool mtp_ = false;  // this stage runs the MTP module (the last stage, when the model has it)
+  int64_t vocab_ = 0;
   StepTimes times_;
 };
 

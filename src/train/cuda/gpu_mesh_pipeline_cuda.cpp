@@ -1,8 +1,11 @@
 #include "train/cuda/gpu_mesh_pipeline.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
+#include "model/cuda/gpu_impl.h"
+#include "model/dsv4/loss.h"
 #include "model/dsv4/partition.h"
 #include "train/cuda/gpu_pipeline.h"
 #include "train/dsv4_trainable.h"
@@ -20,7 +23,7 @@ void set_gpu_stage(dsv4gpu::GpuModelOptions& go, const dsv4::ModelConfig& mc, co
 
 GpuMeshPipeline::GpuMeshPipeline(dsv4gpu::GpuModel& stage, parallel::Mesh& mesh, comm::Communicator& world,
                                  int64_t micro_batches)
-    : mesh_(mesh), micro_batches_(micro_batches) {
+    : mesh_(mesh), micro_batches_(micro_batches), mtp_(stage.impl().mtp()), vocab_(stage.impl().cfg.vocab_size) {
   TREX_CHECK(mesh.pp_group && mesh.pp_group->size() == mesh.spec.pp,
              "GPU pipeline rank {}: the mesh has no pipeline group of {} stages", mesh.world_rank, mesh.spec.pp);
   // Each direction on its own communicator (gpu_pipeline.h: one serial stream for both would deadlock).
@@ -42,7 +45,15 @@ double GpuMeshPipeline::step(const std::vector<data::Batch>& mine, int64_t n_mic
     layouts.push_back(batch_layout(b));
     // Its own labelled targets x the step's micro-batches: the sum over the DP ranks' micro-batches is the
     // global batch's mean of micro-batch means (the dp path's normaliser).
-    mbs.push_back({b.input_ids.data(), b.labels.data(), &layouts.back(), b.n_targets * n_micro});
+    // The MTP head's likewise (the last stage runs it): its targets are token t + 2 within t's document.
+    int64_t mtp_norm = -1;
+    if (mtp_) {
+      const dsv4::SeqLayout& l = layouts.back();
+      const std::vector<int32_t> t = dsv4::shifted_targets(b.labels.data(), l.doc_start.data(), b.batch, b.seq, 2,
+                                                           vocab_);
+      mtp_norm = int64_t(std::count_if(t.begin(), t.end(), [](int32_t x) { return x >= 0; })) * n_micro;
+    }
+    mbs.push_back({b.input_ids.data(), b.labels.data(), &layouts.back(), b.n_targets * n_micro, mtp_norm});
   }
   const double loss = pipe_->step(mbs, n_micro, after_forward);
   const dsv4gpu::PipelineStats st = pipe_->stats();

@@ -41,7 +41,8 @@ class GpuPipeline {
 
   // Forward + backward of one step over the micro-batches: ids / labels [M * layout.B, layout.T] on the host
   // (micro-batch m is rows [m B, (m + 1) B), each with `layout`); gradients accumulate into the stage's (call
-  // zero_grads before). Returns the step's mean loss on the last stage, 0 on the others (see global_loss).
+  // zero_grads before). Returns the step's mean loss on the last stage; the others return their layers' balance
+  // terms (0 without the balance loss), so the step's loss is the sum over the stages (global_losses).
   // With a DP group on the stage (GpuModelOptions::dp): ids / labels are this DP rank's micro-batches, the loss
   // normaliser counts every DP rank's targets, the returned loss is this rank's share (summed over the DP ranks
   // it is the step's), and the gradients are reduce-scattered over DP in the last micro-batch's backward.
@@ -56,13 +57,14 @@ class GpuPipeline {
     const int32_t* labels = nullptr;
     const dsv4::SeqLayout* layout = nullptr;
     int64_t normaliser = 0;
+    int64_t mtp_normaliser = -1;  // the MTP head's, likewise (needed when the stages have the MTP module)
   };
   // after_forward(m), when given, runs right after micro-batch m's forward on this stage, while its slot still
   // holds what the forward saved (e.g. its router selections: a slot is reused by a later forward of the step).
   double step(const std::vector<MicroBatch>& micro, int64_t step_micro_batches,
               const std::function<void(int64_t)>& after_forward = {});
-  // The last stage's loss values summed over the pipeline group (every rank gets them): call it outside the
-  // timed loop, it synchronises the ranks.
+  // The stages' loss values summed over the pipeline group (every rank gets them; the last stage's CE and every
+  // stage's balance terms): call it outside the timed loop, it synchronises the ranks.
   std::vector<double> global_losses(const std::vector<double>& local);
 
   // Milliseconds since the last reset (synchronises).

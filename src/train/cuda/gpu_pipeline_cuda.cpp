@@ -148,8 +148,25 @@ double GpuPipeline::step(const int32_t* ids, const int32_t* labels, const dsv4::
     TREX_CUDA(cudaMemcpy(&h, d.as<double>(), sizeof(double), cudaMemcpyDeviceToHost));
     targets = int64_t(std::llround(h));
   }
+  // The MTP head's normaliser likewise (its targets are token t + 2 within t's document).
+  int64_t mtp_targets = -1;
+  if (mi.mtp()) {
+    mtp_targets = 0;
+    for (int64_t m = 0; m < p.M; ++m)
+      for (int32_t t : dsv4::shifted_targets(labels + m * n_mb, layout.doc_start.data(), layout.B, layout.T, 2, V))
+        mtp_targets += t >= 0;
+    if (mi.dp_size > 1) {
+      double h = double(mtp_targets);
+      DevMem d(sizeof(double));
+      TREX_CUDA(cudaMemcpy(d.as<double>(), &h, sizeof(double), cudaMemcpyHostToDevice));
+      mi.dp->all_reduce(d.as<double>(), 1, comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
+      TREX_CUDA(cudaMemcpy(&h, d.as<double>(), sizeof(double), cudaMemcpyDeviceToHost));
+      mtp_targets = int64_t(std::llround(h));
+    }
+  }
   std::vector<MicroBatch> mbs(size_t(p.M));
-  for (int64_t m = 0; m < p.M; ++m) mbs[size_t(m)] = {ids + m * n_mb, labels + m * n_mb, &layout, targets};
+  for (int64_t m = 0; m < p.M; ++m)
+    mbs[size_t(m)] = {ids + m * n_mb, labels + m * n_mb, &layout, targets, mtp_targets};
   return run(mbs, p.M, {});
 }
 
@@ -176,7 +193,7 @@ double GpuPipeline::run(const std::vector<MicroBatch>& micro, int64_t step_micro
   const bool first = p.r == 0, last = p.r == p.P - 1;
   // The gradients are reduced over DP in the step's last backward (1F1B ends with micro-batch M - 1 everywhere);
   // each forward sets its micro-batch's normaliser (begin_step before it: the head reads it in the forward).
-  st.begin_step(micro[0].normaliser, -1, step_micro_batches, p.M - 1);
+  st.begin_step(micro[0].normaliser, micro[0].mtp_normaliser, step_micro_batches, p.M - 1);
   const int64_t elems = st.stream_elems(*micro[0].layout);
   if (elems != p.elems) {  // (re)size the receive buffers; nothing is in flight between steps
     TREX_CUDA(cudaDeviceSynchronize());
@@ -198,7 +215,7 @@ double GpuPipeline::run(const std::vector<MicroBatch>& micro, int64_t step_micro
     if (op > 0) {  // forward of m
       if (!first) p.post_recv_act(m), p.wait_recv(p.recv_act_w[m % 2]);
       Impl::wait_send(p.send_act_w[size_t(s)]);  // the slot's previous output has left
-      st.begin_step(b.normaliser, -1, step_micro_batches, p.M - 1);
+      st.begin_step(b.normaliser, b.mtp_normaliser, step_micro_batches, p.M - 1);
       auto e = p.begin_ev();
       loss += st.forward_stage(m, b.ids, b.labels, *b.layout, first ? nullptr : p.recv_act[m % 2].as<void>());
       p.end_ev(e, p.fwd_ev);
@@ -215,7 +232,7 @@ double GpuPipeline::run(const std::vector<MicroBatch>& micro, int64_t step_micro
     }
   }
   ++p.acc.steps;
-  return last ? loss : 0.0;
+  return loss;  // the last stage's CE share plus this stage's balance terms (forward_stage)
 }
 
 std::vector<double> GpuPipeline::global_losses(const std::vector<double>& local) {
@@ -223,8 +240,7 @@ std::vector<double> GpuPipeline::global_losses(const std::vector<double>& local)
   if (local.empty()) return {};
   TREX_CUDA(cudaDeviceSynchronize());
   DevMem d(local.size() * sizeof(double));
-  std::vector<double> v(local);
-  if (p.r != p.P - 1) std::fill(v.begin(), v.end(), 0.0);
+  std::vector<double> v(local);  // every stage's: the other stages' are their balance terms
   TREX_CUDA(cudaMemcpy(d.as<double>(), v.data(), v.size() * sizeof(double), cudaMemcpyHostToDevice));
   p.act.all_reduce(d.as<double>(), v.size(), comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
   TREX_CUDA(cudaMemcpy(v.data(), d.as<double>(), v.size() * sizeof(double), cudaMemcpyDeviceToHost));

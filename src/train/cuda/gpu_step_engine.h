@@ -100,6 +100,7 @@ class GpuStepEngine {
   GpuLayout layout_;
   dsv4gpu::GpuModelOptions mo_;
   std::unique_ptr<comm::Communicator> world_, act_, grad_;
+  std::unique_ptr<comm::Communicator> embed_;  // pp > 1 with MTP: {first, last} stage (the tied embedding's sum)
   parallel::Mesh mesh_;
   std::vector<int64_t> counts_;
   std::unique_ptr<dsv4gpu::GpuModel> model_;

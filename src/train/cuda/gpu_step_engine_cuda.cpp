@@ -70,6 +70,11 @@ GpuStepEngine::GpuStepEngine(const dsv4::ModelConfig& cfg, const GpuLayout& layo
     // send (its buffer lives in the slot) at no activation cost (slots are freed by their backward).
     mo_.stage_slots = std::max(P - r, 2);
     act_ = world_->split(0, r), grad_ = world_->split(0, r);
+    if (cfg.n_mtp > 0) {  // the last stage's tied copy of embed.weight (GpuModelOptions::embed_group)
+      const bool ends = r == 0 || r == P - 1;
+      embed_ = world_->split(ends ? 0 : 1 + r, r);
+      if (ends) mo_.embed_group = embed_.get();
+    }
   } else if (!layout_.one_gpu()) {
     world_ = comm::make_nccl_world_communicator(comm_timeout_s);
     mesh_ = parallel::build_mesh(*world_, layout_.mesh, {int(cfg.n_layers), int(cfg.n_routed_experts)});
@@ -95,7 +100,11 @@ void GpuStepEngine::zero_grads() { model_->zero_grads(); }
 
 double GpuStepEngine::forward_backward(const int32_t* ids, const int32_t* labels, const dsv4::SeqLayout& layout,
                                        const std::function<void()>& after_forward) {
-  if (pipe_) return pipe_->step(ids, labels, layout);
+  if (pipe_) {
+    const double l = pipe_->step(ids, labels, layout);
+    model_->sum_tied_embedding_grads();  // with MTP: the two embed.weight copies' gradients (no-op otherwise)
+    return l;
+  }
   const double loss = model_->forward(ids, labels, layout, nullptr, dsv4gpu::HeadMode::LossAndGrad);
   if (after_forward) after_forward();
   model_->backward();
