@@ -44,7 +44,6 @@ std::string gpu_layout_gaps(const GpuLayoutAsk& a) {
   need(a.tp > 1 && a.muon, "Muon under tensor parallelism (a TP-split matrix is not orthogonalised whole)");
   need(a.etp > 1, "expert tensor parallelism");
   need(a.cp > 1, "context parallelism");
-  need(a.vpp > 1, "interleaved stages");
   need(a.ep > 1 && a.dp % a.ep != 0, "expert parallelism whose degree does not divide dp (EP folds into DP)");
   need(a.optimizer_offload, "optimizer offload");
   need(a.fully_sharded || a.zero >= 3, "fully sharded dense weights");
@@ -79,10 +78,13 @@ std::string check_gpu_mesh_config(const TrainConfig& cfg, int world_size) {
         return fmt::format("parallel.tp={} does not divide the shared expert's hidden width {}", m.tp, fs);
     }
   }
-  if (m.vpp > 1)
-    return fmt::format("interleaved stages (parallel.vpp={}) are not implemented on the GPU: its pipeline "
-                       "(train/cuda/gpu_pipeline.h) runs 1F1B over one layer range per rank; set vpp: 1",
-                       m.vpp);
+  // Interleaved stages (vpp > 1) run (train/cuda/gpu_pipeline.h: one GpuModel per chunk); the padded split must
+  // leave every virtual stage a layer.
+  if (m.pp > 1)
+    if (const auto mc = model_of(cfg)) {
+      const std::string pad = check_pad_layers(m, mc->n_layers, cfg.parallel.pad_layers);
+      if (!pad.empty()) return pad;
+    }
   // Pipeline stages (train/cuda/gpu_mesh_pipeline.h): the MTP module trains on the whole model only (its input
   // embeds token t+1 with the first stage's embedding), and the balance loss runs in whole-model steps only.
   if (m.pp > 1 && trains_mtp(cfg))
