@@ -7,7 +7,7 @@
 // trainer's). Virtual stage g sends its output to g + 1: rank r -> r + 1 on `act`, and the last rank's chunk c to
 // rank 0's chunk c + 1 on a third communicator (`act_wrap`); gradients back the same way (`grad`, `grad_wrap`).
 // Every communicator then carries one direction between one pair order, so no rank's serial NCCL stream holds a
-// send behind a receive that the ring closes on. Messages are tagged parallel::pipe_message_tag.
+// send behind a receive that the ring closes on. Messages are tagged by (direction, virtual stage, micro-batch).
 //
 // Two communicators over the same ranks (rank = stage), one per direction: each direction's transfers then run
 // on their own NCCL stream in micro-batch order, so an early-posted receive of one direction can never block a

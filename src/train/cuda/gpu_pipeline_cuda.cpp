@@ -22,7 +22,7 @@ struct GpuPipeline::Impl {
   comm::Communicator* grad_wrap = nullptr;  // rank 0 -> last rank (chunk c -> c - 1)
   int64_t M = 1;
   int r = 0, P = 1, V = 1;
-  parallel::ScheduleSpec spec;  // of the step (message tags)
+  parallel::ScheduleSpec spec;  // of the step
   std::vector<int> slots;       // per chunk: its GpuModel's stage_slots
   int64_t elems = 0;            // boundary tensor elements of the current micro-batch shape
   DevMem recv_act[2], recv_grad[2];  // alternating receive buffers (bf16 / fp32)
@@ -73,20 +73,26 @@ struct GpuPipeline::Impl {
   comm::Communicator& act_out() { return r < P - 1 ? act : *act_wrap; }
   comm::Communicator& grad_in() { return r < P - 1 ? grad : *grad_wrap; }
   comm::Communicator& grad_out() { return r > 0 ? grad : *grad_wrap; }
+  // The message tag of the boundary tensor of micro-batch m entering virtual stage `to` (activations) or leaving
+  // it backwards (gradients): unique within the step (parallel::pipe_message_tag's numbering, without its MPI tag
+  // range limit: NCCL matches in posting order, the thread group by tag).
+  int tag(bool gradient, int to, int64_t m) const {
+    return int(((gradient ? n_stages() : 0) + to) * M + m);
+  }
   int prev_rank() const { return (r + P - 1) % P; }
   int next_rank() const { return (r + 1) % P; }
   // Returns the buffer the activation of (m, c) lands in.
   void* post_recv_act(int64_t m, int c) {
     const int b = int(n_recv_act++ % 2);
     recv_act_w[b] = act_in().recv(recv_act[b].as<void>(), size_t(elems) * 2, prev_rank(),
-                                   parallel::pipe_message_tag(spec, false, stage(c), m));
+                                   tag(false, stage(c), m));
     wait_recv(recv_act_w[b]);
     return recv_act[b].as<void>();
   }
   const float* post_recv_grad(int64_t m, int c) {
     const int b = int(n_recv_grad++ % 2);
     recv_grad_w[b] = grad_in().recv(recv_grad[b].as<void>(), size_t(elems) * 4, next_rank(),
-                                     parallel::pipe_message_tag(spec, true, stage(c) + 1, m));
+                                     tag(true, stage(c) + 1, m));
     wait_recv(recv_grad_w[b]);
     return recv_grad[b].as<float>();
   }
@@ -299,7 +305,7 @@ double GpuPipeline::run(const std::vector<MicroBatch>& micro, int64_t step_micro
       if (after_forward) after_forward(m, c);
       if (!last)
         sent_act = p.act_out().send(st.stage_output(m), size_t(elems) * 2, p.next_rank(),
-                                     parallel::pipe_message_tag(p.spec, false, g + 1, m));
+                                     p.tag(false, g + 1, m));
     } else {
       const float* dx_out = last ? nullptr : p.post_recv_grad(m, c);
       Impl::wait_send(sent_act);   // the forward output is freed by this backward
@@ -309,7 +315,7 @@ double GpuPipeline::run(const std::vector<MicroBatch>& micro, int64_t step_micro
       p.end_ev(e, p.bwd_ev);
       if (!first)
         sent_grad = p.grad_out().send(st.stage_input_grad(m), size_t(elems) * 4, p.prev_rank(),
-                                       parallel::pipe_message_tag(p.spec, true, g, m));
+                                       p.tag(true, g, m));
     }
   }
   ++p.acc.steps;
