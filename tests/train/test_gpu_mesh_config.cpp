@@ -92,6 +92,11 @@ TEST(GpuMeshConfig, AcceptsInterleavedStagesAndRefusesPaddingThatDoesNotDivide) 
   EXPECT_NE(check_pad_layers({4, 1, 1, 2}, 43, 1), "") << "44 slots on 8 virtual stages";
   EXPECT_EQ(check_pad_layers({4, 1, 1, 2}, 43, 0), "") << "no padding: the layers split as they go";
   EXPECT_THROW(with_layers("parallel: {pp: 2, pad_layers: -1}\n", 4), Error);
+  // The CPU trainer's check (distributed_run.cpp splits with the same padding) says the same.
+  EXPECT_NE(check_parallel_config(with_layers("parallel: {pp: 2, vpp: 2, pad_layers: 1}\n", 10), 2, {10, 8})
+                .find("11 layer slots"),
+            std::string::npos);
+  EXPECT_EQ(check_parallel_config(with_layers("parallel: {pp: 2, vpp: 2, pad_layers: 2}\n", 10), 2, {10, 8}), "");
 }
 
 // Any data-parallel degree: the ZeRO-1 buckets are padded to a multiple of 8 x dp elements (gpu_params_cuda.cpp).
