@@ -260,17 +260,18 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PpVppGpu,
 
 // The compute order the pipeline walks is the CPU trainer's interleaved schedule, and the slots each chunk needs.
 TEST(PpVppGpu, InterleavedOrderAndSlots) {
-  // pp = 2, vpp = 2, M = 4, rank 0: (pp - r - 1) * 2 + (vpp - 1) * pp = 4 warm-up chunk-forwards.
+  // pp = 2, vpp = 2, M = 4, rank 0: (pp - r - 1) * 2 + (vpp - 1) * pp = 4 warm-up chunk-forwards, then the
+  // steady state's first forward before its first backward: F0.0 F1.0 F0.1 F1.1 F2.0 B0.1 ...
   const auto order = dsv4gpu::GpuPipeline::compute_order(0, 2, 2, 4);
   ASSERT_EQ(order.size(), size_t(16));
   int warm = 0;
   while (order[size_t(warm)].forward) ++warm;
-  EXPECT_EQ(warm, 4);
+  EXPECT_EQ(warm, 5);
   EXPECT_EQ(order[0].chunk, 0);
   EXPECT_EQ(order[2].chunk, 1);  // groups of pp micro-batches per chunk
   const std::vector<int> slots = dsv4gpu::GpuPipeline::chunk_slots(0, 2, 2, 4);
-  ASSERT_EQ(slots.size(), size_t(2));
-  for (int s : slots) EXPECT_GE(s, 1);
+  EXPECT_EQ(slots, (std::vector<int>{4, 2}));  // chunk 0 holds every micro-batch before its first backward
+  EXPECT_EQ(dsv4gpu::GpuPipeline::chunk_slots(1, 2, 2, 4), (std::vector<int>{3, 1}));
   EXPECT_EQ(dsv4gpu::GpuPipeline::chunk_slots(1, 2, 1, 4), std::vector<int>{1});  // 1F1B: P - r
   EXPECT_EQ(dsv4gpu::GpuPipeline::chunk_slots(0, 2, 1, 4), std::vector<int>{2});
 }
