@@ -25,8 +25,9 @@ RankPartition rank_partition(const MeshSpec& spec, int rank, const dsv4::ModelCo
       check_mesh(spec, world, ModelShape{int(cfg.n_layers), int(cfg.n_routed_experts), int(cfg.n_heads),
                                          int(cfg.o_groups), int(cfg.moe_inter * cfg.n_shared_experts)});
   TREX_CHECK(why.empty(), "layout pp={},dp={},ep={},vpp={}: {}", spec.pp, spec.dp, spec.ep, spec.vpp, why);
-  TREX_CHECK(spec.vpp == 1, "layout pp={},dp={},ep={},vpp={}: the GPU pipeline runs 1F1B only (interleaved stages, "
-             "vpp > 1, run on the CPU trainer)", spec.pp, spec.dp, spec.ep, spec.vpp);
+  TREX_CHECK(spec.vpp == 1, "layout pp={},dp={},ep={},vpp={}: the rank emulation builds one 1F1B stage per rank "
+             "only (interleaved stages, vpp > 1, run in `trex train --device cuda`, not emulated yet)", spec.pp,
+             spec.dp, spec.ep, spec.vpp);
   TREX_CHECK(rank >= 0 && rank < world, "rank {} outside the layout's {} ranks (pp={} x dp={} x tp={})", rank,
              world, spec.pp, spec.dp, spec.tp);
   TREX_CHECK(micro_batch_seqs >= 1 && global_batch >= 1 && global_batch % (int64_t(spec.dp) * micro_batch_seqs) == 0,

@@ -29,7 +29,7 @@ struct RankPartition {
 
 // Rank `rank` of the layout for a model and a global batch of `global_batch` sequences cut into micro-batches of
 // `micro_batch_seqs` sequences per DP rank. Errors (trex::Error) name the rule and the numbers: check_mesh's,
-// a rank outside [0, pp x dp x tp), a batch that does not divide, vpp > 1 (the GPU pipeline runs 1F1B only). The
+// a rank outside [0, pp x dp x tp), a batch that does not divide, vpp > 1 (not emulated yet). The
 // TP ranks of a DP rank (TP innermost, mesh.h) share its stage, experts and micro-batches.
 RankPartition rank_partition(const MeshSpec& spec, int rank, const dsv4::ModelConfig& cfg, int64_t global_batch,
                              int64_t micro_batch_seqs = 1);

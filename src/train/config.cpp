@@ -110,7 +110,7 @@ TrainConfig parse_train_config(const json& j, const std::string& where) {
   if (j.contains("parallel")) {
     const json& p = j["parallel"];
     only_keys(p, {"pp", "dp", "ep", "vpp", "tp", "schedule", "micro_batches", "comm", "timeout_s", "zero",
-                  "grad_reduce_dtype"},
+                  "grad_reduce_dtype", "pad_layers"},
               where, "parallel");
     ParallelConfig& pc = c.parallel;
     pc.present = true;
@@ -127,6 +127,9 @@ TrainConfig parse_train_config(const json& j, const std::string& where) {
       fail("{}: parallel.schedule: {}", where, e.what());
     }
     get(p, "micro_batches", pc.micro_batches, where, "parallel");
+    get(p, "pad_layers", pc.pad_layers, where, "parallel");
+    TREX_CHECK(pc.pad_layers >= 0, "{}: parallel.pad_layers must be >= 0 (no-op layers), not {}", where,
+               pc.pad_layers);
     get(p, "comm", pc.comm, where, "parallel");
     get(p, "timeout_s", pc.timeout_s, where, "parallel");
     TREX_CHECK(pc.mesh.pp >= 1 && pc.mesh.dp >= 1 && pc.mesh.ep >= 1 && pc.mesh.vpp >= 1 && pc.mesh.tp >= 1,
@@ -169,7 +172,27 @@ std::string check_parallel_config(const TrainConfig& c, int world_size, const pa
   if (p.mesh.vpp > 1 && p.schedule == parallel::ScheduleKind::OneFOneB)
     return fmt::format("vpp={} needs the interleaved schedule (parallel.schedule: interleaved)", p.mesh.vpp);
   why = parallel::check_schedule_spec(s);
-  return why;
+  if (!why.empty()) return why;
+  return check_pad_layers(p.mesh, model.n_layers, p.pad_layers);
+}
+
+std::string check_pad_layers(const parallel::MeshSpec& m, int64_t n_layers, int64_t pad_layers) {
+  if (pad_layers == 0 || n_layers <= 0) return {};
+  const int64_t stages = int64_t(m.pp) * m.vpp, slots = n_layers + pad_layers;
+  if (slots % stages != 0) {
+    const int64_t fit = (n_layers + stages - 1) / stages * stages - n_layers;
+    return fmt::format("parallel.pad_layers {}: {} layers + {} no-op layers = {} layer slots do not divide into "
+                       "pp={} x vpp={} = {} stages (pad_layers {} would give {} slots per stage)",
+                       pad_layers, n_layers, pad_layers, slots, m.pp, m.vpp, stages, fit,
+                       (n_layers + fit) / stages);
+  }
+  // The padding fills the last stages' final slots: the last stage must keep a real layer.
+  const int64_t per = slots / stages;
+  if (n_layers - (stages - 1) * per < 1)
+    return fmt::format("parallel.pad_layers {}: {} layer slots per stage leave the last of the pp={} x vpp={} = {} "
+                       "stages without a layer of the {} (it would hold {} no-op layers only); use fewer pad_layers",
+                       pad_layers, per, m.pp, m.vpp, stages, n_layers, per);
+  return {};
 }
 
 TrainConfig load_train_config(const std::filesystem::path& path) {

@@ -33,6 +33,11 @@ struct ParallelConfig {
   parallel::MeshSpec mesh;
   parallel::ScheduleKind schedule = parallel::ScheduleKind::OneFOneB;
   int64_t micro_batches = 0;  // per DP rank per step; 0 = grad_accum / dp
+  // No-op padding layers (dsv4::ModelPartition::identity_layers) appended to the model's layers before they are
+  // split into the pp x vpp (virtual) stages: the layer slots (layers + pad_layers) must then divide evenly into
+  // the stages, and the padding fills the last stages' final slots (they also run the head and the loss). 0: the
+  // layers split as evenly as they go (the larger stages first). The report pads 43 layers to 44 for PP 4.
+  int64_t pad_layers = 0;
   std::string comm = "auto";  // communicator backend: auto | mpi | local
   double timeout_s = 600;     // a peer that does not answer within this stops the job (naming rank and op)
   // Dense-parameter partitioning over the DP ranks (device cuda; dsv4gpu::GpuModelOptions::zero). 1: the
@@ -83,5 +88,8 @@ TrainConfig load_train_config(const std::filesystem::path& path);
 // Empty when the parallel section fits `world_size` processes and the model (check_mesh's reason, or
 // the batch / micro-batch arithmetic that does not divide), else why.
 std::string check_parallel_config(const TrainConfig& c, int world_size, const parallel::ModelShape& model);
+// Empty when parallel.pad_layers no-op layers pad n_layers into layer slots that divide evenly into the pp x vpp
+// stages with a real layer left on the last one (or pad_layers is 0), else why, with the numbers.
+std::string check_pad_layers(const parallel::MeshSpec& mesh, int64_t n_layers, int64_t pad_layers);
 
 }  // namespace trex::train

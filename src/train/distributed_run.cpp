@@ -47,7 +47,7 @@ StagedParts dsv4_staged_parts(const TrainConfig& cfg, const dsv4::ModelConfig& m
                               parallel::Mesh& mesh, const parallel::Schedule& sched, int rank) {
   auto own = std::make_shared<Dsv4Parts>();
   const int P = mesh.spec.pp, V = mesh.spec.vpp;
-  const std::vector<dsv4::ModelPartition> parts = dsv4::split_layers(mc, int64_t(P) * V);
+  const std::vector<dsv4::ModelPartition> parts = dsv4::split_layers(mc, int64_t(P) * V, cfg.parallel.pad_layers);
   const std::vector<int64_t> slots = slots_per_chunk(sched, mesh.pp_rank);
   const int E = int(mc.n_routed_experts);
   for (int v = 0; v < V; ++v) {

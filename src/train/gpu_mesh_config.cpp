@@ -31,7 +31,6 @@ std::string gpu_layout_gaps(const GpuLayoutAsk& a) {
   // replicated), with AdamW or Muon (a TP-split matrix's Newton-Schulz input is gathered whole over TP).
   need(a.etp > 1, "expert tensor parallelism");
   need(a.cp > 1, "context parallelism");
-  need(a.vpp > 1, "interleaved stages");
   need(a.ep > 1 && a.dp % a.ep != 0, "expert parallelism whose degree does not divide dp (EP folds into DP)");
   need(a.optimizer_offload, "optimizer offload");
   need(a.fully_sharded || a.zero >= 3, "fully sharded dense weights");
@@ -57,10 +56,13 @@ std::string check_gpu_mesh_config(const TrainConfig& cfg, int world_size) {
         return fmt::format("parallel.tp={} does not divide the shared expert's hidden width {}", m.tp, fs);
     }
   }
-  if (m.vpp > 1)
-    return fmt::format("interleaved stages (parallel.vpp={}) are not implemented on the GPU: its pipeline "
-                       "(train/cuda/gpu_pipeline.h) runs 1F1B over one layer range per rank; set vpp: 1",
-                       m.vpp);
+  // Interleaved stages (vpp > 1) run (train/cuda/gpu_pipeline.h: one GpuModel per chunk); the padded split must
+  // leave every virtual stage a layer.
+  if (m.pp > 1)
+    if (const auto mc = model_of(cfg)) {
+      const std::string pad = check_pad_layers(m, mc->n_layers, cfg.parallel.pad_layers);
+      if (!pad.empty()) return pad;
+    }
   // Dense partitioning (parallel.zero): ZeRO-1 and ZeRO-2 run (AdamW or Muon: under ZeRO-2 each bucket's
   // Newton-Schulz inputs are all-gathered into a transient buffer); fully sharded weights do not yet.
   if (cfg.parallel.zero >= 3)

@@ -10,6 +10,7 @@
 
 #include "train/config.h"
 #include "train/gpu_mesh_config.h"
+#include "train/tiny_gpu_config.h"
 #include "train/yaml.h"
 
 using namespace trex;
@@ -78,6 +79,42 @@ TEST(GpuMeshConfig, AcceptsOneGpuAndDataParallelWithTheV4Recipe) {
   }
 }
 
+// Interleaved stages (vpp > 1) with dp and ep folded into it run on the GPU (train/cuda/gpu_pipeline.h); the
+// no-op padding layers (parallel.pad_layers) must fill the layer slots evenly and leave the last stage a layer.
+TEST(GpuMeshConfig, AcceptsInterleavedStagesAndRefusesPaddingThatDoesNotDivide) {
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {pp: 2, dp: 1, vpp: 2}\n"), 2), "");
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {pp: 2, dp: 2, vpp: 2}\n"), 4), "");
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {pp: 2, dp: 2, ep: 2, vpp: 2}\n"), 4), "");
+  auto with_layers = [](const std::string& par, int64_t layers) {
+    TrainConfig c = config(par);
+    nlohmann::json j = trex::testing::tiny_gpu_config_json();
+    j["num_hidden_layers"] = layers;
+    j["compress_ratios"] = std::vector<int>(size_t(layers), 0);
+    c.model["dsv4"] = j;
+    return c;
+  };
+  // 10 layers + 2 = 12 slots over pp 2 x vpp 2: 3 per virtual stage, the last one 1 layer + 2 no-op.
+  EXPECT_EQ(check_gpu_mesh_config(with_layers("parallel: {pp: 2, vpp: 2, pad_layers: 2}\n", 10), 2), "");
+  EXPECT_EQ(with_layers("parallel: {pp: 2, vpp: 2, pad_layers: 2}\n", 10).parallel.pad_layers, 2);
+  // 10 + 1 = 11 slots do not divide into 4 stages: the message names the numbers and the padding that would.
+  expect_refused(with_layers("parallel: {pp: 2, vpp: 2, pad_layers: 1}\n", 10), 2,
+                 {"parallel.pad_layers 1", "10 layers", "11 layer slots", "pp=2 x vpp=2 = 4 stages",
+                  "pad_layers 2"});
+  // 5 + 3 = 8 slots: 2 per stage, and the last stage would hold no-op layers only.
+  expect_refused(with_layers("parallel: {pp: 2, vpp: 2, pad_layers: 3}\n", 5), 2,
+                 {"parallel.pad_layers 3", "without a layer", "fewer pad_layers"});
+  EXPECT_EQ(check_pad_layers({2, 1, 1, 1}, 43, 1), "") << "the report's 43 + 1 layers on pp 2";
+  EXPECT_EQ(check_pad_layers({4, 1, 1, 1}, 43, 1), "") << "the report's 43 + 1 layers on pp 4";
+  EXPECT_NE(check_pad_layers({4, 1, 1, 2}, 43, 1), "") << "44 slots on 8 virtual stages";
+  EXPECT_EQ(check_pad_layers({4, 1, 1, 2}, 43, 0), "") << "no padding: the layers split as they go";
+  EXPECT_THROW(with_layers("parallel: {pp: 2, pad_layers: -1}\n", 4), Error);
+  // The CPU trainer's check (distributed_run.cpp splits with the same padding) says the same.
+  EXPECT_NE(check_parallel_config(with_layers("parallel: {pp: 2, vpp: 2, pad_layers: 1}\n", 10), 2, {10, 8})
+                .find("11 layer slots"),
+            std::string::npos);
+  EXPECT_EQ(check_parallel_config(with_layers("parallel: {pp: 2, vpp: 2, pad_layers: 2}\n", 10), 2, {10, 8}), "");
+}
+
 // Any data-parallel degree: the ZeRO-1 buckets are padded to a multiple of 8 x dp elements (gpu_params_cuda.cpp).
 TEST(GpuMeshConfig, AcceptsAnyDataParallelDegree) {
   for (int dp : {3, 6, 128})
@@ -85,8 +122,9 @@ TEST(GpuMeshConfig, AcceptsAnyDataParallelDegree) {
 }
 
 TEST(GpuMeshConfig, RefusesWhatTheGpuMeshDoesNotRunNamingWhatIsMissing) {
-  // On pipeline stages: interleaving.
-  expect_refused(config("parallel: {pp: 2, dp: 1, vpp: 2}\n"), 2, {"parallel.vpp=2", "vpp: 1"});
+  // Muon under TP reads gradients held whole over DP: not with ZeRO-2.
+  expect_refused(config("parallel: {dp: 2, tp: 2, zero: 2}\n", "{kind: muon}"), 4,
+                 {"Muon", "parallel.tp=2", "zero: 1"});
   expect_refused(config("parallel: {dp: 4, ep: 3}\n"), 4, {"parallel.ep=3", "parallel.dp=4", "does not divide"});
   expect_refused(config("parallel: {dp: 2}\n", "{kind: adamw}", "{type: toy}"), 2, {"dsv4 only", "toy"});
   expect_refused(config("", "{kind: adamw}", "{type: toy}"), 1, {"dsv4 only", "toy"});

@@ -485,26 +485,26 @@ TEST(Trainer, OneLoopOverAnyEngineDealsMicroBatchesRollsBackAndReports) {
 }
 
 // `trex train --device cuda` with a parallel section runs the GPU mesh engine (pp / dp); a layout it does not run
-// (here interleaved pipeline stages) is refused before anything is built, naming what is missing (train/gpu_mesh_config.h).
+// (here fully sharded dense weights) is refused before anything is built, naming what is missing (train/gpu_mesh_config.h).
 TEST(Trainer, DeviceCudaWithAParallelSectionIsRefusedWithWhatIsMissing) {
   fs::path dir = temp_dir("cuda_mesh");
   const fs::path cfg = dir / "run.yaml";
   std::ofstream(cfg) << "seed: 1\nmodel: {type: dsv4, balance_alpha: 0}\ndata: {shards: " << (dir / "none").string()
                      << ", tokenizer: none.json, seq_len: 32, batch_size: 2, grad_accum: 2}\n"
-                        "optimizer: {kind: adamw}\ntrain: {max_steps: 1}\nparallel: {pp: 2, dp: 1, vpp: 2}\n";
+                        "optimizer: {kind: adamw}\ntrain: {max_steps: 1}\nparallel: {dp: 2, zero: 3}\n";
   RunOptions o;
   o.device = "cuda";
   o.show_progress = false;
   try {
     run_training(cfg, dir / "out", o);
-    ADD_FAILURE() << "device cuda with interleaved pipeline stages was accepted";
+    ADD_FAILURE() << "device cuda with fully sharded dense weights was accepted";
   } catch (const Error& e) {
     const std::string m = e.what();
     EXPECT_NE(m.find("run.yaml"), std::string::npos) << m;
     EXPECT_NE(m.find("a parallel section"), std::string::npos) << m;
     EXPECT_NE(m.find("not supported"), std::string::npos) << m;
-    EXPECT_NE(m.find("parallel.vpp=2"), std::string::npos) << m;
-    EXPECT_NE(m.find("vpp: 1"), std::string::npos) << m;
+    EXPECT_NE(m.find("parallel.zero 3"), std::string::npos) << m;
+    EXPECT_NE(m.find("zero: 1"), std::string::npos) << m;
   }
   EXPECT_FALSE(fs::exists(dir / "out")) << "refused before the run directory is made";
   fs::remove_all(dir);

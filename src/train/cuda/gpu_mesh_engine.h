@@ -18,7 +18,8 @@
 // and EP is folded into DP, so these are every rank's tokens).
 //
 // Pipeline stages (pp > 1, gpu_mesh_pipeline.h): each rank's GpuModel holds its stage's layers (with the stage's
-// DP group as above) and the step runs 1F1B over its DP rank's micro-batches; the loss comes from the last stage,
+// DP group as above) and the step runs 1F1B over its DP rank's micro-batches (with vpp > 1 each rank holds vpp chunks,
+// one GpuModel each, on the interleaved schedule; parallel.pad_layers pads the split with no-op layers); the loss comes from the last stage,
 // the clipping norm sums the stages' squares, each stage updates its own router biases and writes its own tensors.
 //
 // The V4 recipe as the CPU trainer runs it: the MTP module (model.use_mtp) with the schedule's weight per step; the

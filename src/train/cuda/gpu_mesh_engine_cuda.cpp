@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <deque>
+#include <map>
 #include <set>
 
 #include "comm/launch_env.h"
@@ -43,6 +44,7 @@ struct Entry {  // a checkpointed tensor: name, shape, optimiser group; the rout
   optim::ParamGroup group;
   int64_t expert = -1;
   bool held = true;  // in this rank's partition (every dense tensor; under ep only the rank's own experts)
+  int chunk = 0;     // interleaved stages (vpp > 1): the rank's model chunk holding it
 };
 
 }  // namespace
@@ -58,8 +60,15 @@ struct GpuMeshEngine::State {
   // pp > 1 with MTP: the first and the last stage's ranks of this rank's DP / TP coordinates (the tied embedding's
   // gradient sum); a group of one on the middle stages.
   std::unique_ptr<comm::Communicator> embed_group;
-  std::unique_ptr<dsv4gpu::GpuModel> gpu;
+  std::unique_ptr<dsv4gpu::GpuModel> gpu;  // chunk 0 (the only one with vpp = 1)
   std::unique_ptr<dsv4gpu::GpuOptimizer> opt;
+  // Interleaved stages (vpp > 1): chunks 1 .. vpp-1 of this rank (virtual stages c pp + pp_rank), each its own
+  // GpuModel with its optimiser, on the stage's DP / EP groups.
+  std::vector<std::unique_ptr<dsv4gpu::GpuModel>> more;
+  std::vector<std::unique_ptr<dsv4gpu::GpuOptimizer>> more_opt;
+  int n_chunks() const { return 1 + int(more.size()); }
+  dsv4gpu::GpuModel& chunk(int c) const { return c == 0 ? *gpu : *more[size_t(c - 1)]; }
+  dsv4gpu::GpuOptimizer& chunk_opt(int c) const { return c == 0 ? *opt : *more_opt[size_t(c - 1)]; }
   std::unique_ptr<GpuMeshPipeline> pipe;  // pp > 1: this rank's stage in the pipeline (gpu_mesh_pipeline.h)
   std::vector<Entry> params, buffers;
   std::vector<std::vector<int64_t>> load_sum;  // per block (the MTP block last), this rank's step so far
@@ -84,12 +93,13 @@ struct GpuMeshEngine::State {
                "{}: unexpected router bias '{}'", who(), name);
     return l;
   }
-  void add_loads(int64_t n_tok, int64_t micro) {
+  void add_loads(int64_t n_tok, int64_t micro, int c = 0) {
     std::vector<int64_t> load(size_t(mc.n_routed_experts));
     for (const Entry& b : buffers) {
+      if (b.chunk != c) continue;  // another chunk's layer (its forward adds it)
       const int64_t l = layer_of(b.name);
       const std::vector<int32_t> sel =
-          D > 1 || pipe ? gpu->stage_router_selection(micro, l) : gpu->router_selection(l);
+          D > 1 || pipe ? chunk(c).stage_router_selection(micro, l) : gpu->router_selection(l);
       dsv4::moe_expert_load(sel.data(), n_tok, mc.topk, mc.n_routed_experts, load.data());
       for (size_t e = 0; e < load.size(); ++e) load_sum[size_t(l)][e] += load[e];
     }
@@ -140,25 +150,37 @@ GpuMeshEngine::GpuMeshEngine(const TrainConfig& cfg, const dsv4::ModelConfig& mc
   go.recompute = o.recompute;
   go.zero = cfg.parallel.zero;  // 1 (default) or 2; check_gpu_mesh_config refused 3
   go.grad_reduce_bf16 = cfg.parallel.grad_reduce_dtype == "bf16";
-  if (s.mesh.spec.pp > 1) set_gpu_stage(go, s.mc, s.mesh);  // this rank's layers only
+  // This rank's layers only: its stage, or with vpp > 1 its chunks (each a GpuModel on the stage's groups).
+  std::vector<dsv4gpu::GpuModelOptions> chunk_opts{go};
+  if (s.mesh.spec.pp > 1)
+    chunk_opts = gpu_stage_chunks(go, s.mc, s.mesh, cfg.parallel.pad_layers, cfg.grad_accum / s.D);
   if (s.mesh.spec.pp > 1 && s.mtp) {
-    // The MTP module runs on the last stage with its own copy of embed.weight; the copies' gradients are summed
-    // over {first stage, last stage} of the same DP / EP / TP coordinates (Megatron's embedding group), so both
-    // take the same update. Collective over the world (every rank splits; a middle stage gets a group of one).
+    // The MTP module runs on the last (virtual) stage with its own copy of embed.weight; the copies' gradients are
+    // summed over {first stage, last stage} of the same DP / EP / TP coordinates (Megatron's embedding group), so
+    // both take the same update. Collective over the world (every rank splits; a middle stage gets a group of
+    // one). With vpp > 1 the embedding is on rank 0's chunk 0 and the copy on the last rank's last chunk.
     const int P = s.mesh.spec.pp, coord = s.mesh.dp_rank * s.mesh.spec.tp + s.mesh.tp_rank;
     const bool ends = s.mesh.pp_rank == 0 || s.mesh.pp_rank == P - 1;
     const int colour = ends ? coord : s.D * s.mesh.spec.tp + world.rank();
     s.embed_group = world.split(colour, s.mesh.pp_rank);
-    if (ends) go.embed_group = s.embed_group.get();
+    if (ends)
+      for (auto& o : chunk_opts)
+        if ((s.mesh.pp_rank == 0 && o.layer_begin == 0) || (s.mesh.pp_rank == P - 1 && o.layer_end == s.mc.n_layers))
+          o.embed_group = s.embed_group.get();
   }
-  s.gpu = std::make_unique<dsv4gpu::GpuModel>(gpu_cfg, go);
+  s.gpu = std::make_unique<dsv4gpu::GpuModel>(gpu_cfg, chunk_opts[0]);
   s.opt = std::make_unique<dsv4gpu::GpuOptimizer>(*s.gpu);
+  for (size_t c = 1; c < chunk_opts.size(); ++c) {
+    s.more.push_back(std::make_unique<dsv4gpu::GpuModel>(gpu_cfg, chunk_opts[c]));
+    s.more_opt.push_back(std::make_unique<dsv4gpu::GpuOptimizer>(*s.more.back()));
+  }
   // Every trained tensor of the model (the parameter table's order, the same on every rank) and the router
   // biases, with the freeze list applied as the CPU trainer applies it (optim::apply_freeze: a pattern matching
   // nothing is an error; buffers stay buffers), each marked with whether this rank holds it: under ep a rank holds
   // its own experts only.
-  std::set<std::string> mine;
-  for (const auto& n : s.gpu->param_names()) mine.insert(n);
+  std::map<std::string, int> mine;  // name -> the chunk holding it
+  for (int c = 0; c < s.n_chunks(); ++c)
+    for (const auto& n : s.chunk(c).param_names()) mine[n] = c;
   std::vector<optim::ParamRef> refs;
   std::vector<int64_t> expert_of;
   for (const dsv4::ParamSpec& t : dsv4::param_table(gpu_cfg))
@@ -169,39 +191,50 @@ GpuMeshEngine::GpuMeshEngine(const TrainConfig& cfg, const dsv4::ModelConfig& mc
   TREX_CHECK(int64_t(mine.size()) ==
                  int64_t(std::count_if(refs.begin(), refs.end(), [&](const auto& r) { return mine.count(r.name); })),
              "{}: the GPU model holds tensors outside the parameter table", s.who());
-  for (const auto& n : s.gpu->router_bias_names())
-    refs.push_back({n, {s.mc.n_routed_experts}, nullptr, nullptr, optim::ParamGroup::Buffer});
+  std::map<std::string, int> bias_chunk;
+  for (int c = 0; c < s.n_chunks(); ++c)
+    for (const auto& n : s.chunk(c).router_bias_names()) {
+      refs.push_back({n, {s.mc.n_routed_experts}, nullptr, nullptr, optim::ParamGroup::Buffer});
+      bias_chunk[n] = c;
+    }
   try {
     optim::apply_freeze(refs, cfg.freeze);
   } catch (const Error& e) {
     fail("{}: freeze: {}", s.who(), e.what());
   }
-  std::vector<std::string> frozen;
+  std::vector<std::vector<std::string>> frozen(size_t(s.n_chunks()));
   for (size_t i = 0; i < refs.size(); ++i) {
     const optim::ParamRef& r = refs[i];
     if (r.group == optim::ParamGroup::Buffer) {
-      s.buffers.push_back({r.name, r.shape, r.group});
+      s.buffers.push_back({r.name, r.shape, r.group, -1, true, bias_chunk.at(r.name)});
       continue;
     }
-    const bool held = mine.count(r.name) > 0;
-    s.params.push_back({r.name, r.shape, r.group, expert_of[i], held});
-    if (r.group == optim::ParamGroup::Frozen && held) frozen.push_back(r.name);
+    const auto at = mine.find(r.name);
+    const bool held = at != mine.end();
+    const int c = held ? at->second : 0;
+    s.params.push_back({r.name, r.shape, r.group, expert_of[i], held, c});
+    if (r.group == optim::ParamGroup::Frozen && held) frozen[size_t(c)].push_back(r.name);
   }
-  s.opt->set_frozen(frozen);
+  for (int c = 0; c < s.n_chunks(); ++c) s.chunk_opt(c).set_frozen(frozen[size_t(c)]);
 
   const bool lead_rank = world.rank() == 0;
   if (cfg.model.contains("init_from")) {
     // Straight from the checkpoint files to this rank's shard, one tensor at a time (no host model).
     const fs::path dir = cfg.model["init_from"].get<std::string>();
     const dsv4::CheckpointReader reader(dir);
-    const dsv4gpu::GpuModel::LoadStats st = s.gpu->load_checkpoint(reader);
+    dsv4gpu::GpuModel::LoadStats st = s.gpu->load_checkpoint(reader);
+    for (auto& m : s.more) {  // each chunk its own tensors
+      const dsv4gpu::GpuModel::LoadStats c = m->load_checkpoint(reader);
+      st.tensors += c.tensors, st.bytes += c.bytes, st.seconds += c.seconds;
+      st.largest_tensor_bytes = std::max(st.largest_tensor_bytes, c.largest_tensor_bytes);
+    }
     if (lead_rank)
       log::info("init_from {}: {} tensors, {:.2f} GB to the GPU in {:.2f} s (host staging {:.1f} MB)", dir.string(),
                 st.tensors, double(st.bytes) / 1e9, st.seconds, double(st.largest_tensor_bytes) / 1e6);
   } else {
     // The host model's seeded init (design §5), so the run starts where one process and the CPU start.
     Dsv4Trainable init(s.mc, o, cfg.seed);
-    s.gpu->load_from(init.model().params());
+    for (int c = 0; c < s.n_chunks(); ++c) s.chunk(c).load_from(init.model().params());
   }
   if (cfg.model.contains("init_from_run")) {
     const fs::path run_dir = cfg.model["init_from_run"].get<std::string>();
@@ -214,20 +247,23 @@ GpuMeshEngine::GpuMeshEngine(const TrainConfig& cfg, const dsv4::ModelConfig& mc
       if (!p.held) continue;  // another expert-parallel rank's expert: never read here
       buf.assign(size_t(numel(p.shape)), 0.f);
       r.read_param(p.name, p.shape, buf.data());
-      s.gpu->set_shard(p.name, buf);
+      s.chunk(p.chunk).set_shard(p.name, buf);
     }
     for (const Entry& b : s.buffers) {
       buf.assign(size_t(numel(b.shape)), 0.f);
       r.read_param(b.name, b.shape, buf.data());
-      s.gpu->set_router_bias(b.name, buf);
+      s.chunk(b.chunk).set_router_bias(b.name, buf);
     }
     if (lead_rank)
       log::info("initialised from {} in {:.2f} s", last->string(),
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   s.load_sum.assign(size_t(s.mc.n_layers + 1), std::vector<int64_t>(size_t(s.mc.n_routed_experts), 0));
-  if (s.mesh.spec.pp > 1)
-    s.pipe = std::make_unique<GpuMeshPipeline>(*s.gpu, s.mesh, world, cfg.grad_accum / s.D);
+  if (s.mesh.spec.pp > 1) {
+    std::vector<dsv4gpu::GpuModel*> chunks;
+    for (int c = 0; c < s.n_chunks(); ++c) chunks.push_back(&s.chunk(c));
+    s.pipe = std::make_unique<GpuMeshPipeline>(std::move(chunks), s.mesh, world, cfg.grad_accum / s.D);
+  }
   else if (s.D > 1 && cfg.grad_accum / s.D > 1 && cfg.parallel.zero == 1)  // ZeRO-2 accumulates in its shard
     TREX_CUDA(cudaMalloc(&s.acc, size_t(s.gpu->shard_elems()) * sizeof(float)));
 }
@@ -239,9 +275,10 @@ std::string GpuMeshEngine::describe() const {
   int64_t n = 0;  // the whole model's, whatever this rank holds
   for (const Entry& p : s.params) n += numel(p.shape);
   return fmt::format("DeepSeek-V4 on CUDA (hidden {}, {} layers, {} experts top-{}, vocab {}, {} parameters): GPU "
-                     "mesh pp={} dp={} ep={} tp={}{}, {} micro-batches per DP rank",
+                     "mesh pp={}{} dp={} ep={} tp={}{}, {} micro-batches per DP rank",
                      s.mc.hidden, s.mc.n_layers, s.mc.n_routed_experts, s.mc.topk, s.mc.vocab_size, n,
-                     s.mesh.spec.pp, s.D, s.mesh.spec.ep, s.mesh.spec.tp,
+                     s.mesh.spec.pp, s.mesh.spec.vpp > 1 ? fmt::format(" vpp={}", s.mesh.spec.vpp) : std::string(),
+                     s.D, s.mesh.spec.ep, s.mesh.spec.tp,
                      s.D > 1 ? fmt::format(" (ZeRO-{}{})", s.cfg.parallel.zero,
                                            s.cfg.parallel.grad_reduce_dtype == "bf16" ? ", bf16 reduction" : "")
                              : std::string(),
@@ -277,8 +314,10 @@ bool GpuMeshEngine::runs_micro_batch(int64_t micro, int64_t n_micro) const {
 
 void GpuMeshEngine::begin_step(const StepControls& c) {
   State& s = *s_;
-  s.gpu->set_mtp_weight(c.mtp_weight);  // the schedule's (Dsv4Trainable::set_controls)
-  s.gpu->zero_grads();
+  for (int k = 0; k < s.n_chunks(); ++k) {
+    s.chunk(k).set_mtp_weight(c.mtp_weight);  // the schedule's (Dsv4Trainable::set_controls)
+    s.chunk(k).zero_grads();
+  }
   for (auto& l : s.load_sum) std::fill(l.begin(), l.end(), 0);
   s.pending_scale = 1.f;
 }
@@ -291,8 +330,8 @@ EngineStep GpuMeshEngine::forward_backward(const std::vector<data::Batch>& mine,
   int64_t targets = 0, tokens = 0;
   if (s.pipe) {  // 1F1B over the stages; the loss and the batch's counts from the last stage
     const bool loads = s.o.bias_update_speed != 0 && !s.buffers.empty();
-    local = s.pipe->step(mine, n_micro, [&](int64_t k) {
-      if (loads) s.add_loads(mine[size_t(k)].batch * mine[size_t(k)].seq, k);
+    local = s.pipe->step_chunks(mine, n_micro, [&](int64_t k, int c) {
+      if (loads) s.add_loads(mine[size_t(k)].batch * mine[size_t(k)].seq, k, c);
     });
     if (s.pipe->last_stage())
       for (const data::Batch& b : mine) targets += b.n_targets, tokens += b.batch * b.seq;
@@ -333,8 +372,10 @@ EngineStep GpuMeshEngine::forward_backward(const std::vector<data::Batch>& mine,
     tokens += b.batch * b.seq;
   }
   if (!s.pipe && s.D > 1 && M > 1 && s.acc) s.gpu->add_held_grads(s.acc);
-  s.gpu->wait_grad_reductions();  // a skipped step's next zero_grads() must find them done
-  s.gpu->sum_tied_embedding_grads();  // pp > 1 with MTP: the two embed.weight copies' gradients summed
+  for (int c = 0; c < s.n_chunks(); ++c) {
+    s.chunk(c).wait_grad_reductions();      // a skipped step's next zero_grads() must find them done
+    s.chunk(c).sum_tied_embedding_grads();  // pp > 1 with MTP: the two embed.weight copies' gradients summed
+  }
   if (s.D == 1 && !s.pipe) s.pending_scale = float(1.0 / double(n_micro));  // the pipeline's are normalised
   // The TP ranks of a DP rank ran the same micro-batches (the same loss): one of them counts them.
   if (s.mesh.tp_rank != 0) local = 0, targets = 0, tokens = 0;
@@ -353,7 +394,8 @@ EngineStep GpuMeshEngine::forward_backward(const std::vector<data::Batch>& mine,
     // Exposed communication: how long the compute stream waited on the gradient reduce-scatters of this step's
     // backwards and the previous optimiser step's parameter all-gathers (the model's stall events; metrics report
     // the slowest rank's).
-    const double total_ms = s.gpu->exposed_comm_ms();
+    double total_ms = 0;
+    for (int c = 0; c < s.n_chunks(); ++c) total_ms += s.chunk(c).exposed_comm_ms();
     r.slowest.push_back({"exposed_comm_s", (total_ms - s.exposed_ms_seen) / 1e3});
     s.exposed_ms_seen = total_ms;
   }
@@ -362,8 +404,13 @@ EngineStep GpuMeshEngine::forward_backward(const std::vector<data::Batch>& mine,
 
 double GpuMeshEngine::clip_gradients() {
   State& s = *s_;
-  s.opt->zero_frozen_grads();  // the norm leaves frozen tensors out, as the CPU optimiser's
-  double norm = s.gpu->dp_grad_norm() * double(s.pending_scale);
+  double sq = 0;  // the rank's chunks' squares (each chunk's DP norm)
+  for (int c = 0; c < s.n_chunks(); ++c) {
+    s.chunk_opt(c).zero_frozen_grads();  // the norm leaves frozen tensors out, as the CPU optimiser's
+    const double n = s.chunk(c).dp_grad_norm();
+    sq += n * n;
+  }
+  double norm = std::sqrt(sq) * double(s.pending_scale);
   if (s.pipe) norm = s.pipe->global_norm(norm, *s.host);  // every stage's
   const double clip = s.cfg.optimizer.clip_grad_norm;
   if (clip > 0 && norm > clip && std::isfinite(norm))
@@ -373,7 +420,8 @@ double GpuMeshEngine::clip_gradients() {
 
 void GpuMeshEngine::optimizer_step(double lr) {
   State& s = *s_;
-  s.opt->step(s.cfg.optimizer, lr, ++s.steps, s.pending_scale);
+  ++s.steps;
+  for (int c = 0; c < s.n_chunks(); ++c) s.chunk_opt(c).step(s.cfg.optimizer, lr, s.steps, s.pending_scale);
   s.pending_scale = 1.f;
   // (A stage without a score-routed layer still joins the sum below: the other stages' ranks are in it.)
   if (s.o.bias_update_speed == 0 || (s.buffers.empty() && !s.pipe)) return;
@@ -390,9 +438,9 @@ void GpuMeshEngine::optimizer_step(double lr) {
   }
   for (const Entry& b : s.buffers) {
     const int64_t l = s.layer_of(b.name);
-    std::vector<float> bias = s.gpu->router_bias(b.name);
+    std::vector<float> bias = s.chunk(b.chunk).router_bias(b.name);
     dsv4::router_bias_update(bias.data(), s.load_sum[size_t(l)].data(), int64_t(bias.size()), s.o.bias_update_speed);
-    s.gpu->set_router_bias(b.name, bias);
+    s.chunk(b.chunk).set_router_bias(b.name, bias);
   }
 }
 
@@ -418,13 +466,13 @@ void GpuMeshEngine::save(const fs::path& root, const TrainState& st, int64_t kee
     const bool writer = own_expert ? s.mesh.edp_rank == 0 : int(dense++ % size_t(W)) == R;
     // Under tensor parallelism TP rank 0 writes (gather_shard gives every TP rank the whole official tensor).
     const bool mine = writer && s.mesh.tp_rank == 0;
-    std::vector<float> v = s.gpu->gather_shard(p.name);
+    std::vector<float> v = s.chunk(p.chunk).gather_shard(p.name);
     if (mine) {
       keep.push_back(std::move(v));
       pt.push_back({p.name, p.shape, keep.back().data(), std::string(optim::group_name(p.group))});
     }
     for (const auto& [suffix, which] : s.state_names(p)) {
-      std::vector<float> m = s.gpu->gather_shard(p.name, s.opt->moment(which));
+      std::vector<float> m = s.chunk(p.chunk).gather_shard(p.name, s.chunk_opt(p.chunk).moment(which));
       if (!mine) continue;
       keep.push_back(std::move(m));
       ot.push_back({p.name + suffix, p.shape, keep.back().data(), ""});
@@ -432,7 +480,7 @@ void GpuMeshEngine::save(const fs::path& root, const TrainState& st, int64_t kee
   }
   if (R == 0 && s.mesh.tp_rank == 0)
     for (const Entry& b : s.buffers) {
-      keep.push_back(s.gpu->router_bias(b.name));
+      keep.push_back(s.chunk(b.chunk).router_bias(b.name));
       pt.push_back({b.name, b.shape, keep.back().data(), std::string(optim::group_name(b.group))});
     }
   ShardedSaveArgs sa;
@@ -452,16 +500,17 @@ TrainState GpuMeshEngine::load(const fs::path& dir) {
     if (!p.held) continue;
     buf.assign(size_t(numel(p.shape)), 0.f);
     r.read_param(p.name, p.shape, buf.data());
-    s.gpu->set_shard(p.name, buf);
+    dsv4gpu::GpuModel& m = s.chunk(p.chunk);
+    m.set_shard(p.name, buf);
     for (const auto& [suffix, which] : s.state_names(p)) {
       r.read_optim(p.name + suffix, p.shape, buf.data());
-      s.gpu->set_shard(p.name, buf, s.opt->moment(which));
+      m.set_shard(p.name, buf, s.chunk_opt(p.chunk).moment(which));
     }
   }
   for (const Entry& b : s.buffers) {
     buf.assign(size_t(numel(b.shape)), 0.f);
     r.read_param(b.name, b.shape, buf.data());
-    s.gpu->set_router_bias(b.name, buf);
+    s.chunk(b.chunk).set_router_bias(b.name, buf);
   }
   s.steps = r.optimizer_steps();
   return r.state();
@@ -470,15 +519,15 @@ TrainState GpuMeshEngine::load(const fs::path& dir) {
 std::vector<float> GpuMeshEngine::value(const std::string& name) {
   State& s = *s_;
   for (const Entry& b : s.buffers)
-    if (b.name == name) return s.gpu->router_bias(name);
+    if (b.name == name) return s.chunk(b.chunk).router_bias(name);
   auto it = std::find_if(s.params.begin(), s.params.end(), [&](const Entry& p) { return p.name == name; });
   TREX_CHECK(it != s.params.end(), "{}: no parameter '{}'", s.who(), name);
-  if (it->expert < 0 || s.mesh.spec.ep == 1) return s.gpu->gather_shard(name);
+  if (it->expert < 0 || s.mesh.spec.ep == 1) return s.chunk(it->chunk).gather_shard(name);
   // A routed expert under ep: its holders gather it (collective over its replicas), the edp-rank-0 holder
   // contributes it to a sum over the world that every other rank enters with zeros (x + 0 is exact).
   std::vector<double> sum(size_t(numel(it->shape)), 0.0);
   if (it->held) {
-    const std::vector<float> v = s.gpu->gather_shard(name);
+    const std::vector<float> v = s.chunk(it->chunk).gather_shard(name);
     if (s.mesh.edp_rank == 0 && s.mesh.tp_rank == 0) std::copy(v.begin(), v.end(), sum.begin());
   }
   s.host->all_reduce(sum.data(), sum.size(), comm::ElemType::F64, comm::ReduceOp::Sum)->wait();

@@ -33,6 +33,12 @@ namespace trex::train {
 // Sets the stage of the mesh's pipeline rank on the GPU model's options: its layers and its micro-batch slots
 // (1F1B on rank r of P keeps P - r forwards in flight).
 void set_gpu_stage(dsv4gpu::GpuModelOptions& go, const dsv4::ModelConfig& mc, const parallel::Mesh& mesh);
+// The options of each of the rank's vpp chunks (chunk c: virtual stage c pp + pp_rank of dsv4::split_layers over
+// pp x vpp chunks padded with pad_layers no-op layers, the CPU trainer's split) on top of `go`: its layers and the
+// slots the schedule over micro_batches (per DP rank) needs on it. Errors name a chunk left without a layer.
+std::vector<dsv4gpu::GpuModelOptions> gpu_stage_chunks(const dsv4gpu::GpuModelOptions& go,
+                                                       const dsv4::ModelConfig& mc, const parallel::Mesh& mesh,
+                                                       int64_t pad_layers, int64_t micro_batches);
 
 class GpuMeshPipeline {
  public:
@@ -40,6 +46,10 @@ class GpuMeshPipeline {
   // (activations) and a second split of `world` over the same ranks (gradients): collective over the world.
   // micro_batches: this DP rank's per step. Connects the stages (collective over the pp group).
   GpuMeshPipeline(dsv4gpu::GpuModel& stage, parallel::Mesh& mesh, comm::Communicator& world, int64_t micro_batches);
+  // Interleaved stages (mesh vpp > 1): the rank's chunks (gpu_stage_chunks' models, in chunk order); two more
+  // splits of `world` carry the last rank -> rank 0 activations and rank 0 -> last rank gradients.
+  GpuMeshPipeline(std::vector<dsv4gpu::GpuModel*> chunks, parallel::Mesh& mesh, comm::Communicator& world,
+                  int64_t micro_batches);
   ~GpuMeshPipeline();
   GpuMeshPipeline(const GpuMeshPipeline&) = delete;
   GpuMeshPipeline& operator=(const GpuMeshPipeline&) = delete;
@@ -50,6 +60,9 @@ class GpuMeshPipeline {
   // after_forward(k): right after micro-batch k's forward on this stage (its slot's router selections are valid).
   // Returns this DP rank's share of the step's loss: the last stage's CE (and MTP) plus this stage's balance terms.
   double step(const std::vector<data::Batch>& mine, int64_t n_micro, const std::function<void(int64_t)>& after_forward);
+  // The same with chunks: after_forward(k, c) right after micro-batch k's forward on chunk c.
+  double step_chunks(const std::vector<data::Batch>& mine, int64_t n_micro,
+                     const std::function<void(int64_t, int)>& after_forward);
   // The last step's timings on this rank (the pipeline's per-operation CUDA events are drained every step, so a
   // long run does not accumulate them): seconds the host waited for boundary tensors (bubble + exposed
   // transfer), and the device seconds of the stage's forwards and backwards.
@@ -57,7 +70,7 @@ class GpuMeshPipeline {
     double wait_s = 0, forward_s = 0, backward_s = 0;
   };
   const StepTimes& last_times() const { return times_; }
-  // The 1F1B schedule's ideal bubble fraction, (P - 1) / (M + P - 1).
+  // The schedule's ideal bubble fraction, (P - 1) / (V M + P - 1) (1F1B: V = 1).
   double ideal_bubble_fraction() const;
   // The model's global gradient norm from this stage's (the same on every rank of the stage): the stages' squares
   // summed over the world (each stage counted once, by its DP rank 0). Collective over `host_world`.
@@ -66,6 +79,7 @@ class GpuMeshPipeline {
  private:
   parallel::Mesh& mesh_;
   std::unique_ptr<comm::Communicator> grad_;  // the gradient direction's communicator over the pipeline ranks
+  std::unique_ptr<comm::Communicator> act_wrap_, grad_wrap_;  // vpp > 1: the last <-> first rank hops
   std::unique_ptr<dsv4gpu::GpuPipeline> pipe_;
   int64_t micro_batches_ = 1;
   bool mtp_ = false;  // this stage runs the MTP module (the last stage, when the model has it)

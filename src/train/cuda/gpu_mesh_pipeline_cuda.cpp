@@ -21,15 +21,50 @@ void set_gpu_stage(dsv4gpu::GpuModelOptions& go, const dsv4::ModelConfig& mc, co
   go.stage_slots = P - mesh.pp_rank;
 }
 
+std::vector<dsv4gpu::GpuModelOptions> gpu_stage_chunks(const dsv4gpu::GpuModelOptions& go,
+                                                       const dsv4::ModelConfig& mc, const parallel::Mesh& mesh,
+                                                       int64_t pad_layers, int64_t micro_batches) {
+  const int P = mesh.spec.pp, V = mesh.spec.vpp;
+  const std::vector<dsv4::ModelPartition> parts = dsv4::split_layers(mc, int64_t(P) * V, pad_layers);
+  const std::vector<int> slots = dsv4gpu::GpuPipeline::chunk_slots(mesh.pp_rank, P, V, micro_batches);
+  std::vector<dsv4gpu::GpuModelOptions> out;
+  for (int c = 0; c < V; ++c) {
+    const int g = c * P + mesh.pp_rank;
+    const dsv4::ModelPartition part = parts[size_t(g)].resolved(mc);
+    TREX_CHECK(part.layer_end > part.layer_begin, "GPU pipeline rank {}: virtual stage {} of pp={} x vpp={} gets no "
+               "layer of the model's {} (pad_layers {})", mesh.world_rank, g, P, V, mc.n_layers, pad_layers);
+    dsv4gpu::GpuModelOptions o = go;
+    o.layer_begin = part.layer_begin, o.layer_end = part.layer_end;
+    o.stage_slots = slots[size_t(c)];
+    out.push_back(o);
+  }
+  return out;
+}
+
 GpuMeshPipeline::GpuMeshPipeline(dsv4gpu::GpuModel& stage, parallel::Mesh& mesh, comm::Communicator& world,
                                  int64_t micro_batches)
-    : mesh_(mesh), micro_batches_(micro_batches), mtp_(stage.impl().mtp()), vocab_(stage.impl().cfg.vocab_size) {
+    : GpuMeshPipeline(std::vector<dsv4gpu::GpuModel*>{&stage}, mesh, world, micro_batches) {}
+
+GpuMeshPipeline::GpuMeshPipeline(std::vector<dsv4gpu::GpuModel*> chunks, parallel::Mesh& mesh,
+                                 comm::Communicator& world, int64_t micro_batches)
+    : mesh_(mesh),
+      micro_batches_(micro_batches),
+      mtp_(chunks.back()->impl().mtp()),
+      vocab_(chunks.back()->impl().cfg.vocab_size) {
   TREX_CHECK(mesh.pp_group && mesh.pp_group->size() == mesh.spec.pp,
              "GPU pipeline rank {}: the mesh has no pipeline group of {} stages", mesh.world_rank, mesh.spec.pp);
+  TREX_CHECK(int(chunks.size()) == mesh.spec.vpp, "GPU pipeline rank {}: {} model chunks for vpp={}",
+             mesh.world_rank, chunks.size(), mesh.spec.vpp);
   // Each direction on its own communicator (gpu_pipeline.h: one serial stream for both would deadlock).
   // (The colour of mesh.pp_group: the stages of one DP rank and one tensor-parallel rank.)
-  grad_ = world.split(mesh.dp_rank * mesh.spec.tp + mesh.tp_rank, mesh.pp_rank);
-  pipe_ = std::make_unique<dsv4gpu::GpuPipeline>(stage, *mesh.pp_group, *grad_, micro_batches);
+  const int colour = mesh.dp_rank * mesh.spec.tp + mesh.tp_rank;
+  grad_ = world.split(colour, mesh.pp_rank);
+  if (mesh.spec.vpp > 1) {
+    act_wrap_ = world.split(colour, mesh.pp_rank);
+    grad_wrap_ = world.split(colour, mesh.pp_rank);
+  }
+  pipe_ = std::make_unique<dsv4gpu::GpuPipeline>(std::move(chunks), *mesh.pp_group, *grad_, act_wrap_.get(),
+                                                 grad_wrap_.get(), micro_batches);
 }
 
 GpuMeshPipeline::~GpuMeshPipeline() = default;
@@ -38,6 +73,13 @@ bool GpuMeshPipeline::last_stage() const { return mesh_.pp_rank == mesh_.spec.pp
 
 double GpuMeshPipeline::step(const std::vector<data::Batch>& mine, int64_t n_micro,
                              const std::function<void(int64_t)>& after_forward) {
+  std::function<void(int64_t, int)> each;
+  if (after_forward) each = [&after_forward](int64_t k, int) { after_forward(k); };
+  return step_chunks(mine, n_micro, each);
+}
+
+double GpuMeshPipeline::step_chunks(const std::vector<data::Batch>& mine, int64_t n_micro,
+                                    const std::function<void(int64_t, int)>& after_forward) {
   std::vector<dsv4::SeqLayout> layouts;
   layouts.reserve(mine.size());  // the micro-batches point into it
   std::vector<dsv4gpu::GpuPipeline::MicroBatch> mbs;
@@ -55,7 +97,7 @@ double GpuMeshPipeline::step(const std::vector<data::Batch>& mine, int64_t n_mic
     }
     mbs.push_back({b.input_ids.data(), b.labels.data(), &layouts.back(), b.n_targets * n_micro, mtp_norm});
   }
-  const double loss = pipe_->step(mbs, n_micro, after_forward);
+  const double loss = pipe_->step_chunks(mbs, n_micro, after_forward);
   const dsv4gpu::PipelineStats st = pipe_->stats();
   times_ = {st.recv_wait_ms / 1e3, st.fwd_ms / 1e3, st.bwd_ms / 1e3};
   pipe_->reset_stats();
@@ -63,8 +105,8 @@ double GpuMeshPipeline::step(const std::vector<data::Batch>& mine, int64_t n_mic
 }
 
 double GpuMeshPipeline::ideal_bubble_fraction() const {
-  const double P = mesh_.spec.pp, M = double(micro_batches_);
-  return (P - 1) / (M + P - 1);
+  const double P = mesh_.spec.pp, V = mesh_.spec.vpp, M = double(micro_batches_);
+  return (P - 1) / (V * M + P - 1);
 }
 
 double GpuMeshPipeline::global_norm(double stage_norm, comm::Communicator& host_world) const {
