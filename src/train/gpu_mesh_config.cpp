@@ -47,8 +47,10 @@ std::string gpu_layout_gaps(const GpuLayoutAsk& a) {
   need(a.vpp > 1, "interleaved stages");
   need(a.ep > 1 && a.dp % a.ep != 0, "expert parallelism whose degree does not divide dp (EP folds into DP)");
   need(a.optimizer_offload, "optimizer offload");
-  need(a.fully_sharded || a.zero >= 3, "fully sharded dense weights");
+  // ZeRO-3 (fully sharded dense weights, model/cuda/weight_gather.h) runs, with tp too.
+  const bool zero3 = a.fully_sharded || a.zero >= 3;
   need(a.zero == 2 && a.muon, "Muon with sharded gradients (ZeRO-2 keeps no whole-matrix gradients)");
+  need(zero3 && a.muon, "Muon with fully sharded weights (ZeRO-3 keeps no whole-matrix gradients)");
   need(a.mtp && a.ep > 1, "the MTP module under expert parallelism (its block's experts are not placed)");
   need(a.mtp && a.pp > 1, "the MTP module on pipeline stages (its input reads the first stage's embedding)");
   need(a.balance_loss && a.ep > 1, "the balance loss under expert parallelism");
@@ -94,11 +96,10 @@ std::string check_gpu_mesh_config(const TrainConfig& cfg, int world_size) {
     return fmt::format("the sequence-wise balance loss (model.balance_alpha={}) is not implemented on GPU pipeline "
                        "stages (parallel.pp={}); set model.balance_alpha: 0 or pp: 1",
                        cfg.model.value("balance_alpha", 1e-4), m.pp);
-  // Dense partitioning (parallel.zero): ZeRO-1 and ZeRO-2 run; fully sharded weights do not yet.
-  if (cfg.parallel.zero >= 3)
-    return fmt::format("parallel.zero {} (fully sharded dense weights) is not implemented on the GPU; set zero: 1 "
-                       "(sharded optimiser) or 2 (sharded gradients)",
-                       cfg.parallel.zero);
+  // Dense partitioning (parallel.zero): ZeRO-1, ZeRO-2 and ZeRO-3 (fully sharded dense weights) run.
+  if (cfg.parallel.zero >= 3 && cfg.optimizer.kind == "muon")
+    return "parallel.zero 3 with optimizer.kind muon is not implemented on the GPU (Muon's Newton-Schulz reads "
+           "whole-matrix gradients, which ZeRO-3 does not keep, as ZeRO-2); set zero: 1 or optimizer.kind: adamw";
   if (cfg.parallel.zero == 2 && cfg.optimizer.kind == "muon")
     return "parallel.zero 2 with optimizer.kind muon is not implemented on the GPU (Muon's Newton-Schulz reads "
            "whole-matrix gradients, which ZeRO-2 does not keep); set zero: 1 or optimizer.kind: adamw";
