@@ -103,6 +103,10 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
     a.recompute = true;
     return a;
   };
+  auto zero3 = [](GpuLayoutAsk a) {
+    a.zero = 3, a.fully_sharded = true;
+    return a;
+  };
   const char* balance = "{type: dsv4, balance_alpha: 0.0001}";  // the trainer's default alpha
   auto with_balance = [](GpuLayoutAsk a) {
     a.balance_loss = true;
@@ -142,6 +146,14 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
       {"freeze: [router]\nparallel: {dp: 2, tp: 2}\n", "", mtp, 4, ask(1, 1, 1, 2, false, true, true, 2)},
       {"recompute: full\nparallel: {dp: 2, tp: 2}\n", "", "", 4, recompute(ask(1, 1, 1, 2, false, false, false, 2))},
       {"parallel: {dp: 2, tp: 2}\n", "{kind: muon}", "", 4, ask(1, 1, 1, 2, true, false, false, 2)},
+      // ZeRO-3 (fully sharded dense weights) with dp, dp x ep, pp x dp, tp, MTP, recomputation; not with Muon.
+      {"parallel: {dp: 2, zero: 3}\n", "", "", 2, zero3(ask(1, 1, 1, 2, false, false))},
+      {"parallel: {dp: 4, ep: 2, zero: 3}\n", "", "", 4, zero3(ask(1, 1, 2, 4, false, false))},
+      {"parallel: {pp: 2, dp: 2, zero: 3}\n", "", "", 4, zero3(ask(2, 1, 1, 2, false, false))},
+      {"freeze: [router]\nparallel: {dp: 2, zero: 3}\n", "", mtp, 2, zero3(ask(1, 1, 1, 2, false, true, true))},
+      {"recompute: full\nparallel: {dp: 2, zero: 3}\n", "", "", 2, zero3(recompute(ask(1, 1, 1, 2, false, false)))},
+      {"parallel: {dp: 2, zero: 3}\n", "{kind: muon}", "", 2, zero3(ask(1, 1, 1, 2, true, false))},
+      {"parallel: {dp: 2, tp: 2, zero: 3}\n", "", "", 4, zero3(ask(1, 1, 1, 2, false, false, false, 2))},
   };
   for (const Case& c : cases) {
     const TrainConfig cfg = config(c.parallel, c.optimizer[0] ? c.optimizer : "{kind: adamw}",
@@ -156,6 +168,11 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
   EXPECT_EQ(gpu_layout_gaps(tp), "");  // tensor parallelism and recomputation run on the GPU
   tp.muon = true;
   EXPECT_EQ(gpu_layout_gaps(tp), "Muon under tensor parallelism (a TP-split matrix is not orthogonalised whole)");
+  GpuLayoutAsk z3;
+  z3.dp = 8, z3.ep = 8, z3.zero = 3, z3.fully_sharded = true, z3.recompute = true;
+  EXPECT_EQ(gpu_layout_gaps(z3), "");  // fully sharded dense weights run on the GPU
+  z3.tp = 2;
+  EXPECT_EQ(gpu_layout_gaps(z3), "");  // with tensor parallelism too
 }
 
 // Tensor parallelism is refused on the config when it cannot split the model, with the numbers, and with Muon.
@@ -180,9 +197,9 @@ TEST(GpuMeshConfig, RefusesTensorParallelSplitsThatDoNotDivide) {
   EXPECT_NE(check_parallel_config(c, 2, {2, 8}).find("dp=2 x tp=2 = 4 ranks"), std::string::npos);
 }
 
-// Dense partitioning (issue 17): parallel.zero 1 (default) and 2 run on the GPU with fp32 or bf16 reduction;
-// zero 3 (fully sharded weights) and Muon with zero 2 are refused with the key to change, and the planner's gaps
-// say the same.
+// Dense partitioning (issue 17): parallel.zero 1 (default), 2 and 3 (fully sharded weights) run on the GPU with
+// fp32 or bf16 reduction; Muon with zero 2 or 3 is refused with the key to change, and the planner's gaps say
+// the same.
 TEST(GpuMeshConfig, ZeroLevelsAndGradReduceDtype) {
   const TrainConfig def = config("parallel: {dp: 2}\n");
   EXPECT_EQ(def.parallel.zero, 1);
@@ -195,7 +212,11 @@ TEST(GpuMeshConfig, ZeroLevelsAndGradReduceDtype) {
   EXPECT_EQ(check_gpu_mesh_config(config("parallel: {pp: 2, dp: 2, zero: 2}\n"), 4), "");
   EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 2, grad_reduce_dtype: bf16}\n", "{kind: muon}"), 2), "")
       << "bf16 reduction under ZeRO-1 keeps Muon's whole matrices";
-  expect_refused(config("parallel: {dp: 2, zero: 3}\n"), 2, {"parallel.zero 3", "fully sharded", "zero: 1"});
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 2, zero: 3}\n"), 2), "");
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {pp: 2, dp: 2, ep: 2, zero: 3, grad_reduce_dtype: bf16}\n"), 4),
+            "");
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 2, tp: 2, zero: 3}\n"), 4), "");
+  expect_refused(config("parallel: {dp: 2, zero: 3}\n", "{kind: muon}"), 2, {"parallel.zero 3", "muon", "adamw"});
   expect_refused(config("parallel: {dp: 2, zero: 2}\n", "{kind: muon}"), 2, {"parallel.zero 2", "muon", "adamw"});
   EXPECT_THROW(config("parallel: {dp: 2, zero: 4}\n"), Error);
   EXPECT_THROW(config("parallel: {dp: 2, zero: 0}\n"), Error);
@@ -208,5 +229,7 @@ TEST(GpuMeshConfig, ZeroLevelsAndGradReduceDtype) {
   a.muon = true;
   EXPECT_NE(gpu_layout_gaps(a).find("Muon with sharded gradients"), std::string::npos) << gpu_layout_gaps(a);
   a.muon = false, a.zero = 3;
-  EXPECT_EQ(gpu_layout_gaps(a), "fully sharded dense weights");
+  EXPECT_EQ(gpu_layout_gaps(a), "");
+  a.muon = true;
+  EXPECT_EQ(gpu_layout_gaps(a), "Muon with fully sharded weights (ZeRO-3 keeps no whole-matrix gradients)");
 }
