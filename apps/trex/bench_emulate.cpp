@@ -170,8 +170,10 @@ void bench_train_emulated(const TrainBenchArgs& a) {
       dsv4gpu::GpuModel::footprint(cfg, train::EmulatedRank::model_options(p, sizing, base));
   const double fixed = double(fp.compute_bytes() + fp.grad_bytes() + fp.master_bytes() + fp.adamw_bytes());
   const RankMemory rm = rank_memory(cfg, p, a.seq, base);
-  // ZeRO-2's transient bucket buffers (and the bf16 reduction's copies) come from the pool during backward.
-  const double need = fixed + double(rm.activations) + double(rm.workspace()) + double(fp.grad_buffer_bytes);
+  // ZeRO-2's transient bucket buffers (and the bf16 reduction's copies) come from the pool during backward, ZeRO-3's
+  // gathered weight buffers during forward and backward.
+  const double need = fixed + double(rm.activations) + double(rm.workspace()) + double(fp.grad_buffer_bytes) +
+                      double(fp.weight_buffer_bytes);
   size_t free_b = 0, total_b = 0;
   TREX_CUDA(cudaMemGetInfo(&free_b, &total_b));
   std::string per_layer;

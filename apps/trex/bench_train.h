@@ -23,7 +23,7 @@ struct TrainBenchArgs {
   // Activation recomputation of the GPU model: none | selective | full (GpuModelOptions::recompute). The JSON line
   // gives the activation table's planned bytes (activations_planned_gib) beside the measured peak (peak_gib).
   std::string recompute = "none";
-  // Dense partitioning under data parallelism (GpuModelOptions::zero; the config's parallel.zero): 1 or 2; and the
+  // Dense partitioning under data parallelism (GpuModelOptions::zero; the config's parallel.zero): 1, 2 or 3; and the
   // bucket reduction's dtype, fp32 or bf16 (parallel.grad_reduce_dtype). With --emulate-rank the emulated rank's.
   int zero = 1;
   std::string grad_reduce = "fp32";

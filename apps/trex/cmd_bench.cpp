@@ -157,8 +157,9 @@ const bool registered = trex::cli::register_command(
            ->check(CLI::IsMember({"none", "selective", "full"}))
            ->capture_default_str();
        t->add_option("--zero", targs->zero,
-                     "dense partitioning over dp: 1 (optimiser state sharded) or 2 (gradients sharded too)")
-           ->check(CLI::Range(1, 2))
+                     "dense partitioning over dp: 1 (optimiser state sharded), 2 (gradients sharded too) or 3 "
+                     "(the dense bf16 weights too, gathered per layer ahead of use)")
+           ->check(CLI::Range(1, 3))
            ->capture_default_str();
        t->add_option("--grad-reduce", targs->grad_reduce, "the gradient buckets' reduction dtype: fp32 or bf16")
            ->check(CLI::IsMember({"fp32", "bf16"}))

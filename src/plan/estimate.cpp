@@ -328,11 +328,20 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
     }
     if (l.zero == 3) {  // FSDP: parameters and gradients sharded too, plus gathered working copies
       const double n = double(dense_dp);
+      // Under expert parallelism the routed experts are owned per EP rank and stay whole (the GPU trainer's
+      // ZeRO-3, model/cuda/weight_gather.h, gathers the dense buckets only); without it they shard and gather
+      // with their layer, as FSDP does.
+      const bool ep_owned = l.ep > 1;
       double biggest = 0;
-      for (int64_t b : stages[size_t(s)]) biggest = std::max(biggest, math_->block_params(b).total());
+      for (int64_t b : stages[size_t(s)]) {
+        const BlockParams& p = math_->block_params(b);
+        biggest = std::max(biggest, ep_owned ? p.sharded / double(l.tp) + p.replicated : p.total());
+      }
       const double root = pc.embed + pc.head;  // the root group stays gathered through forward and backward
-      mem.weights = params * ip.weight_bytes / n + (2 * biggest + root) * ip.weight_bytes;
-      mem.grads = (params - frozen) * ip.grad_bytes / n + root * ip.grad_bytes;
+      const double held = ep_owned ? dense / n + experts : params / n;
+      mem.weights = held * ip.weight_bytes + (2 * biggest + root) * ip.weight_bytes;
+      mem.grads = (ep_owned ? (dense - frozen) / n + experts : (params - frozen) / n) * ip.grad_bytes +
+                  root * ip.grad_bytes;
     }
     if (l.offload == Offload::Swap) {
       mem.host_gib = opt / kGiB;
@@ -401,6 +410,9 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
       const double n_blocks = double(stages[0].size()) + 2;
       dp = 2 * ring_time(dense * ip.weight_bytes, dense_dp, bw, 0) + ring_time(dense * ip.grad_bytes, dense_dp, bw, 0) +
            3 * n_blocks * double(dense_dp - 1) * lat;
+      // EP-owned experts (l.ep > 1) are reduced and gathered over their replicas as under ZeRO-1/2.
+      if (l.ep > 1)
+        dp += ring_time(experts * ip.grad_bytes, edp, bw, lat) + ring_time(experts * ip.weight_bytes, edp, bw, lat);
     }
     if (w_.optimizer == Optimizer::Muon) dp += ring_time(dense * 2.0, dense_dp, bw, lat);  // whole matrices for NS
     T.dp = dp * (1 - (l.overlap ? ip.dp_overlap : 0.0));

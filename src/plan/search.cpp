@@ -56,13 +56,18 @@ SearchResult search_layouts(const Estimator& est, int64_t devices, size_t keep, 
   for (size_t i = 0; i < candidates.size(); ++i) {
     Estimate e = est.estimate(candidates[i], devices);
     // ZeRO-1 is the faster level where it fits (no transient gradient buffers); where it does not, the same
-    // layout with the dense gradients sharded (ZERO=2: the same DP traffic, less memory) takes its place.
+    // layout with the dense gradients sharded (ZERO=2: the same DP traffic, less memory) takes its place, and
+    // where that does not fit either, the dense weights sharded too (ZERO=3: gathered per layer, more traffic).
     if (e.valid && !e.fits && candidates[i].zero == 1 && candidates[i].offload == Offload::None) {
-      Layout z = candidates[i];
-      z.zero = 2;
-      if (!accept || accept(z)) {
-        Estimate e2 = est.estimate(z, devices);
-        if (e2.valid && e2.fits) e = std::move(e2);
+      for (int level : {2, 3}) {
+        Layout z = candidates[i];
+        z.zero = level;
+        if (accept && !accept(z)) continue;
+        Estimate ez = est.estimate(z, devices);
+        if (ez.valid && ez.fits) {
+          e = std::move(ez);
+          break;
+        }
       }
     }
     ++res.considered;

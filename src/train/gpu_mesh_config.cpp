@@ -33,8 +33,10 @@ std::string gpu_layout_gaps(const GpuLayoutAsk& a) {
   need(a.cp > 1, "context parallelism");
   need(a.ep > 1 && a.dp % a.ep != 0, "expert parallelism whose degree does not divide dp (EP folds into DP)");
   need(a.optimizer_offload, "optimizer offload");
-  need(a.fully_sharded || a.zero >= 3, "fully sharded dense weights");
+  // ZeRO-3 (fully sharded dense weights, model/cuda/weight_gather.h) runs, with tp too.
+  const bool zero3 = a.fully_sharded || a.zero >= 3;
   need(a.muon && a.tp > 1 && a.zero == 2, "Muon under tensor parallelism with sharded gradients (zero 2)");
+  need(zero3 && a.muon, "Muon with fully sharded weights (ZeRO-3 keeps no whole-matrix gradients)");
   std::string out;
   for (const auto& g : gaps) out += (out.empty() ? "" : "; ") + g;
   return out;
@@ -63,12 +65,11 @@ std::string check_gpu_mesh_config(const TrainConfig& cfg, int world_size) {
       const std::string pad = check_pad_layers(m, mc->n_layers, cfg.parallel.pad_layers);
       if (!pad.empty()) return pad;
     }
-  // Dense partitioning (parallel.zero): ZeRO-1 and ZeRO-2 run (AdamW or Muon: under ZeRO-2 each bucket's
-  // Newton-Schulz inputs are all-gathered into a transient buffer); fully sharded weights do not yet.
-  if (cfg.parallel.zero >= 3)
-    return fmt::format("parallel.zero {} (fully sharded dense weights) is not implemented on the GPU; set zero: 1 "
-                       "(sharded optimiser) or 2 (sharded gradients)",
-                       cfg.parallel.zero);
+  // Dense partitioning (parallel.zero): ZeRO-1, ZeRO-2 (AdamW or Muon: each bucket's Newton-Schulz inputs are
+  // all-gathered into a transient buffer) and ZeRO-3 (fully sharded dense weights, AdamW) run.
+  if (cfg.parallel.zero >= 3 && cfg.optimizer.kind == "muon")
+    return "parallel.zero 3 with optimizer.kind muon is not implemented on the GPU (Muon's Newton-Schulz reads "
+           "whole-matrix gradients, which ZeRO-3 does not keep); set zero: 1 or 2, or optimizer.kind: adamw";
   // The TP Newton-Schulz gathers a split matrix's slices over TP from gradients held whole over DP (ZeRO-1);
   // ZeRO-2's per-bucket gather does not cover the TP-split matrices.
   if (m.tp > 1 && cfg.parallel.zero == 2 && cfg.optimizer.kind == "muon")

@@ -6,7 +6,9 @@
 // same numbers with what the GPU trainer allocates.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "model/dsv4/param_table.h"
 #include "model/dsv4/partition.h"
@@ -152,7 +154,7 @@ TEST(PlanRankMemory, ZeroTwoShardsTheDenseGradients) {
       EXPECT_NEAR(z2.grads, want, 1e-9 * want) << "dp=" << dp << " ep=" << ep;
       EXPECT_DOUBLE_EQ(z2.grad_bytes(), 4.0 * z2.grads);
     }
-  EXPECT_THROW(rank_param_state(flash, 2, 1, 0, 3), Error);
+  EXPECT_THROW(rank_param_state(flash, 2, 1, 0, 4), Error);  // zero 1, 2 and 3 only
 
   Workload w;
   w.seq = 4096, w.gbs = 64, w.mode = "cpt", w.mtp = false, w.frozen_router = false;
@@ -203,4 +205,46 @@ TEST(PlanRankMemory, ZeroTwoGradientsOfTheTinyGpuConfig) {
     EXPECT_EQ(z2.experts, 147456 / 2);
     EXPECT_DOUBLE_EQ(z2.grads, double(c.dense_bf16) / 4.0 + double(c.dense_f32) + 147456.0 / 2.0) << r;
   }
+}
+
+// ZeRO-3 (parallel.zero 3): ZeRO-2's gradients and ZeRO-1's optimiser state, and the persistent bf16 weights of
+// everything in the data-parallel buckets as a 1/dp share: the bf16-read dense tensors, and with ep 1 the routed
+// experts too (they sit in their layer's bucket); with ep > 1 the experts and always the fp32-read tensors whole.
+// The gathered buffers peak at two of the largest layer plus the embedding and the head.
+TEST(PlanRankMemory, ZeroThreeShardsTheDenseWeights) {
+  dsv4::ModelConfig flash = model_config(model_preset("flash"));
+  flash.n_mtp = 0;
+  // The root units and the largest layer's bucket, from the table.
+  int64_t roots = 0;
+  std::map<int64_t, int64_t> dense_layer, expert_layer;
+  for (const dsv4::ParamSpec& s : dsv4::param_table(flash)) {
+    if (!s.trained() || dsv4::keeps_fp32(s.name)) continue;
+    if (s.part != dsv4::ParamPart::Layer)
+      roots += numel(s.shape);
+    else
+      (s.expert >= 0 ? expert_layer : dense_layer)[s.layer] += numel(s.shape);
+  }
+  for (int64_t dp : {2, 8})
+    for (int64_t ep : {1, 2}) {
+      const Counts c = independent(flash, ep, 0);
+      const RankParamState z2 = rank_param_state(flash, dp, ep, 0, 2), z3 = rank_param_state(flash, dp, ep, 0, 3);
+      EXPECT_EQ(z3.held(), z2.held());
+      EXPECT_DOUBLE_EQ(z3.owned, z2.owned);
+      EXPECT_DOUBLE_EQ(z3.grads, z2.grads);
+      EXPECT_DOUBLE_EQ(z2.weights, double(z2.held()));  // ZeRO-2 keeps the whole bf16 copy
+      const double experts = ep == 1 ? double(c.experts_held) / double(dp) : double(c.experts_held);
+      const double want = double(c.dense_bf16) / double(dp) + double(c.dense_f32) + experts;
+      EXPECT_NEAR(z3.weights, want, 1e-9 * want) << "dp=" << dp << " ep=" << ep;
+      EXPECT_DOUBLE_EQ(z3.weight_bytes(), 2.0 * z3.weights);
+      int64_t largest = 0;
+      for (const auto& [l, n] : dense_layer)
+        largest = std::max(largest, n + (ep == 1 ? expert_layer[l] : 0));
+      EXPECT_DOUBLE_EQ(z3.gathered, double(2 * largest + roots)) << "dp=" << dp << " ep=" << ep;
+      EXPECT_DOUBLE_EQ(z3.gather_bytes(), 2.0 * z3.gathered);
+      EXPECT_DOUBLE_EQ(z2.gathered, 0.0);
+    }
+  // One rank: nothing to shard or gather.
+  const RankParamState one = rank_param_state(flash, 1, 1, 0, 3);
+  EXPECT_DOUBLE_EQ(one.weights, double(one.held()));
+  EXPECT_DOUBLE_EQ(one.gathered, 0.0);
 }

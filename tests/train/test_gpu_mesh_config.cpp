@@ -154,6 +154,10 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
     a.recompute = true;
     return a;
   };
+  auto zero3 = [](GpuLayoutAsk a) {
+    a.zero = 3, a.fully_sharded = true;
+    return a;
+  };
   const char* balance = "{type: dsv4, balance_alpha: 0.0001}";  // the trainer's default alpha
   auto with_balance = [](GpuLayoutAsk a) { return a; };
   const std::vector<Case> cases = {
@@ -193,6 +197,14 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
       {"freeze: [router]\nparallel: {dp: 2, tp: 2}\n", "", mtp, 4, ask(1, 1, 1, 2, false, true, true, 2)},
       {"recompute: full\nparallel: {dp: 2, tp: 2}\n", "", "", 4, recompute(ask(1, 1, 1, 2, false, false, false, 2))},
       {"parallel: {dp: 2, tp: 2}\n", "{kind: muon}", "", 4, ask(1, 1, 1, 2, true, false, false, 2)},
+      // ZeRO-3 (fully sharded dense weights) with dp, dp x ep, pp x dp, tp, MTP, recomputation; not with Muon.
+      {"parallel: {dp: 2, zero: 3}\n", "", "", 2, zero3(ask(1, 1, 1, 2, false, false))},
+      {"parallel: {dp: 4, ep: 2, zero: 3}\n", "", "", 4, zero3(ask(1, 1, 2, 4, false, false))},
+      {"parallel: {pp: 2, dp: 2, zero: 3}\n", "", "", 4, zero3(ask(2, 1, 1, 2, false, false))},
+      {"freeze: [router]\nparallel: {dp: 2, zero: 3}\n", "", mtp, 2, zero3(ask(1, 1, 1, 2, false, true, true))},
+      {"recompute: full\nparallel: {dp: 2, zero: 3}\n", "", "", 2, zero3(recompute(ask(1, 1, 1, 2, false, false)))},
+      {"parallel: {dp: 2, zero: 3}\n", "{kind: muon}", "", 2, zero3(ask(1, 1, 1, 2, true, false))},
+      {"parallel: {dp: 2, tp: 2, zero: 3}\n", "", "", 4, zero3(ask(1, 1, 1, 2, false, false, false, 2))},
   };
   for (const Case& c : cases) {
     const TrainConfig cfg = config(c.parallel, c.optimizer[0] ? c.optimizer : "{kind: adamw}",
@@ -208,7 +220,14 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
   tp.muon = true;
   EXPECT_EQ(gpu_layout_gaps(tp), "");  // Muon gathers a TP-split matrix whole for its Newton-Schulz
   tp.zero = 2;
-  EXPECT_EQ(gpu_layout_gaps(tp), "Muon with sharded gradients (ZeRO-2 keeps no whole-matrix gradients)");
+  EXPECT_EQ(gpu_layout_gaps(tp), "Muon under tensor parallelism with sharded gradients (zero 2)");
+  GpuLayoutAsk z3;
+  z3.dp = 8, z3.ep = 8, z3.zero = 3, z3.fully_sharded = true, z3.recompute = true;
+  EXPECT_EQ(gpu_layout_gaps(z3), "");  // fully sharded dense weights run on the GPU
+  z3.tp = 2;
+  EXPECT_EQ(gpu_layout_gaps(z3), "");  // with tensor parallelism too
+  z3.muon = true;
+  EXPECT_EQ(gpu_layout_gaps(z3), "Muon with fully sharded weights (ZeRO-3 keeps no whole-matrix gradients)");
 }
 
 // Tensor parallelism is refused on the config when it cannot split the model, with the numbers; Muon runs with it.
@@ -232,9 +251,9 @@ TEST(GpuMeshConfig, RefusesTensorParallelSplitsThatDoNotDivide) {
   EXPECT_NE(check_parallel_config(c, 2, {2, 8}).find("dp=2 x tp=2 = 4 ranks"), std::string::npos);
 }
 
-// Dense partitioning (issue 17): parallel.zero 1 (default) and 2 run on the GPU with fp32 or bf16 reduction,
-// AdamW or Muon; zero 3 (fully sharded weights) is refused with the key to change, and the planner's gaps say the
-// same.
+// Dense partitioning (issue 17): parallel.zero 1 (default), 2 and 3 (fully sharded weights) run on the GPU with
+// fp32 or bf16 reduction; Muon runs with zero 1 and 2 (not with tp under zero 2), and with zero 3 it is refused
+// with the key to change; the planner's gaps say the same.
 TEST(GpuMeshConfig, ZeroLevelsAndGradReduceDtype) {
   const TrainConfig def = config("parallel: {dp: 2}\n");
   EXPECT_EQ(def.parallel.zero, 1);
@@ -247,7 +266,11 @@ TEST(GpuMeshConfig, ZeroLevelsAndGradReduceDtype) {
   EXPECT_EQ(check_gpu_mesh_config(config("parallel: {pp: 2, dp: 2, zero: 2}\n"), 4), "");
   EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 2, grad_reduce_dtype: bf16}\n", "{kind: muon}"), 2), "")
       << "bf16 reduction under ZeRO-1 keeps Muon's whole matrices";
-  expect_refused(config("parallel: {dp: 2, zero: 3}\n"), 2, {"parallel.zero 3", "fully sharded", "zero: 1"});
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 2, zero: 3}\n"), 2), "");
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {pp: 2, dp: 2, ep: 2, zero: 3, grad_reduce_dtype: bf16}\n"), 4),
+            "");
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 2, tp: 2, zero: 3}\n"), 4), "");
+  expect_refused(config("parallel: {dp: 2, zero: 3}\n", "{kind: muon}"), 2, {"parallel.zero 3", "muon", "adamw"});
   EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 2, zero: 2}\n", "{kind: muon}"), 2), "")
       << "Muon under ZeRO-2 gathers each bucket's Newton-Schulz inputs";
   EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 4, ep: 2, zero: 2}\n", "{kind: muon}"), 4), "");
@@ -262,5 +285,7 @@ TEST(GpuMeshConfig, ZeroLevelsAndGradReduceDtype) {
   a.muon = true;
   EXPECT_EQ(gpu_layout_gaps(a), "") << "Muon with ZeRO-2 runs";
   a.muon = false, a.zero = 3;
-  EXPECT_EQ(gpu_layout_gaps(a), "fully sharded dense weights");
+  EXPECT_EQ(gpu_layout_gaps(a), "");
+  a.muon = true;
+  EXPECT_EQ(gpu_layout_gaps(a), "Muon with fully sharded weights (ZeRO-3 keeps no whole-matrix gradients)");
 }

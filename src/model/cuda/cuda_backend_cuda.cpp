@@ -14,6 +14,7 @@
 #include "kernels/cuda/mhc_norm.h"
 #include "kernels/cuda/tensor_ops.h"
 #include "model/cuda/gpu_mtp.h"
+#include "model/cuda/weight_gather.h"
 
 namespace trex::dsv4gpu {
 
@@ -274,8 +275,12 @@ void CudaBackend::begin_pass(const Pass& p) {
 
 void CudaBackend::embed_fwd(const Pass& p, Stream out) {
   m_.wait_gather(m_.embed_bucket);  // data parallel: this step's parameters, all-gathered bucket by bucket
+  // ZeRO-3: the first layer's weights gathered under the embedding.
+  if (m_.wgather && !decoding_ && m_.l1 > m_.l0) m_.wgather->prefetch(m_.layer_bucket[size_t(m_.l0)]);
   cuda::embed_streams_fwd(value(out), c_.lay->ids.as<int32_t>(), m_.b16("embed.weight"), p.n_tok, m_.cfg.hidden,
                           m_.cfg.hc_mult);
+  // Its backward reads no weight; with MTP the MTP input reads it again (and gathers it again).
+  if (m_.wgather) m_.wgather->release(m_.embed_bucket);
   if (decoding_) mark(kPhaseEmbed);
 }
 
@@ -308,7 +313,7 @@ void CudaBackend::site_norm_fwd(const Pass& p, int64_t blk, Site s, Stream in) {
   GpuBlock& b = block(blk);
   const int64_t N = p.n_tok, d = m_.cfg.hidden, hc = m_.cfg.hc_mult;
   if (s == Site::Attn) {  // the block's first op: its parameters, its saved activations
-    m_.wait_gather(blk == m_.l1 - m_.l0 ? m_.mtp_bucket : m_.layer_bucket[size_t(b.layer)]);
+    m_.block_weights(blk, p.replay);  // a replay runs in the backward: its prefetch goes down the layers
     b.keep.clear(), b.redo.clear();
     if (!p.replay) b.picks.clear();  // a replay re-uses the forward's selections
     Pool& k = b.keep;
@@ -482,7 +487,8 @@ void CudaBackend::head_loss_fwd(const Pass& p, HeadKind h, Stream in, const int3
   for (int64_t i = 0; i < N; ++i) hs.n_targets += targets[i] >= 0;
   hs.targets = upload_staged(mtp ? 1 : 0, targets, N);
   const int64_t G = m.head_normaliser(mtp, hs.n_targets);
-  if (!mtp) m.wait_gather(m.head_bucket);
+  m.wait_gather(m.head_bucket);  // the MTP head shares head.weight
+  if (mtp) m.wait_gather(m.mtp_bucket);
   const bool head_grad = head_ == HeadMode::LossAndGrad;
   const std::string pre = head_prefix(h);
   const bf16* X = value(in);
@@ -580,6 +586,7 @@ void CudaBackend::expand_bwd(const Pass& p, int64_t blk, Site s, Stream in, Stre
   const int64_t N = p.n_tok, d = m_.cfg.hidden, hc = m_.cfg.hc_mult;
   const cuda::MhcDims md = mhc_dims(m_.cfg, N);
   if (s == Site::Ffn) {  // the block's first backward op
+    m_.block_weights(blk, true);  // ZeRO-3: gathered again (or still live), the layer below prefetched
     if (m_.opts.recompute == dsv4::Recompute::Selective) redo_block(p, blk);
     bg_ = std::make_unique<BlockGrads>();
     Pool& t = bg_->tmp;
@@ -651,6 +658,8 @@ void CudaBackend::head_loss_bwd(const Pass& p, HeadKind h, Stream in, const int3
   const bf16* X = value(in);
   float* dX = grad(d_in);
   const int64_t G = mtp ? m.global_mtp_targets : m.global_targets;
+  m.wait_gather(m.head_bucket);  // ZeRO-3: kept from the forward (no-op), or gathered
+  if (mtp) m.wait_gather(m.mtp_bucket);
   m.section(mtp ? "bwd.mtp.head" : "bwd.head", true);
   {
     Pool tmp;
@@ -700,17 +709,20 @@ void CudaBackend::head_loss_bwd(const Pass& p, HeadKind h, Stream in, const int3
 
 void CudaBackend::mtp_input_fwd(const Pass& p, const int32_t* next_ids, Stream main, Stream out) {
   m_.wait_gather(m_.mtp_bucket);  // the MTP module's parameters (its block and head follow)
-  // embed.weight: the last pipeline stage's tied copy is all-gathered in its own bucket (no embed_fwd here waited).
-  if (m_.embed_copy()) m_.wait_gather(m_.embed_bucket);
+  // embed.weight for Embed[token t+1]: the last pipeline stage's tied copy is all-gathered in its own bucket (no
+  // embed_fwd here waited); ZeRO-3: gathered again, dropped after.
+  m_.wait_gather(m_.embed_bucket);
   m_.section("fwd.mtp.input", true);
   m_.mtp_input.next_ids = upload_staged(2, next_ids, p.n_tok);
   mtp_fwd(m_, c_, p.n_tok, next_ids, value(main), value(out));
+  if (m_.wgather) m_.wgather->release(m_.embed_bucket);
   m_.section("fwd.mtp.input", false);
 }
 
 void CudaBackend::mtp_input_bwd(const Pass& p, const int32_t* next_ids, Stream main, Stream d_out, Stream d_main,
                                 bool accumulate) {
   (void)next_ids;  // the forward's device copy
+  m_.wait_gather(m_.mtp_bucket);  // ZeRO-3: kept from the forward (no-op), or gathered
   m_.section("bwd.mtp.input", true);
   mtp_bwd(m_, c_, p.n_tok, value(main), grad(d_out), grad(d_main), accumulate);
   m_.section("bwd.mtp.input", false);

@@ -13,6 +13,7 @@ namespace trex::dsv4gpu {
 
 class CudaBackend;
 class GradBuckets;
+class WeightGather;
 
 // One head's activations of a forward (hc_head collapse -> norm -> LM head + CE; the collapse stays fp32,
 // mhc_norm.h).
@@ -113,7 +114,12 @@ struct GpuModel::Impl {
   std::unique_ptr<GpuBlock> bind_block(int64_t l);  // main layer l, or the MTP block (l == cfg.n_layers)
   const GpuParam& info(const std::string& name) const;
   float* f32(const std::string& n) const { return master_at(info(n)); }
-  bf16* b16(const std::string& n) const { return compute.as<bf16>() + info(n).offset; }
+  // The bf16 weights the kernels read. Under ZeRO-3 a bucket tensor's lie in its bucket's gathered buffer while
+  // that is live (weight_gather.h), else null; region X (the local experts) is held whole.
+  bf16* b16(const std::string& n) const;
+  // This rank's persistent bf16 copy at an arena offset: the arena itself, or under ZeRO-3 (where `compute` holds
+  // region X whole, this rank's bucket slices and region R, in grad_index's layout) inside a piece it holds.
+  bf16* weight_at(int64_t arena_offset) const;
   // Null without a gradient arena (an inference-only model binds no gradient pointers). Under ZeRO-2 a bucket
   // tensor's gradient lives in its bucket's transient buffer while that is open (grad_buckets.h), else null.
   float* g32(const std::string& n) const;
@@ -164,7 +170,21 @@ struct GpuModel::Impl {
   // to its index; under ZeRO-1 it is the identity. grad_elems: the array's length.
   int zero = 1;
   bool reduce_bf16 = false;
-  bool zero2() const { return zero >= 2 && dp_size > 1; }
+  bool zero2() const { return zero >= 2 && dp_size > 1; }  // ZeRO-3's gradients are ZeRO-2's
+  // ZeRO-3 (fully sharded dense weights): `compute` holds only this rank's bucket slices (and region X and R whole,
+  // in grad_index's layout); a bucket's whole bf16 weights are all-gathered into a transient buffer ahead of use
+  // (weight_gather.h: at most two layer buffers live, the next one prefetched while the current one computes).
+  bool zero3() const { return zero >= 3 && dp_size > 1; }
+  std::unique_ptr<WeightGather> wgather;
+  // The weights of block blk (stage-local; the MTP block is l1 - l0) ready for its forward (backward false) or its
+  // backward / replay (true): waited for, and under ZeRO-3 the neighbour in that direction prefetched.
+  void block_weights(int64_t blk, bool backward);
+  // Under ZeRO-3: every gathered buffer dropped (the persistent slices changed: optimiser step, checkpoint load,
+  // init), so the next use gathers the new values; a no-op otherwise.
+  void weights_changed();
+  // A bucket's gathered buffer (re)placed or dropped: the blocks' bound weight pointers into it rebound.
+  void bind_bucket_weights(int b);
+  void bind_block_weights(GpuBlock& b);
   int64_t grad_index(int64_t arena_offset) const;
   int64_t grad_elems() const {
     return zero2() ? region_x + (region_a - region_x) / dp_size + (total - region_a) : total;

@@ -110,8 +110,11 @@ struct GpuModelOptions {
   // gradients only of its own bucket slices (plus region X, its experts, and region R, the replicated fp32-read
   // tensors); backward writes each bucket into a transient buffer (at most kGradBucketsInFlight layer buffers
   // beside the embedding's and head's, model/cuda/grad_buckets.h), reduce-scattered when the bucket completes
-  // and added into the slice (so micro-batches accumulate in the slice). 3 (fully sharded weights) is refused:
-  // not implemented on the GPU.
+  // and added into the slice (so micro-batches accumulate in the slice). 3 (ZeRO-3 / FSDP): ZeRO-2's gradients,
+  // and the dense bf16 weights persist only as this rank's bucket slices: each bucket is all-gathered into a
+  // transient buffer ahead of use, the next layer's under the current one's compute (model/cuda/weight_gather.h;
+  // at most two layer buffers live beside the embedding's, head's and MTP module's). Under tp each TP rank's DP
+  // group gathers that rank's own arena (its slices of the split tensors).
   int zero = 1;
   // The buckets' reduce-scatter in bf16 (the fp32 gradients rounded once, summed by the communicator, added
   // back into fp32): half the bytes on the wire. Region R's all-reduce and the experts' stay fp32.
@@ -145,12 +148,16 @@ class GpuModel {
   // fp32 gradients span the arena, the fp32 master (and each AdamW moment of train/cuda/gpu_optimizer.h) the shard.
   struct Footprint {
     int64_t arena_elems = 0, shard_elems = 0, region_x_elems = 0, n_params = 0;
+    // The persistent bf16 compute copy: the arena, or under ZeRO-3 this rank's slices (region X and R whole).
+    int64_t weight_elems = 0;
+    // ZeRO-3: the most the gathered bucket buffers hold at once (model/cuda/weight_gather.h), from the device pool.
+    int64_t weight_buffer_bytes = 0;
     int64_t grad_elems = 0;  // the persistent fp32 gradients: the arena, or under ZeRO-2 its shard (Impl::grad_elems)
     // The most the bucket reductions hold at once beside them (ZeRO-2's bucket buffers, the bf16 reduction's
     // copies; model/cuda/grad_buckets.h), from the device pool during backward.
     int64_t grad_buffer_bytes = 0;
     bool gradients = true;
-    int64_t compute_bytes() const { return 2 * arena_elems; }  // the bf16 weights the kernels read
+    int64_t compute_bytes() const { return 2 * weight_elems; }  // the persistent bf16 weights
     int64_t grad_bytes() const { return gradients ? 4 * grad_elems : 0; }
     int64_t master_bytes() const { return 4 * shard_elems; }   // the fp32 master (ZeRO-1 shard)
     int64_t adamw_bytes() const { return 8 * shard_elems; }    // GpuOptimizer's two fp32 moments
@@ -226,7 +233,8 @@ class GpuModel {
   int64_t stream_elems(const dsv4::SeqLayout& layout) const;  // B * S * hc * d: a boundary tensor's elements
 
   // Host copies, by official name. With a DP group: value() of a bf16-read parameter is its bf16 compute copy
-  // (the fp32 master is sharded); grad() is this rank's unreduced gradient except on this rank's own slices.
+  // (the fp32 master is sharded; under ZeRO-3 no rank holds it whole: the bf16 of the master gathered over the DP
+  // group, a collective every DP rank must enter); grad() is this rank's unreduced gradient except on this rank's own slices.
   std::vector<float> value(const std::string& name) const;
   std::vector<float> grad(const std::string& name) const;
   std::vector<std::string> param_names() const;
@@ -287,7 +295,8 @@ class GpuModel {
     int64_t held_elems = 0;    // parameter elements held: the bf16 compute copy and the fp32 gradients hold these
     int64_t master_elems = 0;  // parameter elements of the fp32 master this rank owns (ZeRO-1); each moment alike
     int64_t grad_elems = 0;    // parameter elements with persistent fp32 gradients (held_elems; ZeRO-2: the shard)
-    int64_t weight_bytes = 0;  // the bf16 compute copy
+    int64_t weight_elems = 0;  // parameter elements of the persistent bf16 copy (held_elems; ZeRO-3: the shard)
+    int64_t weight_bytes = 0;  // the bf16 compute copy (ZeRO-3: this rank's slices; the gathered buffers are transient)
     int64_t grad_bytes = 0;    // the fp32 gradients (0 for an inference-only model)
     int64_t master_bytes = 0;  // the fp32 master (each optimiser moment is as large: GpuOptimizer::state_bytes)
   };

@@ -10,6 +10,7 @@
 #include "model/dsv4/program.h"
 #include "model/cuda/gpu_impl.h"
 #include "model/cuda/grad_buckets.h"
+#include "model/cuda/weight_gather.h"
 
 namespace trex::dsv4gpu {
 
@@ -127,13 +128,13 @@ static void plan_arena(GpuModel::Impl& m, const dsv4::ModelConfig& cfg, const Gp
                "got '{}'", m.dp_rank, m.dp->backend());
   }
   configure_experts(m, cfg, opts, make_groups);
-  TREX_CHECK(opts.zero >= 1 && opts.zero <= 2,
-             "GPU model: zero {} (parallel.zero): 1 (sharded optimiser) and 2 (sharded gradients) run on the GPU; 3 "
-             "(fully sharded dense weights) is not implemented on the GPU yet",
+  TREX_CHECK(opts.zero >= 1 && opts.zero <= 3,
+             "GPU model: zero {} (parallel.zero): 1 (sharded optimiser), 2 (sharded gradients) or 3 (fully sharded "
+             "dense weights)",
              opts.zero);
   m.zero = m.dp_size > 1 ? opts.zero : 1;  // one GPU: nothing to shard
   m.reduce_bf16 = opts.grad_reduce_bf16;
-  configure_tp(m, cfg, opts);
+  configure_tp(m, cfg, opts);  // ZeRO-3 under TP: each TP rank's DP group gathers its own arena's buckets
   m.l0 = opts.layer_begin, m.l1 = opts.layer_end < 0 ? cfg.n_layers : opts.layer_end;
   TREX_CHECK(m.l0 >= 0 && m.l0 < m.l1 && m.l1 <= cfg.n_layers,
              "GPU model: stage layers [{}, {}) outside the model's {} layers (or empty)", m.l0, m.l1, cfg.n_layers);
@@ -172,6 +173,8 @@ GpuModel::Footprint GpuModel::footprint(const dsv4::ModelConfig& cfg, const GpuM
   plan_arena(m, cfg, opts, false);
   Footprint f;
   f.arena_elems = m.total, f.shard_elems = m.shard_elems(), f.region_x_elems = m.region_x;
+  f.weight_elems = m.zero3() ? m.grad_elems() : m.total;
+  f.weight_buffer_bytes = WeightGather::transient_bytes(m);
   f.grad_elems = m.grad_elems();
   if (opts.gradients) f.grad_buffer_bytes = GradBuckets::transient_bytes(m);
   for (const GpuParam& p : m.params) f.n_params += p.numel;
@@ -191,9 +194,12 @@ GpuModel::GpuModel(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts)
   Impl& m = *impl_;
   plan_arena(m, cfg, opts, true);
   const size_t n = size_t(m.total), ns = size_t(m.shard_elems());  // ns == n on one GPU
-  m.master = DevMem(ns * 4), m.compute = DevMem(n * 2);
+  // The bf16 compute copy: the arena, or under ZeRO-3 this rank's pieces in grad_index's layout.
+  const size_t nw = m.zero3() ? size_t(m.grad_elems()) : n;
+  m.master = DevMem(ns * 4), m.compute = DevMem(nw * 2);
   TREX_CUDA(cudaMemsetAsync(m.master.as<float>(), 0, ns * 4, nullptr));
-  TREX_CUDA(cudaMemsetAsync(m.compute.as<bf16>(), 0, n * 2, nullptr));
+  TREX_CUDA(cudaMemsetAsync(m.compute.as<bf16>(), 0, nw * 2, nullptr));
+  if (m.zero3()) m.wgather = std::make_unique<WeightGather>(m);
   if (opts.gradients) {
     const size_t ng = size_t(m.grad_elems());  // n, or under ZeRO-2 the shard's
     m.grads = DevMem(ng * 4);
@@ -359,6 +365,9 @@ void GpuModel::backward_impl(const float* dx_out) {
   const dsv4::BlocksReady hooks = m.reduce_this_backward || z2 ? dsv4::BlocksReady(ready) : dsv4::BlocksReady{};
   m.program->backward(m.program_slot, dx_out, dx_in, hooks);
   m.backend->end_backward();
+  // ZeRO-3: nothing gathered outlives the backward (the optimiser step changes the slices; the next forward
+  // gathers again).
+  m.weights_changed();
   TREX_CUDA(cudaGetLastError());
 }
 

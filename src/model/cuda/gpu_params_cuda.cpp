@@ -21,6 +21,7 @@
 #include "model/dsv4/param_table.h"
 #include "model/cuda/gpu_impl.h"
 #include "model/cuda/grad_buckets.h"
+#include "model/cuda/weight_gather.h"
 
 namespace trex::dsv4gpu {
 
@@ -251,7 +252,17 @@ float* GpuModel::Impl::master_at(const GpuParam& p) const {
 }
 
 void GpuModel::Impl::scatter_master(const float* full) {
-  cuda::cast_f32_to_bf16(compute.as<bf16>(), full, total);
+  if (zero3()) {  // the bf16 of this rank's pieces only (grad_index's layout)
+    weights_changed();
+    if (region_x > 0) cuda::cast_f32_to_bf16(compute.as<bf16>(), full, region_x);
+    for (const Bucket& b : buckets) {
+      const int64_t n = b.slice(dp_size), own = b.begin + dp_rank * n;
+      if (n > 0) cuda::cast_f32_to_bf16(weight_at(own), full + own, n);
+    }
+    cuda::cast_f32_to_bf16(weight_at(region_a), full + region_a, total - region_a);
+  } else {
+    cuda::cast_f32_to_bf16(compute.as<bf16>(), full, total);
+  }
   if (dp_size == 1) {
     if (full != master.as<float>())
       TREX_CUDA(cudaMemcpyAsync(master.as<float>(), full, size_t(total) * 4, cudaMemcpyDeviceToDevice, nullptr));
@@ -302,6 +313,10 @@ void GpuModel::Impl::reduce_expert_grads() {
 }
 
 void GpuModel::Impl::wait_gather(int bi) {
+  if (wgather) {  // ZeRO-3: the bucket's whole weights gathered (prefetched, or now) and waited for
+    wgather->need(bi);
+    return;
+  }
   if (dp_size == 1 || gather_work.empty() || !gather_work[size_t(bi)]) return;
   stream_wait(*gather_work[size_t(bi)]);
   gather_work[size_t(bi)].reset();
@@ -321,36 +336,18 @@ std::unique_ptr<GpuBlock> GpuModel::Impl::bind_block(int64_t l) {
   b->dims.n_heads /= tp_size, b->dims.o_groups /= tp_size;
   b->hash = ext.mlp_types[size_t(l)] == dsv4::MlpType::HashMoE;
   const std::string& p = b->prefix;
-  auto B = [&](const std::string& n) { return b16(p + n); };
   auto F = [&](const std::string& n) { return f32(p + n); };
   AttnW& a = b->aw;
-  a.wq_a = B("attn.wq_a.weight"), a.q_norm = B("attn.q_norm.weight"), a.wq_b = B("attn.wq_b.weight");
-  a.wkv = B("attn.wkv.weight"), a.kv_norm = B("attn.kv_norm.weight"), a.wo_a = B("attn.wo_a.weight");
-  a.wo_b = B("attn.wo_b.weight"), a.sink = F("attn.attn_sink");
-  if (b->dims.type != dsv4::AttnType::Sliding) {
-    a.cmp_wkv = B("attn.compressor.wkv.weight"), a.cmp_wgate = B("attn.compressor.wgate.weight");
-    a.cmp_norm = B("attn.compressor.norm.weight"), a.cmp_ape = F("attn.compressor.ape");
-  }
-  if (b->dims.type == dsv4::AttnType::CSA) {
-    a.idx_wq_b = B("attn.indexer.wq_b.weight"), a.idx_wp = B("attn.indexer.weights_proj.weight");
-    a.idx_wkv = B("attn.indexer.compressor.wkv.weight"), a.idx_wgate = B("attn.indexer.compressor.wgate.weight");
-    a.idx_norm = B("attn.indexer.compressor.norm.weight"), a.idx_ape = F("attn.indexer.compressor.ape");
-  }
+  a.sink = F("attn.attn_sink");
+  if (b->dims.type != dsv4::AttnType::Sliding) a.cmp_ape = F("attn.compressor.ape");
+  if (b->dims.type == dsv4::AttnType::CSA) a.idx_ape = F("attn.indexer.compressor.ape");
   MoeW& m = b->mw;
-  m.gate = B("ffn.gate.weight");
-  // The first local expert's weights (expert 0 unless expert-parallel); the kernels index local experts.
   const std::string e0 = fmt::format("ffn.experts.{}.", e_begin);
-  m.w13 = B(e0 + "w1.weight");
-  m.w2 = B(e0 + "w2.weight");
   for (int64_t e = e_begin; e < e_end; ++e) {
     const int64_t j = e - e_begin;
     TREX_CHECK(info(p + fmt::format("ffn.experts.{}.w1.weight", e)).offset == info(p + e0 + "w1.weight").offset + j * 2 * f * d &&
                    info(p + fmt::format("ffn.experts.{}.w2.weight", e)).offset == info(p + e0 + "w2.weight").offset + j * d * f,
                "GPU model: expert weights of {} are not laid out contiguously", p);
-  }
-  if (cfg.n_shared_experts > 0) {
-    m.sw13 = B("ffn.shared_experts.w1.weight");
-    m.sw2 = B("ffn.shared_experts.w2.weight");
   }
   if (b->hash) {
     DevMem& t = tid2eid[p + "ffn.gate.tid2eid"];
@@ -365,9 +362,75 @@ std::unique_ptr<GpuBlock> GpuModel::Impl::bind_block(int64_t l) {
   }
   b->hc_attn_fn = F("hc_attn_fn"), b->hc_attn_base = F("hc_attn_base"), b->hc_attn_scale = F("hc_attn_scale");
   b->hc_ffn_fn = F("hc_ffn_fn"), b->hc_ffn_base = F("hc_ffn_base"), b->hc_ffn_scale = F("hc_ffn_scale");
-  b->attn_norm = B("attn_norm.weight"), b->ffn_norm = B("ffn_norm.weight");
+  bind_block_weights(*b);
   bind_block_grads(*b);
   return b;
+}
+
+// The bf16 weight pointers of a block (under ZeRO-3 a bucket tensor's are null while its bucket is not gathered:
+// WeightGather binds them again when it places or drops the buffer).
+void GpuModel::Impl::bind_block_weights(GpuBlock& blk) {
+  const std::string& p = blk.prefix;
+  auto B = [&](const std::string& n) { return b16(p + n); };
+  AttnW& a = blk.aw;
+  a.wq_a = B("attn.wq_a.weight"), a.q_norm = B("attn.q_norm.weight"), a.wq_b = B("attn.wq_b.weight");
+  a.wkv = B("attn.wkv.weight"), a.kv_norm = B("attn.kv_norm.weight"), a.wo_a = B("attn.wo_a.weight");
+  a.wo_b = B("attn.wo_b.weight");
+  if (blk.dims.type != dsv4::AttnType::Sliding)
+    a.cmp_wkv = B("attn.compressor.wkv.weight"), a.cmp_wgate = B("attn.compressor.wgate.weight"),
+    a.cmp_norm = B("attn.compressor.norm.weight");
+  if (blk.dims.type == dsv4::AttnType::CSA) {
+    a.idx_wq_b = B("attn.indexer.wq_b.weight"), a.idx_wp = B("attn.indexer.weights_proj.weight");
+    a.idx_wkv = B("attn.indexer.compressor.wkv.weight"), a.idx_wgate = B("attn.indexer.compressor.wgate.weight");
+    a.idx_norm = B("attn.indexer.compressor.norm.weight");
+  }
+  MoeW& m = blk.mw;
+  m.gate = B("ffn.gate.weight");
+  // The first local expert's weights (expert 0 unless expert-parallel); the kernels index local experts.
+  const std::string e0 = fmt::format("ffn.experts.{}.", e_begin);
+  m.w13 = B(e0 + "w1.weight");
+  m.w2 = B(e0 + "w2.weight");
+  if (cfg.n_shared_experts > 0) {
+    m.sw13 = B("ffn.shared_experts.w1.weight");
+    m.sw2 = B("ffn.shared_experts.w2.weight");
+  }
+  blk.attn_norm = B("attn_norm.weight"), blk.ffn_norm = B("ffn_norm.weight");
+}
+
+void GpuModel::Impl::bind_bucket_weights(int bi) {
+  for (int64_t l = l0; l < l1; ++l)
+    if (layer_bucket[size_t(l)] == bi && blocks.size() > size_t(l) && blocks[size_t(l)])
+      bind_block_weights(*blocks[size_t(l)]);
+  if (mtp_block && bi == mtp_bucket) bind_block_weights(*mtp_block);
+}
+
+bf16* GpuModel::Impl::weight_at(int64_t off) const {
+  return compute.as<bf16>() + (zero3() ? grad_index(off) : off);
+}
+
+bf16* GpuModel::Impl::b16(const std::string& n) const {
+  const GpuParam& p = info(n);
+  if (!zero3() || p.offset < region_x || p.offset >= region_a) return weight_at(p.offset);
+  const int bi = bucket_of(p.offset);
+  bf16* buf = wgather ? wgather->buffer(bi) : nullptr;
+  return buf ? buf + (p.offset - buckets[size_t(bi)].begin) : nullptr;
+}
+
+void GpuModel::Impl::block_weights(int64_t blk, bool backward) {
+  const int64_t n_main = l1 - l0;
+  wait_gather(blk == n_main ? mtp_bucket : layer_bucket[size_t(l0 + blk)]);
+  if (!wgather || blk == n_main) return;
+  // The next block of the walk, gathered under this one's kernels (queued after this call).
+  if (!backward && blk + 1 < n_main)
+    wgather->prefetch(layer_bucket[size_t(l0 + blk + 1)]);
+  else if (!backward && last_stage())
+    wgather->prefetch(head_bucket);
+  else if (backward && blk > 0)
+    wgather->prefetch(layer_bucket[size_t(l0 + blk - 1)]);
+}
+
+void GpuModel::Impl::weights_changed() {
+  if (wgather) wgather->release_all();
 }
 
 // The gradient pointers of a block (null without a gradient arena, and under ZeRO-2 for a bucket tensor whose
@@ -539,6 +602,12 @@ std::vector<float> GpuModel::value(const std::string& name) const {
   std::vector<float> v(size_t(p.numel));
   const bool sharded = impl_->dp_size > 1 && p.offset < impl_->region_a &&
                        (p.offset >= impl_->region_x || impl_->experts_sharded());
+  if (sharded && impl_->zero3() && p.offset >= impl_->region_x) {
+    // No rank holds the whole bf16 copy: the bf16 of the gathered master (what a gather of the slices gives).
+    v = gather_shard(name);
+    for (float& x : v) x = __bfloat162float(__float2bfloat16(x));
+    return v;
+  }
   if (sharded) {  // the fp32 master is sharded: the bf16 copy
     std::vector<bf16> b(v.size());
     TREX_CUDA(cudaDeviceSynchronize());

@@ -87,6 +87,7 @@ GpuModel::ParamMemory GpuModel::param_memory() const {
     // ZeRO-2: a bucket tensor's gradient persists only on this rank's slice; region X and R are held whole.
     const bool bucket = p.offset >= m.region_x && p.offset < m.region_a;
     r.grad_elems += m.zero2() && bucket ? own : p.numel;
+    r.weight_elems += m.zero3() && bucket ? own : p.numel;  // ZeRO-3: a bucket tensor's bf16 as its slice
   }
   if (!m.opts.gradients) r.grad_elems = 0;
   r.weight_bytes = int64_t(m.compute.bytes());
@@ -175,7 +176,14 @@ void set_local(GpuModel::Impl& m, const GpuParam& p, const float* full, float* s
   TREX_CUDA(cudaMemcpy(stage.as<float>(), full, size_t(n) * sizeof(float), cudaMemcpyHostToDevice));
   for (const GpuModel::Impl::ShardPiece& w : m.own_pieces(p))
     TREX_CUDA(cudaMemcpy(base + w.s, stage.as<float>() + w.t, size_t(w.n) * sizeof(float), cudaMemcpyDeviceToDevice));
-  if (!shard) cuda::cast_f32_to_bf16(m.compute.as<bf16>() + p.offset, stage.as<float>(), p.numel);
+  const bool bucket = p.offset >= m.region_x && p.offset < m.region_a;
+  if (!shard && m.zero3() && bucket) {  // ZeRO-3: the bf16 of this rank's slice of it only
+    m.weights_changed();
+    for (const GpuModel::Impl::ShardPiece& w : m.own_pieces(p))
+      cuda::cast_f32_to_bf16(m.weight_at(p.offset + w.t), stage.as<float>() + w.t, w.n);
+  } else if (!shard) {
+    cuda::cast_f32_to_bf16(m.weight_at(p.offset), stage.as<float>(), p.numel);  // held whole
+  }
   TREX_CUDA(cudaDeviceSynchronize());
 }
 

@@ -454,7 +454,7 @@ void GpuOptimizer::adamw_step(const cuda::AdamWStep& a_in) {
   // all-gather starts right away so it overlaps the remaining updates and the next forward's first layers.
   const int64_t nr = m.total - m.region_a;
   cuda::adamw_step(m.master.as<float>() + m.shard_a, g + m.grad_index(m.region_a), adam_m.as<float>() + m.shard_a,
-                   adam_v.as<float>() + m.shard_a, c + m.region_a, nr, a);
+                   adam_v.as<float>() + m.shard_a, m.weight_at(m.region_a), nr, a);
   m.gather_work.clear();
   m.gather_work.resize(m.buckets.size());
   for (size_t bi = 0; bi < m.buckets.size(); ++bi) {
@@ -462,9 +462,11 @@ void GpuOptimizer::adamw_step(const cuda::AdamWStep& a_in) {
     const int64_t n = b.slice(m.dp_size), own = b.begin + m.dp_rank * n;
     if (n == 0) continue;  // another pipeline stage's bucket (empty here)
     cuda::adamw_step(m.master.as<float>() + b.shard_off, g + m.grad_index(own), adam_m.as<float>() + b.shard_off,
-                     adam_v.as<float>() + b.shard_off, c + own, n, a);
-    m.gather_work[bi] = m.dp->all_gather(c + own, c + b.begin, size_t(n), comm::ElemType::BF16);
+                     adam_v.as<float>() + b.shard_off, m.weight_at(own), n, a);
+    // ZeRO-3 keeps the slice: the next forward gathers each bucket ahead of use (model/cuda/weight_gather.h).
+    if (!m.zero3()) m.gather_work[bi] = m.dp->all_gather(c + own, c + b.begin, size_t(n), comm::ElemType::BF16);
   }
+  m.weights_changed();
   if (expert_gather) m.stream_wait(*expert_gather);
   m.section("optimizer", false);
 }
@@ -552,7 +554,8 @@ void GpuOptimizer::step(const optim::OptimizerConfig& c, double lr, int64_t step
   step_tp_muon(m, plan, ms, g, w, wb);
   // AdamW: region X and R, then each bucket's runs with the all-gather of its updated bf16 slice.
   for (const auto& r : plan.local_adamw)
-    cuda::adamw_step(w + r.shard, g + r.grad, mom + r.shard, v + r.shard, wb + r.arena, r.n, without_decay(a, r.decay));
+    cuda::adamw_step(w + r.shard, g + r.grad, mom + r.shard, v + r.shard, m.weight_at(r.arena), r.n,
+                     without_decay(a, r.decay));
   comm::WorkPtr expert_gather;  // the updated bf16 slice of the local experts, over their replicas
   if (plan.experts_trained && m.experts_sharded())
     expert_gather = m.edp->all_gather(wb + m.x_own, wb, size_t(m.x_shard), comm::ElemType::BF16);
@@ -560,13 +563,14 @@ void GpuOptimizer::step(const optim::OptimizerConfig& c, double lr, int64_t step
   m.gather_work.resize(m.buckets.size());
   for (size_t bi = 0; bi < m.buckets.size(); ++bi) {
     for (const auto& r : plan.bucket_adamw[bi])
-      cuda::adamw_step(w + r.shard, g + r.grad, mom + r.shard, v + r.shard, wb + r.arena, r.n,
+      cuda::adamw_step(w + r.shard, g + r.grad, mom + r.shard, v + r.shard, m.weight_at(r.arena), r.n,
                        without_decay(a, r.decay));
-    if (!plan.bucket_trained[bi]) continue;  // all frozen: every rank's bf16 copy is already the same
+    if (!plan.bucket_trained[bi] || m.zero3()) continue;  // all frozen / ZeRO-3: gathered ahead of the next use
     const GpuModel::Impl::Bucket& b = m.buckets[bi];
     const int64_t n = b.slice(m.dp_size), own = b.begin + m.dp_rank * n;
     m.gather_work[bi] = m.dp->all_gather(wb + own, wb + b.begin, size_t(n), comm::ElemType::BF16);
   }
+  m.weights_changed();
   if (expert_gather) m.stream_wait(*expert_gather);
   m.section("optimizer", false);
 }
