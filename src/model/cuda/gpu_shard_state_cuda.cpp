@@ -173,13 +173,17 @@ void set_local(GpuModel::Impl& m, const GpuParam& p, const float* full, float* s
       }
   DevMem stage(size_t(p.numel) * sizeof(float));
   TREX_CUDA(cudaMemcpy(stage.as<float>(), full, size_t(n) * sizeof(float), cudaMemcpyHostToDevice));
-  for (const GpuModel::Impl::ShardPiece& w : m.own_pieces(p))
-    TREX_CUDA(cudaMemcpy(base + w.s, stage.as<float>() + w.t, size_t(w.n) * sizeof(float), cudaMemcpyDeviceToDevice));
-  if (!shard) cuda::cast_f32_to_bf16(m.compute.as<bf16>() + p.offset, stage.as<float>(), p.numel);
+  m.place_local(p, stage.as<float>(), base, !shard);
   TREX_CUDA(cudaDeviceSynchronize());
 }
 
 }  // namespace
+
+void GpuModel::Impl::place_local(const GpuParam& p, const float* local, float* base, bool compute_copy) {
+  for (const ShardPiece& w : own_pieces(p))
+    TREX_CUDA(cudaMemcpyAsync(base + w.s, local + w.t, size_t(w.n) * sizeof(float), cudaMemcpyDeviceToDevice, nullptr));
+  if (compute_copy) cuda::cast_f32_to_bf16(compute.as<bf16>() + p.offset, local, p.numel);
+}
 
 void GpuModel::Impl::tp_sum_squares(const std::vector<std::pair<int64_t, int64_t>>& ranges, double* split,
                                     double* rest) const {
