@@ -5,6 +5,7 @@
 
 #include <cstdio>
 
+#include "bench_load.h"
 #include "bench_ops.h"
 #include "bench_train.h"
 #include "command.h"
@@ -117,6 +118,19 @@ const bool registered = trex::cli::register_command(
        o->add_option("--tokens", *otok, "tokens on this GPU (one packed sequence)")->capture_default_str();
        o->add_option("--reps", *oreps, "timed repetitions (median reported)")->capture_default_str();
        o->callback([=] { trex::bench::bench_ops(*ocfg, *otok, *oreps); });
+       auto* l = app.add_subcommand("load", "GPU checkpoint load (FP8 / FP4 de-quantised on the device) of one "
+                                            "emulated rank's part: one JSON line");
+       auto largs = std::make_shared<trex::bench::LoadBenchArgs>();
+       l->add_option("--config", largs->config, "the released config.json (e.g. ../shared/bench/v4-flash.json)")
+           ->required();
+       l->add_option("--dir", largs->dir, "checkpoint directory: written (released format) unless it holds one")
+           ->required();
+       l->add_option("--layers", largs->layers, "main layers of the written checkpoint")->capture_default_str();
+       l->add_option("--layout", largs->layout, "the real layout whose rank is emulated")->capture_default_str();
+       l->add_option("--emulate-rank", largs->rank, "the emulated rank")->capture_default_str();
+       l->add_option("--staging-mb", largs->staging_mb, "pinned staging buffer (MB)")->capture_default_str();
+       l->add_option("--block", largs->block, "FP8 block of a written checkpoint")->capture_default_str();
+       l->callback([=] { trex::bench::bench_load(*largs); });
        auto* t = app.add_subcommand("train", "GPU training step (fwd + bwd + AdamW) on random tokens: one JSON line");
        auto targs = std::make_shared<trex::bench::TrainBenchArgs>();
        auto tdev = std::make_shared<std::string>("cuda");

@@ -63,7 +63,12 @@ void setup_export(CLI::App& app) {
     auto from = trex::train::export_hf(a->run, a->out, a->dtype == "bf16" ? trex::DType::BF16 : trex::DType::F32,
                                        a->dialect == "official" ? trex::dsv4::Dialect::Official
                                                                 : trex::dsv4::Dialect::Transformers);
-    fmt::print("{{\"checkpoint\": \"{}\", \"out\": \"{}\"}}\n", from.string(), a->out);
+    // One JSON line: what was exported, and the host memory the streamed export held (one output tensor's buffer
+    // plus one fp32 tensor, measured), so a large export's bound is visible.
+    fmt::print("{{\"checkpoint\": \"{}\", \"out\": \"{}\", \"tensors\": {}, \"bytes\": {}, \"host_peak_bytes\": {}, "
+               "\"seconds\": {:.3f}}}\n",
+               from.checkpoint.string(), a->out, from.stats.tensors, from.stats.bytes, from.stats.host_peak_bytes,
+               from.stats.seconds);
   });
 }
 

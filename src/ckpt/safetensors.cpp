@@ -257,7 +257,7 @@ size_t SafetensorsReader::total_bytes() const {
 namespace {
 
 void write_one(const fs::path& path, const std::vector<const TensorToWrite*>& tensors, const json& metadata,
-               ProgressBar* progress, int64_t* progress_done) {
+               ProgressBar* progress, int64_t* progress_done, size_t* buffer_peak = nullptr) {
   json header = json::object();
   if (!metadata.is_null() && !metadata.empty()) header["__metadata__"] = metadata;
   size_t offset = 0;
@@ -288,6 +288,7 @@ void write_one(const fs::path& path, const std::vector<const TensorToWrite*>& te
       const void* src = t->data;
       if (!src) {
         if (scratch.size() < n) scratch = Buffer(n, false);
+        if (buffer_peak) *buffer_peak = std::max(*buffer_peak, scratch.size());
         t->produce(scratch.data());
         src = scratch.data();
       }
@@ -326,7 +327,9 @@ std::vector<size_t> plan_shards(const std::vector<size_t>& tensor_bytes, size_t 
 
 std::vector<std::string> write_safetensors_sharded(const fs::path& dir,
                                                    const std::vector<TensorToWrite>& tensors,
-                                                   size_t max_shard_bytes, const std::string& prefix) {
+                                                   size_t max_shard_bytes, const std::string& prefix,
+                                                   size_t* buffer_peak) {
+  if (buffer_peak) *buffer_peak = 0;
   fs::create_directories(dir);
   std::vector<size_t> sizes;
   size_t total = 0;
@@ -354,7 +357,7 @@ std::vector<std::string> write_safetensors_sharded(const fs::path& dir,
   int64_t done = 0;
   json weight_map = json::object();
   for (size_t s = 0; s < n_shards; ++s) {
-    write_one(dir / names[s], groups[s], json{{"format", "pt"}}, progress.get(), &done);
+    write_one(dir / names[s], groups[s], json{{"format", "pt"}}, progress.get(), &done, buffer_peak);
     for (const auto* t : groups[s]) weight_map[t->name] = names[s];
   }
   if (progress) progress->finish();

@@ -96,10 +96,13 @@ void write_safetensors(const fs::path& path, const std::vector<TensorToWrite>& t
 // several -> `<prefix>-00001-of-0000N.safetensors` + `<prefix>.safetensors.index.json` with
 // metadata.total_size and weight_map. Stale files of an earlier export with the same prefix are removed.
 // Returns the files written (relative names).
+// `buffer_peak` (optional): set to the largest host buffer the writer allocated for a producer's tensor (0 when
+// every tensor came as `data`); the writer holds no other tensor data.
 std::vector<std::string> write_safetensors_sharded(const fs::path& dir,
                                                    const std::vector<TensorToWrite>& tensors,
                                                    size_t max_shard_bytes,
-                                                   const std::string& prefix = "model");
+                                                   const std::string& prefix = "model",
+                                                   size_t* buffer_peak = nullptr);
 
 // Greedy in-order shard assignment used by the sharded writer: returns shard index per tensor.
 std::vector<size_t> plan_shards(const std::vector<size_t>& tensor_bytes, size_t max_shard_bytes);

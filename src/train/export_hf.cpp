@@ -15,7 +15,7 @@ namespace trex::train {
 
 namespace fs = std::filesystem;
 
-fs::path export_hf(const fs::path& run_dir, const fs::path& out_dir, DType dtype, dsv4::Dialect dialect) {
+ExportResult export_hf(const fs::path& run_dir, const fs::path& out_dir, DType dtype, dsv4::Dialect dialect) {
   const fs::path cfg_path = run_dir / "config.json";
   TREX_CHECK(fs::exists(cfg_path), "{}: not a trex train output directory (no config.json)", run_dir.string());
   TrainConfig cfg = parse_train_config(read_json_file(cfg_path), cfg_path.string());
@@ -54,8 +54,10 @@ fs::path export_hf(const fs::path& run_dir, const fs::path& out_dir, DType dtype
     }
     r.read_param(name, shape, static_cast<float*>(dst));
   };
-  dsv4::save_model_streaming(out_dir, mc, feed, dialect, dtype);
-  return *last;
+  ExportResult res;
+  res.checkpoint = *last;
+  res.stats = dsv4::save_model_streaming(out_dir, mc, feed, dialect, dtype);
+  return res;
 }
 
 }  // namespace trex::train

@@ -4,12 +4,18 @@
 #include <filesystem>
 
 #include "core/dtype.h"
+#include "model/dsv4/checkpoint.h"
 #include "model/dsv4/config.h"
 
 namespace trex::train {
 
-// Returns the checkpoint directory that was exported.
-std::filesystem::path export_hf(const std::filesystem::path& run_dir, const std::filesystem::path& out_dir,
-                                DType dtype, dsv4::Dialect dialect);
+// The checkpoint directory that was exported and what writing it took (host memory: one output tensor's buffer and
+// one fp32 tensor; the checkpoint's tensors are read from its memory-mapped shard files, never gathered).
+struct ExportResult {
+  std::filesystem::path checkpoint;
+  dsv4::ExportStats stats;
+};
+ExportResult export_hf(const std::filesystem::path& run_dir, const std::filesystem::path& out_dir, DType dtype,
+                       dsv4::Dialect dialect);
 
 }  // namespace trex::train

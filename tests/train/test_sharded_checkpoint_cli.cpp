@@ -5,7 +5,9 @@
 //  - saved by one process, resumed at dp=2 / dp=2,ep=2 / pp=2 (np 2): the continued losses equal the
 //    one-process continuation;
 //  - `trex export-hf` of the sharded run writes the same bytes as the export of its consolidated checkpoint,
-//    and agrees with the one-process run's export.
+//    and agrees with the one-process run's export; it writes exactly the bytes saving the whole state at once writes
+//    (save_state_dict), loads back through the checkpoint reader, and reports a host high-water of at most one
+//    output tensor plus one fp32 tensor.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -22,6 +24,10 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/safetensors.h"
+#include "model/dsv4/checkpoint.h"
+#include "model/dsv4/config.h"
+#include "train/dsv4_trainable.h"
+#include "train/sharded_checkpoint.h"
 #include "train/cli_test_util.h"
 #include "train/metrics.h"
 
@@ -204,6 +210,51 @@ TEST(ShardedCheckpointCli, HfExportFromAShardedRun) {
   ASSERT_TRUE(fs::exists(run / "checkpoints" / "step_00000004" / "manifest.json"));
   ASSERT_EQ(sh(s.bin + " export-hf " + run.string() + " --dtype f32 --out " + (s.dir / "hf_sharded").string(), &out), 0)
       << out;
+  // The streamed export reports its host memory: one output tensor's buffer plus one fp32 tensor at most, far
+  // below the model.
+  {
+    const json rep = json::parse(out.substr(out.rfind("{\"checkpoint\"")));
+    const trex::ckpt::SafetensorsReader hf(s.dir / "hf_sharded");
+    size_t largest = 0;
+    for (const auto& n : hf.names()) largest = std::max(largest, hf.entry(n).nbytes());
+    const int64_t peak = rep.at("host_peak_bytes").get<int64_t>();
+    EXPECT_GT(peak, 0) << out;
+    EXPECT_LE(peak, int64_t(2 * largest)) << out;
+    EXPECT_LT(peak, int64_t(hf.total_bytes())) << out;
+    EXPECT_EQ(rep.at("bytes").get<int64_t>(), int64_t(hf.total_bytes())) << out;
+  }
+  // The old path: the whole state assembled in this process and saved at once (save_state_dict) writes the same
+  // bytes, tensor by tensor, and the export loads back through the checkpoint reader.
+  {
+    const trex::dsv4::ModelConfig mc = trex::dsv4::parse_model_config(tiny_cli_model(300), "tiny_cli_model");
+    const trex::train::CheckpointReader r(run / "checkpoints" / "step_00000004");
+    trex::train::Dsv4Trainable seeded(mc, {}, 7);  // the run's seed: its hash-routing tables
+    trex::dsv4::StateDict whole;
+    for (const trex::dsv4::ExpectedTensor& e : trex::dsv4::expected_tensors(mc)) {
+      trex::HostTensor t(e.dtype, e.shape);
+      if (e.dtype == trex::DType::I64) {
+        const std::vector<int32_t>& table = seeded.model().params().tid2eid.at(e.name);
+        for (size_t i = 0; i < table.size(); ++i) t.view.as<int64_t>()[i] = table[i];
+      } else {
+        r.read_param(e.name, e.shape, t.f32());
+      }
+      whole.emplace(e.name, std::move(t));
+    }
+    trex::dsv4::save_state_dict(s.dir / "hf_whole", whole, mc, trex::dsv4::Dialect::Transformers, trex::DType::F32);
+    const trex::ckpt::SafetensorsReader x(s.dir / "hf_sharded"), w(s.dir / "hf_whole");
+    ASSERT_EQ(x.names(), w.names());
+    for (const auto& name : x.names()) {
+      const trex::TensorView u = x.view(name), v = w.view(name);
+      ASSERT_EQ(u.dtype, v.dtype) << name;
+      ASSERT_EQ(u.shape, v.shape) << name;
+      EXPECT_EQ(0, std::memcmp(u.data, v.data, u.nbytes())) << name << ": streamed and whole-state bytes differ";
+    }
+    const trex::dsv4::ModelConfig back = trex::dsv4::load_model_config(s.dir / "hf_sharded" / "config.json");
+    const trex::dsv4::StateDict loaded = trex::dsv4::load_state_dict(s.dir / "hf_sharded", back);
+    ASSERT_EQ(loaded.size(), whole.size());
+    for (const auto& [name, t] : whole)
+      EXPECT_EQ(0, std::memcmp(loaded.at(name).view.data, t.view.data, t.view.nbytes())) << name << " reloaded";
+  }
   // The same checkpoint consolidated into a run directory of its own, exported: byte-equal tensors.
   const fs::path cons_run = s.dir / "run_export_consolidated";
   fs::create_directories(cons_run);

@@ -241,6 +241,9 @@ struct GpuModel::Impl {
     int64_t t = 0, s = 0, n = 0;
   };
   std::vector<ShardPiece> own_pieces(const GpuParam& p) const;
+  // p as this rank holds it (its TP slice), fp32 on the device: its own pieces into `base` (the master or a shard
+  // of its layout), and with compute_copy the bf16 compute copy of the whole; queued on the default stream.
+  void place_local(const GpuParam& p, const float* local, float* base, bool compute_copy);
   void pad_to(int64_t multiple);
   void scatter_master(const float* full);  // full fp32 arena -> master shard + bf16 compute copy
   void reduce_bucket(int b);               // start the gradient reduce-scatter of bucket b

@@ -171,18 +171,24 @@ class GpuModel {
   // from the CPU model's table (same names and shapes; router biases and tid2eid too).
   void init_random(uint64_t seed);
   void load_from(const dsv4::ParamTable<float>& cpu);
-  // Streams this model's own parameters (its stage's layers, its experts, its data-parallel master shard) from a
-  // checkpoint (sharded, memory-mapped safetensors; FP8 / FP4 de-quantised by the reader), one tensor at a time:
-  // the host holds one de-quantised tensor and the device one fp32 staging copy of it, never the whole model;
-  // tensors of other ranks' partitions are never read. Router biases and hash tables too. A tensor that is
-  // missing or has another shape is an error naming it.
+  // Streams this model's own parameters (its stage's layers, its experts, its TP rows / columns; each tensor placed
+  // into its data-parallel master shard and the bf16 compute copy) from a checkpoint (sharded, memory-mapped
+  // safetensors), one tensor at a time: the stored bytes (FP8 blocks, FP4 experts, BF16, F32) of the rank's part go
+  // through a pinned staging buffer of `staging_bytes` to the device and are de-quantised there, bit-identical to
+  // dsv4::CheckpointReader::load (model/cuda/checkpoint_stager.h). Host memory: the staging buffer (or the largest
+  // router bias / hash table, decoded on the host, when larger); the device holds one fp32 tensor slice besides
+  // the model. Tensors of other ranks' partitions are never read. A tensor that is missing or has another shape
+  // is an error naming it, before anything is read.
   struct LoadStats {
     int64_t tensors = 0;
-    int64_t bytes = 0;                  // fp32 bytes placed on this device
-    int64_t largest_tensor_bytes = 0;   // the host staging peak (fp32)
+    int64_t bytes = 0;                  // fp32 bytes placed on this device (this rank's tensors)
+    int64_t stored_bytes = 0;           // bytes read from the checkpoint files (weights and scales)
+    int64_t largest_tensor_bytes = 0;   // the largest fp32 tensor slice of this rank (the device scratch)
+    int64_t host_peak_bytes = 0;        // the loader's host high-water mark (the pinned staging buffer)
     double seconds = 0;
   };
-  LoadStats load_checkpoint(const dsv4::CheckpointReader& ckpt);
+  static constexpr size_t kDefaultStagingBytes = size_t(256) << 20;
+  LoadStats load_checkpoint(const dsv4::CheckpointReader& ckpt, size_t staging_bytes = kDefaultStagingBytes);
 
   // ids, labels [B, S] on the host. Returns the loss (mean CE over labelled targets; with a DP group, over the
   // targets of every rank's batch: the same number a single GPU gives on the concatenated batch).

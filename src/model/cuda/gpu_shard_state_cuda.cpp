@@ -174,20 +174,24 @@ void set_local(GpuModel::Impl& m, const GpuParam& p, const float* full, float* s
       }
   DevMem stage(size_t(p.numel) * sizeof(float));
   TREX_CUDA(cudaMemcpy(stage.as<float>(), full, size_t(n) * sizeof(float), cudaMemcpyHostToDevice));
-  for (const GpuModel::Impl::ShardPiece& w : m.own_pieces(p))
-    TREX_CUDA(cudaMemcpy(base + w.s, stage.as<float>() + w.t, size_t(w.n) * sizeof(float), cudaMemcpyDeviceToDevice));
-  const bool bucket = p.offset >= m.region_x && p.offset < m.region_a;
-  if (!shard && m.zero3() && bucket) {  // ZeRO-3: the bf16 of this rank's slice of it only
-    m.weights_changed();
-    for (const GpuModel::Impl::ShardPiece& w : m.own_pieces(p))
-      cuda::cast_f32_to_bf16(m.weight_at(p.offset + w.t), stage.as<float>() + w.t, w.n);
-  } else if (!shard) {
-    cuda::cast_f32_to_bf16(m.weight_at(p.offset), stage.as<float>(), p.numel);  // held whole
-  }
+  m.place_local(p, stage.as<float>(), base, !shard);
   TREX_CUDA(cudaDeviceSynchronize());
 }
 
 }  // namespace
+
+void GpuModel::Impl::place_local(const GpuParam& p, const float* local, float* base, bool compute_copy) {
+  for (const ShardPiece& w : own_pieces(p))
+    TREX_CUDA(cudaMemcpyAsync(base + w.s, local + w.t, size_t(w.n) * sizeof(float), cudaMemcpyDeviceToDevice, nullptr));
+  if (!compute_copy) return;
+  const bool bucket = p.offset >= region_x && p.offset < region_a;
+  if (zero3() && bucket) {  // ZeRO-3: the bf16 of this rank's slice of it only
+    weights_changed();
+    for (const ShardPiece& w : own_pieces(p)) cuda::cast_f32_to_bf16(weight_at(p.offset + w.t), local + w.t, w.n);
+  } else {
+    cuda::cast_f32_to_bf16(weight_at(p.offset), local, p.numel);  // held whole
+  }
+}
 
 void GpuModel::Impl::tp_sum_squares(const std::vector<std::pair<int64_t, int64_t>>& ranges, double* split,
                                     double* rest) const {

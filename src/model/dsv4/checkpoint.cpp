@@ -1,6 +1,7 @@
 #include "model/dsv4/checkpoint.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <set>
 
@@ -386,8 +387,11 @@ StateDict load_state_dict(const fs::path& model_dir, const ModelConfig& cfg, con
 // save_state_dict
 // ---------------------------------------------------------------------------------------------
 
-void save_model_streaming(const fs::path& dir, const ModelConfig& cfg, const TensorFeed& feed, Dialect dialect,
-                          DType dtype, size_t max_shard_bytes) {
+ExportStats save_model_streaming(const fs::path& dir, const ModelConfig& cfg, const TensorFeed& feed, Dialect dialect,
+                                 DType dtype, size_t max_shard_bytes) {
+  const auto t0 = std::chrono::steady_clock::now();
+  // The largest fp32 buffer a producer below allocates (it holds one fed tensor while converting it).
+  auto feed_peak = std::make_shared<size_t>(0);
   TREX_CHECK(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16,
              "{}: export dtype must be F32, BF16 or F16, not {}", dir.string(), dtype_name(dtype));
   std::map<std::string, ExpectedTensor> expected;
@@ -397,10 +401,11 @@ void save_model_streaming(const fs::path& dir, const ModelConfig& cfg, const Ten
   std::sort(order.begin(), order.end(), natural_less);
 
   // A float tensor fed in fp32 and converted into the writer's buffer (fed straight into it when F32).
-  auto converted = [&feed](const ExpectedTensor& e, DType dt) {
-    return [&feed, e, dt](void* dst) {
+  auto converted = [&feed, feed_peak](const ExpectedTensor& e, DType dt) {
+    return [&feed, feed_peak, e, dt](void* dst) {
       if (dt == DType::F32) return feed(e.name, e.shape, DType::F32, dst);
       std::vector<float> tmp(size_t(numel(e.shape)));
+      *feed_peak = std::max(*feed_peak, tmp.size() * sizeof(float));
       feed(e.name, e.shape, DType::F32, tmp.data());
       convert_from_f32(tmp.data(), dt, dst, tmp.size());
     };
@@ -418,10 +423,11 @@ void save_model_streaming(const fs::path& dir, const ModelConfig& cfg, const Ten
       const int64_t E = cfg.n_routed_experts, f = cfg.moe_inter, d = cfg.hidden;
       const DType dt = dtype;
       // The stack [E, 2f, d] (w1 rows then w3 rows per expert) / [E, d, f], filled one expert tensor at a time.
-      auto stack = [&feed, block = ek.block, dt, E, f, d](std::vector<int> parts) {
-        return [&feed, block, dt, E, f, d, parts](void* dst) {
+      auto stack = [&feed, feed_peak, block = ek.block, dt, E, f, d](std::vector<int> parts) {
+        return [&feed, feed_peak, block, dt, E, f, d, parts](void* dst) {
           const size_t esz = size_t(dtype_bits(dt) / 8), n = size_t(f * d);
           std::vector<float> tmp(n);
+          *feed_peak = std::max(*feed_peak, n * sizeof(float));
           auto* o = static_cast<uint8_t*>(dst);
           size_t at = 0;
           for (int64_t e = 0; e < E; ++e)
@@ -450,10 +456,17 @@ void save_model_streaming(const fs::path& dir, const ModelConfig& cfg, const Ten
     tensors.push_back({out_name, dt, t.shape, nullptr, converted(t, dt)});
   }
 
-  ckpt::write_safetensors_sharded(dir, tensors, max_shard_bytes);
+  size_t buffer_peak = 0;
+  ckpt::write_safetensors_sharded(dir, tensors, max_shard_bytes, "model", &buffer_peak);
   json config = model_config_to_json(cfg, dialect);
   config["torch_dtype"] = dtype == DType::F32 ? "float32" : dtype == DType::BF16 ? "bfloat16" : "float16";
   write_json_atomic(dir / "config.json", config, 2);
+  ExportStats st;
+  st.tensors = int64_t(tensors.size());
+  for (const auto& t : tensors) st.bytes += int64_t(t.nbytes());
+  st.host_peak_bytes = int64_t(buffer_peak + *feed_peak);
+  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return st;
 }
 
 void save_state_dict(const fs::path& dir, const StateDict& state, const ModelConfig& cfg, Dialect dialect,

@@ -99,7 +99,13 @@ void save_state_dict(const fs::path& dir, const StateDict& state, const ModelCon
 // a transformers expert stack [E, 2f, d] being the largest, plus one fp32 expert tensor). The tensors are exactly
 // expected_tensors(cfg).
 using TensorFeed = std::function<void(const std::string& official, const Shape& shape, DType dtype, void* dst)>;
-void save_model_streaming(const fs::path& dir, const ModelConfig& cfg, const TensorFeed& feed, Dialect dialect,
+struct ExportStats {
+  int64_t tensors = 0;        // tensors written
+  int64_t bytes = 0;          // tensor bytes written
+  int64_t host_peak_bytes = 0;  // the writer's output buffer plus the largest fp32 feed buffer (measured)
+  double seconds = 0;
+};
+ExportStats save_model_streaming(const fs::path& dir, const ModelConfig& cfg, const TensorFeed& feed, Dialect dialect,
                           DType dtype = DType::BF16, size_t max_shard_bytes = size_t(5) << 30);
 
 // De-quantisation kernels (exposed for tests and for callers with their own buffers).

@@ -229,8 +229,10 @@ GpuMeshEngine::GpuMeshEngine(const TrainConfig& cfg, const dsv4::ModelConfig& mc
       st.largest_tensor_bytes = std::max(st.largest_tensor_bytes, c.largest_tensor_bytes);
     }
     if (lead_rank)
-      log::info("init_from {}: {} tensors, {:.2f} GB to the GPU in {:.2f} s (host staging {:.1f} MB)", dir.string(),
-                st.tensors, double(st.bytes) / 1e9, st.seconds, double(st.largest_tensor_bytes) / 1e6);
+      log::info("init_from {}: {} tensors of this rank, {:.2f} GB read ({:.2f} GB fp32 on the GPU) in {:.2f} s, "
+                "{:.2f} GB/s read; host high-water {:.1f} MB (staging)",
+                dir.string(), st.tensors, double(st.stored_bytes) / 1e9, double(st.bytes) / 1e9, st.seconds,
+                double(st.stored_bytes) / 1e9 / std::max(st.seconds, 1e-9), double(st.host_peak_bytes) / 1e6);
   } else {
     // The host model's seeded init (design §5), so the run starts where one process and the CPU start.
     Dsv4Trainable init(s.mc, o, cfg.seed);
