@@ -169,7 +169,8 @@ TEST_P(GpuZero, MatchesOneRankAndZeroOne) {
     // is near zero (m / sqrt(v) flips with the rounding), which steps 2..6 carry into every gradient: 1.06e-3 of
     // the norm at step 5 on the H200 for dp2 (the one-rank comparison above, where every sum is reordered, allows
     // 5e-2). A bucket reduced twice or a gradient zeroed late moves the loss and the norm by the whole gradient.
-    expect_steps(z1, run, 1e-4, 1e-2, l.name() + " vs zero 1");
+    // (dp4 x ep2, the experts reduced over their replicas once per step: loss 1.08e-4 at step 5 on the H200.)
+    expect_steps(z1, run, 3e-4, 1e-2, l.name() + " vs zero 1");
     EXPECT_EQ(z1[0]["loss"], run[0]["loss"]) << l.name() << ": step 1 runs on the same weights";
     const double g1 = z1[0]["grad_norm"].get<double>(), g2 = run[0]["grad_norm"].get<double>();
     EXPECT_LE(std::abs(g1 - g2) / g1, 1e-5) << l.name() << ": step 1's gradients differ by more than fp32 rounding";

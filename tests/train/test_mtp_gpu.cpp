@@ -204,16 +204,4 @@ TEST(MtpGpu, StepModeAccumulatesMicroBatchesLikeOneBatch) {
   gpu.zero_grads();
 }
 
-TEST(MtpGpu, RefusesTheMtpModuleOnAPipelineStage) {
-  const dsv4::ModelConfig cfg = trex::testing::tiny_gpu_config("MTP parity config", 1);
-  dsv4gpu::GpuModelOptions go;
-  go.layer_begin = 1;
-  try {
-    dsv4gpu::GpuModel m(cfg, go);
-    ADD_FAILURE() << "accepted the MTP module on a pipeline stage";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("MTP"), std::string::npos) << e.what();
-  }
-}
-
 }  // namespace

@@ -36,7 +36,9 @@ struct OptPlan {
   struct MuonBatch {
     int64_t rows = 0, cols = 0, count = 0;
     // ZeRO-2: the bucket whose transient gathered inputs the batch reads, its offsets from the bucket's begin; -1:
-    // arena offsets (one GPU, ZeRO-1, and the local experts of region X, whose gradients stay whole).
+    // arena offsets (one GPU, ZeRO-1, and the local experts of region X, whose gradients stay whole and first in
+    // grad_index's layout); kRegionR: ZeRO-2's region R, offsets from region_a (its gradients sit after the
+    // bucket slices in grad_index's layout, its bf16 weights at their arena offsets).
     int bucket = -1;
     DevMem offsets;  // int64 [count], element offsets of the matrices (arena, or from the bucket's begin)
     DevMem ranges;   // data parallel: int64 [count, 3], this rank's part of each (cuda::muon_apply_ranges)
@@ -95,6 +97,8 @@ struct MuonEntry {
 };
 
 using MuonByShape = std::map<std::pair<int64_t, int64_t>, std::vector<MuonEntry>>;
+
+constexpr int kRegionR = -2;
 
 void add_muon_batches(OptPlan& plan, const MuonByShape& by_shape, bool with_ranges, int bucket = -1) {
   for (const auto& [shape, list] : by_shape) {
@@ -279,8 +283,8 @@ std::unique_ptr<OptPlan> sharded_plan(const GpuModel::Impl& m, const optim::Opti
     if (c.kind == "muon" && g == optim::ParamGroup::Muon) {
       check_muon_matrix(p);
       // ZeRO-2: the bucket's matrices read its transient gathered inputs, from the bucket's begin.
-      const int key = m.zero2() && bucket >= 0 ? bucket : -1;
-      const int64_t base = key >= 0 ? m.buckets[size_t(bucket)].begin : 0;
+      const int key = !m.zero2() ? -1 : bucket >= 0 ? bucket : p.offset >= m.region_a ? kRegionR : -1;
+      const int64_t base = key >= 0 ? m.buckets[size_t(bucket)].begin : key == kRegionR ? m.region_a : 0;
       const int64_t rows = p.shape[p.shape.size() - 2], cols = p.shape.back(), rc = rows * cols;
       if (bucket >= 0) muon_bucket[size_t(bucket)] = 1;
       for (const auto& w : pieces) {
@@ -533,7 +537,10 @@ void GpuOptimizer::step(const optim::OptimizerConfig& c, double lr, int64_t step
                             w_bf16, ms);
   };
   for (const auto& b : plan.muon)
-    if (b.bucket < 0) orthogonalise(b, g, wb);
+    if (b.bucket == -1)
+      orthogonalise(b, g, wb);
+    else if (b.bucket == kRegionR)
+      orthogonalise(b, g + m.grad_index(m.region_a), wb + m.region_a);
   if (m.zero2())
     // Each bucket's Newton-Schulz inputs (its ranks' slices, momentum applied) all-gathered into a transient fp32
     // buffer of the bucket, its matrices orthogonalised from there, the buffer freed (stream-ordered, so the next
