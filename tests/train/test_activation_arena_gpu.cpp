@@ -37,7 +37,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-struct Run {
+struct StepsRun {
   std::vector<double> losses;                       // per step (whole model)
   std::vector<std::vector<uint16_t>> outputs;       // per step and micro-batch: bf16 stage outputs
   std::vector<int64_t> step_allocations;            // device buffers each step made
@@ -46,7 +46,7 @@ struct Run {
   dsv4gpu::ActivationPlan plan;
 };
 
-void expect_same(const Run& with, const Run& without, const char* what) {
+void expect_same(const StepsRun& with, const StepsRun& without, const char* what) {
   EXPECT_EQ(with.losses, without.losses) << what;
   EXPECT_EQ(with.outputs, without.outputs) << what;
   ASSERT_EQ(with.grads.size(), without.grads.size()) << what;
@@ -60,7 +60,7 @@ void expect_same(const Run& with, const Run& without, const char* what) {
 }
 
 // Step 1 allocates (it measures), step 2 makes exactly the arena's one allocation, steps 3.. none.
-void expect_planned_once(const Run& r, int64_t table_peak, const char* what) {
+void expect_planned_once(const StepsRun& r, int64_t table_peak, const char* what) {
   ASSERT_EQ(r.step_allocations.size(), size_t(kSteps));
   EXPECT_GT(r.step_allocations[0], 0) << what;
   EXPECT_EQ(r.step_allocations[1], 1) << what << ": the second step's only allocation is the arena";
@@ -76,7 +76,7 @@ void expect_planned_once(const Run& r, int64_t table_peak, const char* what) {
 
 // ---- whole model (MTP module, balance loss) ----
 
-Run whole_model(const dsv4::ModelConfig& cfg, Recompute mode, bool arena, const std::vector<int32_t>& ids,
+StepsRun whole_model(const dsv4::ModelConfig& cfg, Recompute mode, bool arena, const std::vector<int32_t>& ids,
                 const std::vector<int32_t>& labels, const dsv4::SeqLayout& layout) {
   dsv4gpu::GpuModelOptions o;
   o.deterministic = true;
@@ -86,7 +86,7 @@ Run whole_model(const dsv4::ModelConfig& cfg, Recompute mode, bool arena, const 
   o.activation_arena = arena;
   dsv4gpu::GpuModel m(cfg, o);
   m.init_random(17);
-  Run r;
+  StepsRun r;
   for (int s = 0; s < kSteps; ++s) {
     m.zero_grads();
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -115,8 +115,8 @@ TEST(ActivationArenaGpu, WholeModelStepsAfterThePlanAllocateNothingAndMatchTheSt
   }
   for (Recompute mode : {Recompute::None, Recompute::Selective, Recompute::Full}) {
     const std::string what = std::string("whole model, recompute ") + dsv4::to_string(mode);
-    const Run with = whole_model(cfg, mode, true, ids, labels, layout);
-    const Run without = whole_model(cfg, mode, false, ids, labels, layout);
+    const StepsRun with = whole_model(cfg, mode, true, ids, labels, layout);
+    const StepsRun without = whole_model(cfg, mode, false, ids, labels, layout);
     for (double l : with.losses) EXPECT_TRUE(std::isfinite(l)) << what;
     expect_same(with, without, what.c_str());
     expect_planned_once(with, with.plan.total(), what.c_str());
@@ -127,7 +127,7 @@ TEST(ActivationArenaGpu, WholeModelStepsAfterThePlanAllocateNothingAndMatchTheSt
 
 // ---- pipeline stage steps: the first stage (layers [0, 2)), two micro-batches in flight ----
 
-Run stage(const dsv4::ModelConfig& cfg, Recompute mode, bool arena, const std::vector<int32_t>& ids,
+StepsRun stage(const dsv4::ModelConfig& cfg, Recompute mode, bool arena, const std::vector<int32_t>& ids,
           const std::vector<float>& dx, const dsv4::SeqLayout& mb) {
   dsv4gpu::GpuModelOptions o;
   o.deterministic = true;
@@ -140,7 +140,7 @@ Run stage(const dsv4::ModelConfig& cfg, Recompute mode, bool arena, const std::v
   float* d_dx = nullptr;
   EXPECT_EQ(cudaMalloc(&d_dx, size_t(2 * n) * sizeof(float)), cudaSuccess);  // not a DeviceBuffer: not counted
   EXPECT_EQ(cudaMemcpy(d_dx, dx.data(), size_t(2 * n) * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
-  Run r;
+  StepsRun r;
   for (int s = 0; s < kSteps; ++s) {
     m.zero_grads();
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -176,8 +176,8 @@ TEST(ActivationArenaGpu, StageStepsWithTwoMicroBatchesInFlightAllocateNothingAft
   for (auto& v : dx) v = nd(g);
   for (Recompute mode : {Recompute::None, Recompute::Selective, Recompute::Full}) {
     const std::string what = std::string("pp stage, 2 in flight, ") + dsv4::to_string(mode);
-    const Run with = stage(cfg, mode, true, ids, dx, mb);
-    const Run without = stage(cfg, mode, false, ids, dx, mb);
+    const StepsRun with = stage(cfg, mode, true, ids, dx, mb);
+    const StepsRun without = stage(cfg, mode, false, ids, dx, mb);
     expect_same(with, without, what.c_str());
     // Two slots' kept activations and one block's recomputed ones.
     expect_planned_once(with, 2 * with.plan.kept() + with.plan.block_scratch, what.c_str());
