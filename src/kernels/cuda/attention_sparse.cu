@@ -3,6 +3,7 @@
 #include "kernels/cuda/attention_dkv_reduce.h"
 #include "kernels/cuda/attention_keys.cuh"
 #include "kernels/cuda/attention_sparse_mma.h"
+#include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/vec_io.cuh"
 
@@ -20,14 +21,8 @@ static_assert(kHeadsPerWarp * kWarps == kSparseAttnHeadsPerBlock,
 
 using vec::unpack8;
 
-__device__ inline float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ inline float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
+using reduce::warp_max;
+using reduce::warp_sum;
 
 using attn_keys::KeyList;
 using attn_keys::key_list;

@@ -133,8 +133,14 @@ void compress_pool_fwd(bf16* pooled, const bf16* kv, const bf16* gate, const flo
   TREX_CUDA_LAUNCHED();
 }
 
+size_t compress_pool_bwd_scratch_bytes(const CompressArgs& a) {
+  const int64_t n = a.ratio * (a.overlap ? 2 : 1) * a.c, slices = (a.n_entries + kApeSlice - 1) / kApeSlice;
+  return size_t(slices * n) * sizeof(float);
+}
+
 void compress_pool_bwd(bf16* dkv, bf16* dgate, float* dape, const bf16* dpooled, const bf16* kv,
-                       const bf16* gate, const float* ape, const CompressArgs& a, cudaStream_t s) {
+                       const bf16* gate, const float* ape, const CompressArgs& a, cudaStream_t s,
+                       float* ape_scratch) {
   if (a.n_entries == 0) return;
   dim3 grid(unsigned(a.n_entries), unsigned((a.c + 31) / 32));
   pool_bwd_kernel<<<grid, 32 * kGroups, 0, s>>>(dkv, dgate, dpooled, kv, gate, ape, a);
@@ -142,13 +148,13 @@ void compress_pool_bwd(bf16* dkv, bf16* dgate, float* dape, const bf16* dpooled,
   if (dape) {
     const int64_t n = a.ratio * (a.overlap ? 2 : 1) * a.c, slices = (a.n_entries + kApeSlice - 1) / kApeSlice;
     TREX_CHECK(slices <= 65535, "compress_pool_bwd: {} entries exceed the ape-gradient grid", a.n_entries);
-    float* partial = nullptr;
-    TREX_CUDA(cudaMallocAsync(&partial, size_t(slices * n) * sizeof(float), s));
+    float* partial = ape_scratch;
+    if (!ape_scratch) TREX_CUDA(cudaMallocAsync(&partial, compress_pool_bwd_scratch_bytes(a), s));
     ape_partial_kernel<<<dim3(unsigned((n + 255) / 256), unsigned(slices)), 256, 0, s>>>(partial, dgate, a);
     TREX_CUDA_LAUNCHED();
     ape_sum_kernel<<<unsigned((n + 255) / 256), 256, 0, s>>>(dape, partial, n, slices);
     TREX_CUDA_LAUNCHED();
-    TREX_CUDA(cudaFreeAsync(partial, s));
+    if (!ape_scratch) TREX_CUDA(cudaFreeAsync(partial, s));
   }
 }
 

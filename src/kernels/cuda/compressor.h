@@ -28,8 +28,11 @@ void compress_pool_fwd(bf16* pooled, const bf16* kv, const bf16* gate, const flo
                        cudaStream_t s = nullptr);
 // dpooled [E, c] -> dkv, dgate [N, width*c] (bf16; only candidate positions are written: the caller zeroes
 // them first), and ACCUMULATES dape [m, width*c] (fp32, deterministic: per-slice sums over the entries added
-// in a fixed order).
+// in a fixed order). ape_scratch: compress_pool_bwd_scratch_bytes(a) of device memory for the per-slice sums
+// (null: allocated and freed stream-ordered here).
 void compress_pool_bwd(bf16* dkv, bf16* dgate, float* dape, const bf16* dpooled, const bf16* kv,
-                       const bf16* gate, const float* ape, const CompressArgs& a, cudaStream_t s = nullptr);
+                       const bf16* gate, const float* ape, const CompressArgs& a, cudaStream_t s = nullptr,
+                       float* ape_scratch = nullptr);
+size_t compress_pool_bwd_scratch_bytes(const CompressArgs& a);
 
 }  // namespace trex::cuda

@@ -1,3 +1,4 @@
+#include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/decode_attention.h"
 
@@ -54,7 +55,7 @@ __global__ void compress_entries_kernel(DecodeStep st, DecodeCompress a) {
     pooled[ch] = y;
     ss += y * y;
   }
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  ss = reduce::warp_sum(ss);
   if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
   __syncthreads();
   float tot = 0.f;
@@ -155,9 +156,7 @@ __global__ void attention_kernel(DecodeStep st, DecodeAttention a) {
       }
     }
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-      for (int b = 0; b < kB; ++b) dot[b] += __shfl_xor_sync(0xffffffffu, dot[b], o);
+    for (int b = 0; b < kB; ++b) dot[b] = reduce::warp_sum(dot[b]);
     float nm = mx;
 #pragma unroll
     for (int b = 0; b < kB; ++b) {

@@ -2,9 +2,13 @@
 // stream-ordered on the default stream (cudaMallocAsync from the device's default pool, never managed memory),
 // and so is the free: a buffer dropped while kernels still read it stays valid until they finish, and the pool
 // hands the memory to the next allocation without a device synchronisation (the GPU model allocates its
-// activations per step this way).
+// activations' fallback this way; its planned activations live in one arena, activation_arena.h).
+// allocations(): how many device allocations DeviceBuffer has made in this process (all threads): the GPU tests
+// assert that a step after the first makes none.
 #pragma once
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <utility>
 #include <vector>
 
@@ -16,7 +20,10 @@ class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
-    if (bytes) TREX_CUDA(cudaMallocAsync(&ptr_, bytes, nullptr));
+    if (bytes) {
+      TREX_CUDA(cudaMallocAsync(&ptr_, bytes, nullptr));
+      counter().fetch_add(1, std::memory_order_relaxed);
+    }
   }
   ~DeviceBuffer() {
     if (ptr_) cudaFreeAsync(ptr_, nullptr);
@@ -36,6 +43,7 @@ class DeviceBuffer {
   template <typename T = void>
   T* as() const { return static_cast<T*>(ptr_); }
   size_t bytes() const { return bytes_; }
+  static int64_t allocations() { return counter().load(std::memory_order_relaxed); }
 
   template <typename T>
   static DeviceBuffer from_host(const std::vector<T>& v) {
@@ -51,6 +59,10 @@ class DeviceBuffer {
   }
 
  private:
+  static std::atomic<int64_t>& counter() {
+    static std::atomic<int64_t> n{0};
+    return n;
+  }
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
 };

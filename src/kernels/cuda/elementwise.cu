@@ -50,10 +50,7 @@ __global__ void rmsnorm_fwd_kernel(bf16* y, float* rstd, const bf16* x, const bf
   }
 }
 
-__device__ inline float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
+using reduce::warp_sum;
 
 constexpr int kRowsPerBlock = 16;
 

@@ -1,3 +1,4 @@
+#include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/hc_head.h"
 #include "kernels/cuda/token_weight_grad.cuh"
@@ -8,23 +9,10 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Sums v[0..K) over the block; every thread gets the totals.
+// Sums v[0..K) over the block; every thread gets the totals. shared: [K][32].
 template <int K>
-__device__ void block_sums(float* v, float* shared /* [K][32] */) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    for (int o = 16; o > 0; o >>= 1) v[k] += __shfl_xor_sync(0xffffffffu, v[k], o);
-    if (lane == 0) shared[k * 32 + warp] = v[k];
-  }
-  __syncthreads();
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    float t = 0.f;
-    for (int i = 0; i < nw; ++i) t += shared[k * 32 + i];
-    v[k] = t;
-  }
-  __syncthreads();
+__device__ inline void block_sums(float* v, float* shared) {
+  reduce::block_sums<K>(v, shared, 32);
 }
 
 __device__ inline float sigm(float x) { return 1.f / (1.f + __expf(-x)); }
@@ -140,8 +128,7 @@ __global__ void __launch_bounds__(256)
       }
     }
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-      for (int o = 16; o > 0; o >>= 1) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
+    for (int i = 0; i < 4; ++i) v[i] = reduce::warp_sum(v[i]);
     if (lane < 4) vsh[u][lane] = lane == 0 ? v[0] : lane == 1 ? v[1] : lane == 2 ? v[2] : v[3];
   }
   __syncthreads();

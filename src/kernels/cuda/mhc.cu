@@ -1,5 +1,6 @@
 #include <cooperative_groups.h>
 
+#include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/mhc.h"
 #include "kernels/cuda/token_weight_grad.cuh"
@@ -31,10 +32,7 @@ __device__ inline float row_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
-__device__ inline float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
+using reduce::warp_sum;
 
 __device__ inline float row_softmax(float z) {
   const float e = expf(z - row_max(z));

@@ -23,20 +23,7 @@ using reduce::block_sum;  // fixed order
 // v[0..K) summed over the block (fixed order); every thread gets the totals.
 template <int K>
 __device__ inline void block_sums(float* v, float (*shared)[kThreads / 32]) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    for (int o = 16; o > 0; o >>= 1) v[k] += __shfl_xor_sync(0xffffffffu, v[k], o);
-    if (lane == 0) shared[k][warp] = v[k];
-  }
-  __syncthreads();
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    float t = 0.f;
-    for (int u = 0; u < int(blockDim.x / 32); ++u) t += shared[k][u];
-    v[k] = t;
-  }
-  __syncthreads();
+  reduce::block_sums<K>(v, &shared[0][0], kThreads / 32);
 }
 
 using vec::load_v;

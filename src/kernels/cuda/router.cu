@@ -1,3 +1,4 @@
+#include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/router.h"
 #include "kernels/cuda/vec_io.cuh"
@@ -256,8 +257,7 @@ __global__ void combine_bwd_kernel(bf16* dye, float* dweight, const bf16* dout, 
   if (!dweight) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int k = 0; k < K; ++k) {
-    float x = dots[k];
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    const float x = reduce::warp_sum(dots[k]);
     if (lane == 0) red[k][warp] = x;
   }
   __syncthreads();

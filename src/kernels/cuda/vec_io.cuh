@@ -26,13 +26,7 @@ __device__ inline uint4 pack8(const float* f) {
 template <int V>
 __device__ inline void load_v(const __nv_bfloat16* p, float* f) {
   if constexpr (V == 8) {
-    const uint4 u = *reinterpret_cast<const uint4*>(p);
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 x = __bfloat1622float2(h[i]);
-      f[2 * i] = x.x, f[2 * i + 1] = x.y;
-    }
+    unpack8(*reinterpret_cast<const uint4*>(p), f);
   } else {
     f[0] = __bfloat162float(p[0]);
   }
@@ -41,11 +35,7 @@ __device__ inline void load_v(const __nv_bfloat16* p, float* f) {
 template <int V>
 __device__ inline void store_v(__nv_bfloat16* p, const float* f) {
   if constexpr (V == 8) {
-    uint4 u;
-    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-    *reinterpret_cast<uint4*>(p) = u;
+    *reinterpret_cast<uint4*>(p) = pack8(f);
   } else {
     p[0] = __float2bfloat16(f[0]);
   }

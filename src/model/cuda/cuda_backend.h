@@ -106,7 +106,11 @@ class CudaBackend final : public dsv4::Backend {
   // A host array uploaded mid-forward through pinned staging (a pageable copy could wait for the queued layers):
   // part 0 the main head's targets, 1 the MTP head's, 2 the MTP input's next ids. Reused once losses() has
   // synchronised the forward.
-  DevMem upload_staged(int part, const int32_t* src, int64_t n);
+  // Into dst, grown when too small (a step after the first allocates nothing here).
+  void upload_staged(DevMem& dst, int part, const int32_t* src, int64_t n);
+  // The forward's and backward's own pools (balance rows, CE sums, gradient streams): the activation arena binds
+  // them (activation_arena.h); one block's backward temporaries take the context's scratch region.
+  std::vector<Pool*> step_pools() { return {&bal_, &loss_, &gbufs_}; }
 
   // Decoding: allocates the caches of o.slots sequences (new_caches hands them out in order) and the rotary tables
   // for o.max_context positions. After a decode pass, decode_streams() is its final stream X(L) [n_tok, hc, d]

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <set>
 
 #include "kernels/cuda/balance.h"
 #include "kernels/cuda/elementwise.h"
@@ -35,6 +36,18 @@ template <typename T>
 DevMem upload(const std::vector<T>& v) {
   return upload(v.data(), v.size());
 }
+// Into dst, reallocated only when too small: the batch layout of a step after the first reuses the last one's
+// buffers (stream-ordered: the copy runs after the kernels queued before it that read the old contents).
+// reserve: elements to make room for at least (a length that varies from pass to pass, up to a known bound).
+template <typename T>
+void upload_into(DevMem& dst, const T* v, size_t n, size_t reserve = 0) {
+  if (dst.bytes() < n * sizeof(T)) dst = DevMem(std::max(n, reserve) * sizeof(T));
+  if (n) TREX_CUDA(cudaMemcpyAsync(dst.as<T>(), v, n * sizeof(T), cudaMemcpyHostToDevice));
+}
+template <typename T>
+void upload_into(DevMem& dst, const std::vector<T>& v, size_t reserve = 0) {
+  upload_into(dst, v.data(), v.size(), reserve);
+}
 
 template <typename T>
 std::vector<int32_t> to_i32(const std::vector<T>& v) {
@@ -59,7 +72,7 @@ void site_norm(const Ctx& c, int64_t hc, const cuda::MhcDims& md, const bf16* X,
     cuda::mhc_site_norm_fwd_any(hc, md, X, fn, base, scale, a, norm_w, eps, normed, rstd);
     return;
   }
-  Pool tmp;
+  Pool tmp(c.scratch);
   bf16* fn2 = tmp.take<bf16>(2 * cuda::kMhcMix * D);  // [fn_hi; fn_lo]
   float* proj = tmp.take<float>(N * 2 * cuda::kMhcMix);
   cuda::mhc_split_bf16(fn, cuda::kMhcMix, D, D, fn2, fn2 + cuda::kMhcMix * D);
@@ -80,7 +93,7 @@ void site_bwd(const Ctx& c, int64_t hc, const cuda::MhcDims& md, const bf16* X, 
   }
   cuda::mhc_site_bwd_any(hc, md, X, fn, base, scale, a, dcol, dpost, dcomb, dX, nullptr, dbase, dscale, scratch,
                          nullptr, gate);
-  Pool tmp;
+  Pool tmp(c.scratch);
   bf16* dm = tmp.take<bf16>(N * 2 * K);  // [N, 48]: dmix_hi | dmix_lo
   float* prod = tmp.take<float>(2 * K * D);
   cuda::mhc_split_bf16(cuda::mhc_site_bwd_dmix(md, scratch), N, K, 2 * K, dm, dm + K);
@@ -215,37 +228,40 @@ void CudaBackend::begin_pass(const Pass& p) {
   c_ = m.ctx();
   DevLayout& L = m.lay;
   L.B = B, L.S = S, L.N = N;
-  L.pos = upload(to_i32(layout.pos));
+  upload_into(L.pos, to_i32(layout.pos));
   std::vector<int64_t> win(static_cast<size_t>(N));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < S; ++t) {
       const int64_t i = b * S + t;
       win[size_t(i)] = b * S + std::max(layout.doc_start[size_t(i)], t - cfg.window + 1);
     }
-  L.win_begin = upload(win);
-  L.ids = upload(p.ids, size_t(N));
+  upload_into(L.win_begin, win);
+  upload_into(L.ids, p.ids, size_t(N));
   if (m.first_stage() && p.keeps_activations()) {  // the embedding backward's deterministic plan
     std::vector<int32_t> order, seg;
     cuda::embed_bwd_plan(p.ids, N, &order, &seg);
-    L.embed_order = upload(order), L.embed_seg = upload(seg);
+    // seg has one entry per distinct id (+ 1), which the tokens change: room for N + 1 at once.
+    upload_into(L.embed_order, order), upload_into(L.embed_seg, seg, size_t(N) + 1);
     L.embed_groups = int64_t(seg.size()) - 1;
   }
   std::vector<int32_t> iota(static_cast<size_t>(N));
   std::iota(iota.begin(), iota.end(), 0);
-  L.token_iota = upload(iota);
-  L.plans.clear();
+  upload_into(L.token_iota, iota);
+  // The stage's compress ratios are the same every pass: each one's plan buffers are reused.
+  std::set<int64_t> planned;
   for (int64_t l = m.l0; l < m.l1; ++l) {
     const int64_t r = cfg.compress_ratio[size_t(l)];
-    if (r == 0 || L.plans.count(r)) continue;
+    if (r == 0 || !planned.insert(r).second) continue;
     DevPlan& pl = L.plans[r];
     pl.host = dsv4::make_compress_plan(layout, r);
     std::vector<int32_t> epos(pl.host.entry_first.size());
     for (size_t e = 0; e < epos.size(); ++e) epos[e] = int32_t(layout.pos[size_t(pl.host.entry_first[e])]);
-    pl.entry_first = upload(to_i32(pl.host.entry_first));
-    pl.entry_doc = upload(to_i32(pl.host.entry_doc_index));
-    pl.entry_pos = upload(epos);
-    pl.vis_begin = upload(pl.host.vis_begin);
-    pl.vis_end = upload(pl.host.vis_end);
+    // The entries vary with the documents (at most one per token): room for N at once.
+    upload_into(pl.entry_first, to_i32(pl.host.entry_first), size_t(N));
+    upload_into(pl.entry_doc, to_i32(pl.host.entry_doc_index), size_t(N));
+    upload_into(pl.entry_pos, epos, size_t(N));
+    upload_into(pl.vis_begin, pl.host.vis_begin);
+    upload_into(pl.vis_end, pl.host.vis_end);
     pl.max_visible = 0;
     for (int64_t i = 0; i < N; ++i)
       pl.max_visible = std::max(pl.max_visible, pl.host.vis_end[size_t(i)] - pl.host.vis_begin[size_t(i)]);
@@ -258,7 +274,11 @@ void CudaBackend::begin_pass(const Pass& p) {
   }
 
   m.acts.clear();
-  m.head = HeadState{}, m.mtp_head = HeadState{};  // their buffers lived in acts
+  for (HeadState* h : {&m.head, &m.mtp_head}) {  // their buffers lived in acts; the targets' one is reused
+    DevMem targets = std::move(h->targets);
+    *h = HeadState{};
+    h->targets = std::move(targets);
+  }
   m.X.assign(size_t(cfg.n_layers + 1), nullptr);
   for (int64_t l = m.l0; l < m.l1; ++l) m.X[size_t(l)] = m.acts.take<bf16>(N * hc * d);
   // The outgoing stream: where the caller placed it (the next stage reads it there), else in acts.
@@ -464,7 +484,7 @@ void CudaBackend::balance_fwd(const Pass& p, int64_t blk, double alpha, double g
   m_.section("fwd.moe", true);
   b.mo.dscores = b.keep.take<float>(p.n_tok * E);
   // A replay recomputes only the gradient: its rows go to scratch, the forward's loss is already counted.
-  Pool replay_rows;
+  Pool replay_rows(c_.scratch);
   double* rows = p.replay ? replay_rows.zeros<double>(L.B) : bal_rows_ + b.layer * L.B;
   double* scratch = (p.replay ? replay_rows : bal_).take<double>(cuda::balance_loss_scratch(L.B, L.S, E));
   cuda::balance_loss(b.mo.scores, b.mo.sel, L.B, L.S, E, m_.cfg.topk, alpha, rows, b.mo.dscores, scratch);
@@ -485,7 +505,7 @@ void CudaBackend::head_loss_fwd(const Pass& p, HeadKind h, Stream in, const int3
   HeadState& hs = mtp ? m.mtp_head : m.head;
   hs.n_targets = 0;
   for (int64_t i = 0; i < N; ++i) hs.n_targets += targets[i] >= 0;
-  hs.targets = upload_staged(mtp ? 1 : 0, targets, N);
+  upload_staged(hs.targets, mtp ? 1 : 0, targets, N);
   const int64_t G = m.head_normaliser(mtp, hs.n_targets);
   m.wait_gather(m.head_bucket);  // the MTP head shares head.weight
   if (mtp) m.wait_gather(m.mtp_bucket);
@@ -505,7 +525,7 @@ void CudaBackend::head_loss_fwd(const Pass& p, HeadKind h, Stream in, const int3
   float* row_loss = loss_.take<float>(N);
   float* loss_sum = loss_.take<float>(1);
   (mtp ? mtp_sum_ : lm_sum_) = loss_sum;
-  Pool tmp;
+  Pool tmp(c_.scratch);
   if (head_grad) {
     void* scratch = tmp.take<char>(int64_t(cuda::lm_head_ce_fwd_grad_scratch_bytes(s)));
     const double weight = mtp ? p.mtp_weight * p.loss_scale : p.loss_scale;
@@ -544,7 +564,7 @@ dsv4::LossParts CudaBackend::losses(const Pass& p) {
   return lp;
 }
 
-DevMem CudaBackend::upload_staged(int part, const int32_t* src, int64_t n) {
+void CudaBackend::upload_staged(DevMem& d, int part, const int32_t* src, int64_t n) {
   if (n > pinned_n_) {
     int32_t* p = nullptr;
     TREX_CUDA(cudaMallocHost(&p, size_t(3 * n) * sizeof(int32_t)));
@@ -553,9 +573,8 @@ DevMem CudaBackend::upload_staged(int part, const int32_t* src, int64_t n) {
   }
   int32_t* h = pinned_.get() + part * pinned_n_;
   std::copy(src, src + n, h);
-  DevMem d(size_t(n) * sizeof(int32_t));
+  if (d.bytes() < size_t(n) * sizeof(int32_t)) d = DevMem(size_t(n) * sizeof(int32_t));
   if (n) TREX_CUDA(cudaMemcpyAsync(d.as<int32_t>(), h, size_t(n) * sizeof(int32_t), cudaMemcpyHostToDevice));
-  return d;
 }
 
 double CudaBackend::ce_sum(HeadKind h) const { return double(h == HeadKind::Mtp ? mtp_sum_host_ : lm_sum_host_); }
@@ -589,6 +608,7 @@ void CudaBackend::expand_bwd(const Pass& p, int64_t blk, Site s, Stream in, Stre
     m_.block_weights(blk, true);  // ZeRO-3: gathered again (or still live), the layer below prefetched
     if (m_.opts.recompute == dsv4::Recompute::Selective) redo_block(p, blk);
     bg_ = std::make_unique<BlockGrads>();
+    bg_->tmp.bind(c_.scratch);
     Pool& t = bg_->tmp;
     bg_->dX_mid = t.take<float>(N * hc * d);
     bg_->dpost = t.take<float>(N * 4);
@@ -662,7 +682,7 @@ void CudaBackend::head_loss_bwd(const Pass& p, HeadKind h, Stream in, const int3
   if (mtp) m.wait_gather(m.mtp_bucket);
   m.section(mtp ? "bwd.mtp.head" : "bwd.head", true);
   {
-    Pool tmp;
+    Pool tmp(c_.scratch);
     // A training forward left d(normed) and head.weight's gradient (scaled by the weight Pass announced); after a
     // loss-only forward the logits are recomputed chunk by chunk. Consumed either way: a second backward
     // recomputes (and accumulates again).
@@ -713,7 +733,7 @@ void CudaBackend::mtp_input_fwd(const Pass& p, const int32_t* next_ids, Stream m
   // embed_fwd here waited); ZeRO-3: gathered again, dropped after.
   m_.wait_gather(m_.embed_bucket);
   m_.section("fwd.mtp.input", true);
-  m_.mtp_input.next_ids = upload_staged(2, next_ids, p.n_tok);
+  upload_staged(m_.mtp_input.next_ids, 2, next_ids, p.n_tok);
   mtp_fwd(m_, c_, p.n_tok, next_ids, value(main), value(out));
   if (m_.wgather) m_.wgather->release(m_.embed_bucket);
   m_.section("fwd.mtp.input", false);

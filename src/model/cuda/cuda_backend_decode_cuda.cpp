@@ -300,7 +300,7 @@ void CudaBackend::head_logits(const Pass& p, Stream in, const int64_t* rows, int
     cuda::decode_last_rows(dp.st, X, hc * d, Xh);
   } else {
     const std::vector<int32_t> r32(rows, rows + H);
-    dec_rows_ = upload_staged(0, r32.data(), H);
+    upload_staged(dec_rows_, 0, r32.data(), H);
     cuda::copy_rows_bf16(Xh, nullptr, X, nullptr, dec_rows_.as<int32_t>(), H, hc * d);
   }
   bf16* hcol = k.take<bf16>(H * d);

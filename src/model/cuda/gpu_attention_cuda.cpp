@@ -136,7 +136,7 @@ void attention_fwd(const Ctx& c, GpuBlock& b, const int64_t* injected_sel, bool 
       } else {
         // Lightning indexer (no gradient: its inputs are detached and the KL signal is off).
         const int64_t nI = D.index_heads, cI = D.index_head_dim;
-        Pool tmp;
+        Pool tmp(c.scratch);
         bf16* keys = tmp.take<bf16>(E * cI);
         compress_fwd(c, parts, true, tmp, plan, rope, a, w.idx_wkv, w.idx_wgate, w.idx_ape, w.idx_norm, cI, true,
                      r, nullptr, nullptr, nullptr, nullptr, keys);
@@ -170,7 +170,7 @@ void attention_fwd(const Ctx& c, GpuBlock& b, const int64_t* injected_sel, bool 
   // Inverse RoPE, grouped output projection: [N, G, hg*c] -> [G, N, hg*c] x wo_a[g]^T -> [G, N, d_g] -> [N, gd].
   // og is kept for the backward's wo_a weight gradient (one q-sized activation more per layer instead of
   // recomputing it there).
-  Pool tmp;
+  Pool tmp(c.scratch);
   bf16* og = redo.take<bf16>(N * H * hd);
   s.og = og;
   parts.next("out.rope+permute");
@@ -226,7 +226,7 @@ void attention_bwd(const Ctx& c, GpuBlock& b, const bf16* dout, float* da) {
   const AttnActs& s = b.at;
   const AttnW& w = b.aw;
   const bf16* a = b.a;
-  Pool tmp;
+  Pool tmp(c.scratch);
   SectionParts parts(c, parts_prefix("bwd", D.type));
 
   // Output projections.
@@ -332,8 +332,10 @@ void attention_bwd(const Ctx& c, GpuBlock& b, const bf16* dout, float* da) {
     bf16* dckv = tmp.zeros<bf16>(N * width);
     bf16* dcgate = tmp.zeros<bf16>(N * width);
     parts.next("cmp.pool");
-    cuda::compress_pool_bwd(dckv, dcgate, w.g_cmp_ape, dpooled, s.ckv, s.cgate, w.cmp_ape,
-                            compress_args(plan, hd, overlap));
+    const cuda::CompressArgs ca = compress_args(plan, hd, overlap);
+    const int64_t ape_elems = int64_t(cuda::compress_pool_bwd_scratch_bytes(ca) / sizeof(float));
+    float* ape_scratch = w.g_cmp_ape ? tmp.take<float>(ape_elems) : nullptr;
+    cuda::compress_pool_bwd(dckv, dcgate, w.g_cmp_ape, dpooled, s.ckv, s.cgate, w.cmp_ape, ca, nullptr, ape_scratch);
     parts.next("cmp.gemm");
     c.lin.dw(w.g_cmp_wkv, dckv, a, N, d, width);
     c.lin.dx(da, dckv, w.cmp_wkv, N, d, width, true, 1.f);

@@ -14,6 +14,7 @@ namespace trex::dsv4gpu {
 class CudaBackend;
 class GradBuckets;
 class WeightGather;
+struct ActivationArena;
 
 // One head's activations of a forward (hc_head collapse -> norm -> LM head + CE; the collapse stays fp32,
 // mhc_norm.h).
@@ -260,6 +261,9 @@ struct GpuModel::Impl {
   // The largest one block's dropped activations (keep + redo) seen when recomputation released them: the scratch
   // a full / selective recomputation needs on top of what stays (GpuModel::activation_bytes).
   int64_t act_block_peak = 0;
+  // The activation arena (activation_arena.h): null for an inference-only model or with
+  // GpuModelOptions::activation_arena off (every pool's requests are device buffers of their own).
+  std::unique_ptr<ActivationArena> arena;
   bool mtp() const { return mtp_block != nullptr; }
 };
 

@@ -18,6 +18,7 @@
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/mhc.h"
+#include "model/cuda/arena_region.h"
 #include "model/dsv4/attention.h"
 #include "model/dsv4/compressor.h"
 #include "model/dsv4/config.h"
@@ -41,14 +42,43 @@ using bf16 = __nv_bfloat16;
 using DevMem = cuda::DeviceBuffer;
 
 // A list of allocations with one lifetime (a block's saved activations, a backward's temporaries). bytes(): what
-// it holds (the activation plan, activation_plan.h, counts the same requests).
+// it holds as requested (the activation plan, activation_plan.h, counts the same requests). Bound to a region of
+// the model's activation arena (activation_arena.h) it places its requests there; a request the region cannot hold
+// (the first step's, before the arena is planned, or a larger layout's) is a device buffer of its own, as an
+// unbound pool's always are. Either way the memory is stream-ordered on the default stream: a cleared request's
+// bytes go to the next request in stream order, as the device pool would hand them on.
 class Pool {
  public:
+  Pool() = default;
+  explicit Pool(std::shared_ptr<ArenaRegion> region) : src_(std::move(region)) {}
+  ~Pool() { clear(); }
+  Pool(Pool&& o) noexcept
+      : src_(std::move(o.src_)), entries_(std::move(o.entries_)), bytes_(std::exchange(o.bytes_, 0)) {
+    o.entries_.clear();
+  }
+  Pool& operator=(Pool&& o) noexcept {
+    if (this != &o) {
+      clear();
+      src_ = std::move(o.src_), entries_ = std::move(o.entries_), bytes_ = std::exchange(o.bytes_, 0);
+      o.entries_.clear();
+    }
+    return *this;
+  }
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+
   template <typename T>
   T* take(int64_t n) {
-    bufs_.emplace_back(size_t(std::max<int64_t>(n, 1)) * sizeof(T));
-    bytes_ += int64_t(bufs_.back().bytes());
-    return bufs_.back().as<T>();
+    const size_t bytes = size_t(std::max<int64_t>(n, 1)) * sizeof(T);
+    bytes_ += int64_t(bytes);
+    Entry e;
+    if (src_) {
+      const ArenaRegion::Placed p = src_->push(int64_t(bytes));
+      e.region = src_, e.id = p.id, e.ptr = p.ptr;
+    }
+    if (!e.ptr) e.own = DevMem(bytes), e.ptr = e.own.as<void>();
+    entries_.push_back(std::move(e));
+    return static_cast<T*>(entries_.back().ptr);
   }
   template <typename T>
   T* zeros(int64_t n) {
@@ -56,11 +86,25 @@ class Pool {
     TREX_CUDA(cudaMemsetAsync(p, 0, size_t(std::max<int64_t>(n, 1)) * sizeof(T), nullptr));
     return p;
   }
-  void clear() { bufs_.clear(), bytes_ = 0; }
+  void clear() {
+    for (auto it = entries_.rbegin(); it != entries_.rend(); ++it)
+      if (it->region) it->region->release(it->id);
+    entries_.clear(), bytes_ = 0;
+  }
   int64_t bytes() const { return bytes_; }
+  // The region later requests go to (null: unbound). Requests already placed keep theirs (and its memory alive).
+  const std::shared_ptr<ArenaRegion>& region() const { return src_; }
+  void bind(std::shared_ptr<ArenaRegion> region) { src_ = std::move(region); }
 
  private:
-  std::vector<DevMem> bufs_;
+  struct Entry {
+    std::shared_ptr<ArenaRegion> region;  // null: not placed in a region
+    int64_t id = -1;
+    void* ptr = nullptr;
+    DevMem own;  // the request's own buffer when the region could not hold it
+  };
+  std::shared_ptr<ArenaRegion> src_;
+  std::vector<Entry> entries_;
   int64_t bytes_ = 0;
 };
 
@@ -226,6 +270,9 @@ struct Ctx {
   // GpuModelOptions::balanced_routing: the device table [N * topk] of forced expert ids (null: the router's own).
   const int32_t* balanced_sel = nullptr;
   dsv4::Recompute recompute = dsv4::Recompute::None;  // GpuModelOptions::recompute
+  // The activation arena's temporaries stack (activation_arena.h): an op's scratch, `Pool tmp(c.scratch)` (null:
+  // the op's temporaries are device buffers of their own).
+  std::shared_ptr<ArenaRegion> scratch;
 };
 
 // Timing sub-sections of one sub-layer: "<prefix><part>" nested inside the caller's section (e.g. "fwd.moe/" +

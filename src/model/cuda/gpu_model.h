@@ -122,6 +122,10 @@ struct GpuModelOptions {
   // False: inference only (the serving engine): no gradient arena is allocated, and anything that would write or
   // read gradients (backward, a HeadMode::LossAndGrad forward, stage steps, zero_grads, grad) is an error.
   bool gradients = true;
+  // A training model's activations in one planned arena (model/cuda/activation_arena.h): laid out at the start of
+  // the second step from the first step's requests, so later steps allocate nothing. Off: every activation is a
+  // stream-ordered device buffer of its own (the first step's behaviour, every step); the outputs are the same.
+  bool activation_arena = true;
 };
 
 // Selections to use instead of the GPU's own (parity runs: bf16 rounding can flip near-ties of the indexer and
@@ -261,6 +265,12 @@ class GpuModel {
   };
   ActivationBytes activation_bytes() const;
   ActivationPlan activation_plan(const dsv4::SeqLayout& layout) const;
+  // The activation arena (activation_arena.h, GpuModelOptions::activation_arena): its one allocation's bytes (0
+  // before the plan, which the second step's start makes) and how many times it has been laid out.
+  struct ArenaInfo {
+    int64_t bytes = 0, plans = 0;
+  };
+  ArenaInfo activation_arena() const;
 
   // Data-parallel shard state by tensor (gpu_shard_state_cuda.cpp): what a ZeRO-1 run's trainer needs for clipping,
   // gradient accumulation and checkpoints of the official names. A `shard` is an fp32 device array in the master's

@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/mhc_generic.h"
+#include "model/cuda/activation_arena.h"
 #include "model/cuda/cuda_backend.h"
 #include "model/dsv4/program.h"
 #include "model/cuda/gpu_impl.h"
@@ -16,16 +17,16 @@ namespace trex::dsv4gpu {
 
 void rmsnorm_bwd_full(const Ctx& c, bf16* dx, float* dw, const bf16* dy, const bf16* x, const bf16* w,
                       const float* rstd, int64_t n, int64_t d) {
-  (void)c;
   if (n == 0) return;
   if (!dw) {
     cuda::rmsnorm_bwd(dx, nullptr, dy, x, w, rstd, n, d);
     return;
   }
   const int64_t rows = cuda::rmsnorm_dw_partial_rows(n);
-  DevMem part(size_t(rows * d) * sizeof(float));
-  cuda::rmsnorm_bwd(dx, part.as<float>(), dy, x, w, rstd, n, d);
-  cuda::rmsnorm_dw_reduce(dw, part.as<float>(), rows, d);
+  Pool tmp(c.scratch);
+  float* part = tmp.take<float>(rows * d);
+  cuda::rmsnorm_bwd(dx, part, dy, x, w, rstd, n, d);
+  cuda::rmsnorm_dw_reduce(dw, part, rows, d);
 }
 
 static_assert(cuda::kMhcMix == kPlanMhcMix, "activation_plan.h counts the mHC mixing row as kernels/cuda/mhc.h");
@@ -68,6 +69,7 @@ Ctx GpuModel::Impl::ctx() {
   c.grouped_experts = opts.moe_grouped_gemm;
   c.deterministic = opts.deterministic;
   c.recompute = opts.recompute;
+  if (arena) c.scratch = arena->temporaries;
   return c;
 }
 
@@ -217,6 +219,7 @@ GpuModel::GpuModel(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts)
   m.program = std::make_unique<dsv4::BlockProgram>(*m.backend, std::move(ps));
   m.program->set_slots(opts.stage_slots + 1);
   m.program_slot = opts.stage_slots;
+  if (opts.gradients && opts.activation_arena) activation_arena_bind(m);
 }
 
 GpuModel::~GpuModel() = default;
@@ -227,6 +230,7 @@ double GpuModel::forward(const int32_t* ids, const int32_t* labels, const dsv4::
              "GPU model: forward() needs the whole model; a pipeline stage (layers [{}, {})) runs forward_stage",
              impl_->l0, impl_->l1);
   impl_->step_mode = false;
+  activation_arena_plan(*impl_);
   return forward_impl(ids, labels, layout, inject, nullptr, head);
 }
 
@@ -424,6 +428,7 @@ double GpuModel::forward_stage(int64_t micro, const int32_t* ids, const int32_t*
                                const dsv4::SeqLayout& layout, const void* x_in) {
   Impl& m = *impl_;
   TREX_CHECK(m.step_mode, "GPU model: forward_stage before begin_step");
+  activation_arena_plan(m);  // lays the arena out when no micro-batch is in flight and the last step overflowed
   SlotScope scope(m, slot_of(m, micro));
   TREX_CHECK(!m.forward_done, "GPU model stage [{}, {}): micro-batch {} reuses slot {} whose backward has not run "
              "(more micro-batches in flight than stage_slots = {})", m.l0, m.l1, micro, slot_of(m, micro),
@@ -479,6 +484,12 @@ GpuModel::ActivationBytes GpuModel::activation_bytes() const {
     a.kept += z.mtp.keep.bytes() + z.mtp.redo.bytes() + z.mtp.picks.bytes();
   }
   a.block_peak = m.act_block_peak;
+  return a;
+}
+
+GpuModel::ArenaInfo GpuModel::activation_arena() const {
+  ArenaInfo a;
+  if (impl_->arena) a.bytes = impl_->arena->bytes(), a.plans = impl_->arena->plans;
   return a;
 }
 

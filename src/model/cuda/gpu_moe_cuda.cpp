@@ -240,7 +240,7 @@ void moe_fwd(const Ctx& c, GpuBlock& b, const int32_t* injected_sel, bool replay
   m.order = keep.take<int32_t>(N * K), m.slot_pos = keep.take<int32_t>(N * K);
   m.offsets = keep.take<int32_t>(E + 1);
   c.lin.fwd(m.logits, b.u, w.gate, N, d, E, true);
-  Pool tmp;
+  Pool tmp(c.scratch);
   int32_t* status = keep.zeros<int32_t>(1);  // kept: the pinned copy below reads it asynchronously
   if (replay) {
     // The saved choice as a per-token table (the injected path below): the gate weights come from the recomputed
@@ -338,7 +338,7 @@ void moe_bwd(const Ctx& c, GpuBlock& b, const bf16* dout, float* du) {
   check_router_status(b);
   const MoeActs& m = b.mo;
   const MoeW& w = b.mw;
-  Pool tmp;
+  Pool tmp(c.scratch);
   SectionParts part(c, "bwd.moe/");
   part.next("combine");
   bf16* dye = tmp.take<bf16>(N * K * d);

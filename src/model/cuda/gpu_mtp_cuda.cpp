@@ -22,7 +22,7 @@ void mtp_fwd(GpuModel::Impl& m, const Ctx& c, int64_t N, const int32_t* next_ids
   Pool& k = m.acts;
   s.emb = k.take<bf16>(N * d), s.e_norm = k.take<bf16>(N * d), s.e_rstd = k.take<float>(N);
   s.h_norm = k.take<bf16>(N * hc * d), s.h_rstd = k.take<float>(N * hc);
-  Pool tmp;
+  Pool tmp(c.scratch);
   bf16* e = tmp.take<bf16>(N * d);
   cuda::embed_rows_masked_fwd(s.emb, s.next_ids.as<int32_t>(), m.b16("embed.weight"), N, d);
   cuda::rmsnorm_fwd(s.e_norm, s.e_rstd, s.emb, m.b16("mtp.0.enorm.weight"), N, d, eps);
@@ -38,7 +38,7 @@ void mtp_bwd(GpuModel::Impl& m, const Ctx& c, int64_t N, const bf16* XL, const f
   const int64_t d = cfg.hidden, hc = cfg.hc_mult;
   const MtpInputSaved& s = m.mtp_input;
   TREX_CHECK(s.h_norm, "GPU model MTP: backward without the MTP input's forward");
-  Pool tmp;
+  Pool tmp(c.scratch);
   // The streams' path: h_proj, hnorm -> dXL.
   bf16* dXb = tmp.take<bf16>(N * hc * d);
   cuda::cast_f32_to_bf16(dXb, dXmtp, N * hc * d);
