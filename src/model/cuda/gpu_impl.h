@@ -201,7 +201,8 @@ struct GpuModel::Impl {
   int tp_size = 1, tp_rank = 0;
   // The TP-split parameters' squared gradient norm (this rank's own pieces) apart from the rest, so the norm sums
   // the split ones over the TP group and counts the replicated ones once (gpu_shard_state_cuda.cpp).
-  // Over the arena ranges [a, e): the squared gradient elements of TP-split tensors into *split, the others into
+  // Over the arena ranges [a, e) (each inside one piece this rank holds: region X, a bucket's own slice, region R),
+  // read at grad_index's place: the squared gradient elements of TP-split tensors into *split, the others into
   // *rest (both added to).
   void tp_sum_squares(const std::vector<std::pair<int64_t, int64_t>>& ranges, double* split, double* rest) const;
   // The global gradient norm under tensor parallelism (grad_norm / dp_grad_norm with tp_size > 1): this rank's own

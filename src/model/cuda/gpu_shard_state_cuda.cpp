@@ -201,7 +201,18 @@ void GpuModel::Impl::tp_sum_squares(const std::vector<std::pair<int64_t, int64_t
   std::sort(cut.begin(), cut.end());
   DevMem scratch(size_t(cuda::kSumSquaresBlocks + 1) * sizeof(double));
   const float* g = grads.as<float>();
-  auto ss = [&](int64_t a, int64_t e) { return a < e ? host_sum_squares(g + a, e - a, scratch.as<double>()) : 0.0; };
+  // [a, e) are arena offsets; the gradients are read at grad_index's place: under ZeRO-2 / ZeRO-3 the array is
+  // compact ([region X | own bucket slices | region R]), so the arena offset of a bucket slice past the first or
+  // of region R lies elsewhere in it or past its end (another allocation's memory: a norm that changes from run to
+  // run). Each range is one piece of that layout (region X, one bucket's own slice, region R), contiguous there.
+  auto ss = [&](int64_t a, int64_t e) {
+    if (a >= e) return 0.0;
+    const int64_t i = grad_index(a);
+    TREX_CHECK(i >= 0 && i + (e - a) <= grad_elems(),
+               "GPU model (TP rank {}, DP rank {}): the norm's arena range [{}, {}) maps to gradient elements [{}, "
+               "{}), past the gradient array's {}", tp_rank, dp_rank, a, e, i, i + (e - a), grad_elems());
+    return host_sum_squares(g + i, e - a, scratch.as<double>());
+  };
   for (const auto& [a, e] : ranges) {
     int64_t pos = a;
     for (const auto& [c0, c1] : cut) {
