@@ -76,22 +76,25 @@ TEST(TpZeroNormGpu, EveryZeroLevelGivesZeroOnesNorm) {
   const int T = 2, D = 2;
 
   // tp=1 x dp=2, zero 1: the reference.
-  std::vector<double> ref(size_t(D));
+  std::vector<double> ref(static_cast<size_t>(D));
   {
     auto world = comm::make_thread_group(D, 120.0);
-    trex::testing::run_ranks(D, [&](int r) { ref[size_t(r)] = one_backward_norm(cfg, world[size_t(r)].get(), nullptr, 1); });
+    trex::testing::run_ranks(D, [&](int r) {
+      ref[size_t(r)] = one_backward_norm(cfg, world[size_t(r)].get(), nullptr, 1);
+    });
   }
   if (HasFailure()) return;
   EXPECT_EQ(ref[0], ref[1]) << "tp=1 x dp=2: the DP ranks' norms differ";
 
   // tp=2 x dp=2 (TP innermost, as parallel::build_mesh: world rank = dp_rank * T + tp_rank), zero 1, 2, 3 in turn.
-  std::vector<std::vector<double>> norm(4, std::vector<double>(size_t(T * D)));
+  std::vector<std::vector<double>> norm(4, std::vector<double>(static_cast<size_t>(T * D)));
   {
     auto world = comm::make_thread_group(T * D, 120.0);
     trex::testing::run_ranks(T * D, [&](int w) {
       comm::Communicator& c = *world[size_t(w)];
       const std::unique_ptr<comm::Communicator> dp = c.split(w % T, w / T), tp = c.split(w / T, w % T);
-      for (int zero = 1; zero <= 3; ++zero) norm[size_t(zero)][size_t(w)] = one_backward_norm(cfg, dp.get(), tp.get(), zero);
+      for (int zero = 1; zero <= 3; ++zero)
+        norm[size_t(zero)][size_t(w)] = one_backward_norm(cfg, dp.get(), tp.get(), zero);
     });
   }
   if (HasFailure()) return;
