@@ -95,12 +95,17 @@ RankComm rank_comm(const BucketTable& t, const RankCommInputs& in, const Hardwar
   };
   const double copy_bw = hw.hbm_bw * hbm_eff / 2.0;  // a device copy reads and writes every byte
   RankComm out;
-  auto add = [&](CommKind k, int64_t span, int64_t hops_per_call) {
+  // The emulated seconds from the copies; the links' from the bytes on the wire at `seconds_per_byte` and the
+  // calls' hops at the span's latency.
+  auto add_at = [&](CommKind k, double seconds_per_byte, int64_t span, int64_t hops_per_call) {
     if (k.calls == 0) return;
     k.emulated_s = k.moved / copy_bw + double(k.copies) * copy_s;
     k.emulated_none_s = k.moved_none / copy_bw + double(k.copies_none) * copy_s;
-    k.cluster_s = k.wire / bw(span) + double(k.calls * hops_per_call) * lat(span);
+    k.cluster_s = k.wire * seconds_per_byte + double(k.calls * hops_per_call) * lat(span);
     out.kinds.push_back(std::move(k));
+  };
+  auto add = [&](CommKind k, int64_t span, int64_t hops_per_call) {
+    add_at(std::move(k), 1.0 / bw(span), span, hops_per_call);
   };
 
   // ---- ZeRO over the DP group: the buckets of this stage.
@@ -193,19 +198,12 @@ RankComm rank_comm(const BucketTable& t, const RankCommInputs& in, const Hardwar
     // The exchange's bytes to peers inside the scale-up domain go over NVLink, the rest over the scale-out fabric;
     // the slower share bounds the call.
     const int64_t span = l.ep * l.tp;
-    auto a2a_s = [&](CommKind& k) {
-      const double f_in = single_domain ? 1.0
-                                        : double(std::min<int64_t>(l.ep - 1, std::max<int64_t>(hw.scaleup_domain / l.tp, 1) - 1)) /
-                                              double(l.ep - 1);
-      const double per_byte = std::max(f_in / (hw.scaleup_bw * comm_eff),
-                                       f_in < 1.0 ? (1.0 - f_in) / (hw.scaleout_bw * comm_eff) : 0.0);
-      k.emulated_s = k.moved / copy_bw + double(k.copies) * copy_s;
-      k.emulated_none_s = k.moved_none / copy_bw + double(k.copies_none) * copy_s;
-      k.cluster_s = k.wire * per_byte + double(k.calls * (l.ep - 1)) * lat(span);
-      out.kinds.push_back(k);
-    };
-    a2a_s(a);
-    a2a_s(c);
+    const int64_t peers_in = std::min<int64_t>(l.ep - 1, std::max<int64_t>(hw.scaleup_domain / l.tp, 1) - 1);
+    const double f_in = single_domain ? 1.0 : double(peers_in) / double(l.ep - 1);
+    const double per_byte = std::max(f_in / (hw.scaleup_bw * comm_eff),
+                                     f_in < 1.0 ? (1.0 - f_in) / (hw.scaleout_bw * comm_eff) : 0.0);
+    add_at(std::move(a), per_byte, span, l.ep - 1);
+    add_at(std::move(c), per_byte, span, l.ep - 1);
   }
   // ---- The pipeline boundary: per micro-batch and virtual chunk, activations in bf16 forward, gradients in fp32
   // backward. EmulatedGroup copies every send into its sink and every recv out of its source.
