@@ -87,8 +87,14 @@ nlohmann::json planner_prediction(const TrainBenchArgs& a, const dsv4::ModelConf
   j["rank_compute_s"] = r3(e.stage_compute[st]);  // the stage's micro-batches, exposed TP/EP (the real layout)
   j["optimizer_s"] = r3(e.stage_optimizer[st]);   // the stage's own shard
   // What the emulated rank runs (Estimate::stage_alone, as plan-calibrate predicts the emulated records): its
-  // compute with the EP exchange as local copies, its optimizer shard; no bubble, no DP traffic.
-  j["rank_step_s"] = r3(e.stage_alone[st]);
+  // compute, its collectives as the emulation's local copies (or, under --emulate-comm none, only the small ones),
+  // its optimizer shard; no bubble, no link time.
+  j["rank_step_s"] = r3(a.emulate_comm == "none" ? e.stage_alone_none[st] : e.stage_alone[st]);
+  nlohmann::json comm;
+  for (const plan::CommKind& k : e.stage_comm[st].kinds)  // per step, as emulated_comm_total counts (x steps)
+    comm[k.kind] = {{"group", k.dim}, {"calls", k.calls}, {"gib", gib(k.bytes)},
+                    {"emulated_s", r3(a.emulate_comm == "none" ? k.emulated_none_s : k.emulated_s)}};
+  j["comm_per_step"] = comm;
   j["pipeline_step_s"] = r3(e.time.step);  // the whole layout's step (bubble, DP, exposed communication)
   j["mfu_layout"] = std::round(e.mfu * 1e4) / 1e4;
   if (!e.fits) j["does_not_fit"] = e.reason;

@@ -2,6 +2,7 @@
 // `trex plan-calibrate`: fit an implementation profile to recorded measurements.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "command.h"
@@ -22,6 +23,8 @@ struct PlanOptions {
   int64_t devices = 0, nodes = 0, seq = 4096, gbs = 0, top = 10;
   bool search = false, no_mtp = false, train_router = false;
   bool runnable = false;  // --search only among the layouts the GPU trainer runs (train::gpu_layout_gaps empty)
+  std::string stage_layers;  // "11+11+11+10": the trainer's layers per stage instead of the balanced split
+  int64_t stage = -1;        // the stage whose rank's communication is printed (-1: every stage)
   double fill = 1.0;
 };
 
@@ -56,6 +59,23 @@ void run_plan(const PlanOptions& o) {
   std::vector<Estimate> rows;
   for (const auto& text : o.layouts) {
     Layout l = parse_layout(text);
+    if (!o.stage_layers.empty()) {  // the trainer's stage layers (dsv4::split_layers), as an emulated rank runs
+      TREX_CHECK(l.vpp == 1, "--stage-layers takes one chunk per stage (layout {} has VPP{})", text, l.vpp);
+      std::vector<std::vector<int64_t>> chunks;
+      int64_t next = 0;
+      for (size_t at = 0; at <= o.stage_layers.size();) {
+        const size_t plus = std::min(o.stage_layers.find('+', at), o.stage_layers.size());
+        const int64_t n = std::stoll(o.stage_layers.substr(at, plus - at));
+        TREX_CHECK(n >= 1, "--stage-layers {}: a stage of {} layers", o.stage_layers, n);
+        chunks.emplace_back();
+        for (int64_t k = 0; k < n; ++k) chunks.back().push_back(next++);
+        at = plus + 1;
+      }
+      if (w.mtp && model.n_mtp > 0 && !chunks.empty()) chunks.back().push_back(next++);  // the MTP block last
+      TREX_CHECK(int64_t(chunks.size()) == l.pp, "--stage-layers {} gives {} stages for layout {} (PP{})",
+                 o.stage_layers, chunks.size(), text, l.pp);
+      est.set_partition(l.pp, 1, chunks);
+    }
     if (l.zero == 1 && impl.default_zero != 1 && text.find("ZERO") == std::string::npos) l.zero = impl.default_zero;
     rows.push_back(est.estimate(l, devices));
   }
@@ -75,8 +95,40 @@ void run_plan(const PlanOptions& o) {
                     e.mem.activations, e.mem.inflight, e.mem.logits, e.mem.comm_buffers, e.mem.swap_buffers,
                     e.mem.fixed, e.time.tp + e.time.cp, e.time.ep, e.time.pp, e.time.dp,
                     nlohmann::json(e.stage_blocks).dump().c_str());
+    // Communication per step by kind (comm_volume.h), per stage, for both targets.
+    std::printf("\ncommunication per step of one rank, by kind (GiB / calls as `trex bench train --emulate-rank` "
+                "counts them); seconds: 'emu' = the emulated rank (`--emulate-comm copy`: local device copies on the "
+                "compute stream, fully exposed, %.2f TB/s HBM x %.2f, read + write, %.1f us per copy issued), 'none' "
+                "= `--emulate-comm none`, 'links' = the real cluster's ring collectives (NVLink %.0f GB/s inside "
+                "%ld ranks, scale-out %.0f GB/s beyond, %.0f / %.0f us per hop; before overlap: the step hides "
+                "%.0f%% of DP, %.0f%% of EP, %.0f%% of PP, %.0f%% of TP traffic)\n",
+                hw.hbm_bw / 1e12, impl.eff_hbm, impl.emulated_copy_s * 1e6, hw.scaleup_bw / 1e9,
+                long(hw.scaleup_domain), hw.scaleout_bw / 1e9, hw.scaleup_latency * 1e6, hw.scaleout_latency * 1e6,
+                100 * impl.dp_overlap, 100 * impl.ep_overlap, 100 * impl.pp_overlap, 100 * impl.tp_overlap);
+    for (const auto& e : rows) {
+      if (!e.valid) continue;
+      for (size_t s = 0; s < e.stage_comm.size(); ++s) {
+        if (o.stage >= 0 && int64_t(s) != o.stage) continue;
+        std::printf("  %s, stage %zu (%zu blocks, %ld micro-batches):\n%s", to_string(e.layout).c_str(), s,
+                    size_t(e.stage_blocks[s]), long(e.micro_batches), comm_table(e.stage_comm[s]).c_str());
+        std::printf("    predicted step of this stage's rank, emulated (`trex bench train --emulate-rank`, stage "
+                    "alone): %.3f s with copies, %.3f s with --emulate-comm none (of which optimizer %.3f)\n",
+                    e.stage_alone[s], e.stage_alone_none[s], e.stage_optimizer[s]);
+      }
+      std::printf("    predicted step of the layout on the cluster: %.3f s (exposed DP %.3f, EP %.3f, PP %.3f, TP %.3f, "
+                  "bubble %.3f)\n",
+                  e.time.step, e.time.dp, e.time.ep, e.time.pp, e.time.tp + e.time.cp, e.time.bubble);
+    }
     out["layouts"] = nlohmann::json::array();
-    for (const auto& e : rows) out["layouts"].push_back(estimate_to_json(e));
+    for (const auto& e : rows) {
+      out["layouts"].push_back(estimate_to_json(e));
+      if (!e.valid) continue;
+      auto& j = out["layouts"].back();
+      j["stage_alone_s"] = e.stage_alone;  // the emulated rank of each stage (--emulate-comm copy)
+      j["stage_alone_none_s"] = e.stage_alone_none;
+      j["stage_comm"] = nlohmann::json::array();
+      for (const auto& c : e.stage_comm) j["stage_comm"].push_back(comm_to_json(c));
+    }
   }
   // What the trainer runs today, beside the prediction (the planner also models layouts it does not run yet).
   auto gaps = [&](const Layout& l) {
@@ -157,6 +209,10 @@ const bool registered_plan = trex::cli::register_command(
        app.add_flag("--search", o->search, "enumerate layouts and print the best");
        app.add_option("--top", o->top, "layouts kept by --search")->capture_default_str();
        app.add_flag("--runnable", o->runnable, "--search only among the layouts trex train --device cuda runs today");
+       app.add_option("--stage-layers", o->stage_layers,
+                      "layers per pipeline stage, e.g. 11+11+11+10 (the trainer's split, as `trex bench train "
+                      "--emulate-rank` prints it) instead of the planner's balanced split");
+       app.add_option("--stage", o->stage, "print the communication of this stage's rank only (default: every stage)");
        app.add_option("--json", o->json_path, "write the results as JSON");
        app.add_option("--html", o->html_path, "write an HTML page with charts");
        app.callback([o] { run_plan(*o); });
@@ -178,11 +234,11 @@ const bool registered_calibrate = trex::cli::register_command(
            Calibration cal = calibrate(group, prior_for(group[0].implementation));
            std::printf("%s on %s: %zu records, fitted %s\n", cal.implementation.c_str(), cal.hardware.c_str(),
                        group.size(), nlohmann::json(cal.fitted).dump().c_str());
-           std::printf("  eff_dense %.3f eff_attn %.3f block_overhead %.4f s dp_block_overhead %.4f s act_scale %.2f "
-                       "act_quadratic %.2f B fixed %.2f GiB\n",
+           std::printf("  eff_dense %.3f eff_attn %.3f block_overhead %.4f s dp_block_overhead %.4f s emulated_copy "
+                       "%.2f us act_scale %.2f act_quadratic %.2f B fixed %.2f GiB\n",
                        cal.profile.eff_dense, cal.profile.eff_attn, cal.profile.block_overhead_s,
-                       cal.profile.dp_block_overhead_s, cal.profile.act_scale, cal.profile.act_quadratic_bytes,
-                       cal.profile.fixed_gib);
+                       cal.profile.dp_block_overhead_s, cal.profile.emulated_copy_s * 1e6, cal.profile.act_scale,
+                       cal.profile.act_quadratic_bytes, cal.profile.fixed_gib);
            for (const auto& c : cal.checks) {
              std::printf("  %-48s step %.3f s, predicted %.3f (%+.1f%%); peak %.1f GiB, predicted %.1f (%+.1f%%)%s%s\n",
                          c.id.c_str(), c.measured_step, c.predicted_step, 100 * c.time_err, c.measured_peak,

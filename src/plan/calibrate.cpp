@@ -316,6 +316,9 @@ Calibration calibrate(const std::vector<Measurement>& records, const ImplProfile
   ImplProfile p = prior;
   std::vector<std::string> tnames = {"eff_dense", "eff_attn", "block_overhead_s"};
   if (multi) tnames.push_back("dp_block_overhead_s");
+  bool emulated = false;
+  for (const auto& r : records) emulated |= r.emulated_stage >= 0;
+  if (emulated) tnames.push_back("emulated_copy_s");  // only emulated ranks issue local copies
   for (const auto& h : held_parameters(cal.implementation))
     tnames.erase(std::remove(tnames.begin(), tnames.end(), h), tnames.end());
   if (tnames.size() > n_time) tnames.resize(n_time);
@@ -325,6 +328,7 @@ Calibration calibrate(const std::vector<Measurement>& records, const ImplProfile
       if (tnames[i] == "eff_attn") q.eff_attn = std::max(sigmoid(x[i]), 1e-3);
       if (tnames[i] == "block_overhead_s") q.block_overhead_s = 0.1 * sigmoid(x[i]);
       if (tnames[i] == "dp_block_overhead_s") q.dp_block_overhead_s = 0.1 * sigmoid(x[i]);
+      if (tnames[i] == "emulated_copy_s") q.emulated_copy_s = 2e-5 * sigmoid(x[i]);
     }
   };
   auto time_loss = [&](const std::vector<double>& x) {

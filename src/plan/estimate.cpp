@@ -102,6 +102,15 @@ std::vector<std::vector<int64_t>> Estimator::partition(int64_t pp, int64_t vpp) 
   return chunks;
 }
 
+const BucketTable& Estimator::buckets(bool ep_split, int64_t tp) const {
+  auto key = std::make_pair(ep_split, tp);
+  auto it = buckets_.find(key);
+  if (it != buckets_.end()) return it->second;
+  dsv4::ModelConfig cfg = model_config(m_);
+  cfg.n_mtp = 1;  // the table keeps the MTP module's bucket; a stage counts it only when it holds that block
+  return buckets_.emplace(key, bucket_table(cfg, ep_split, tp)).first->second;
+}
+
 void Estimator::set_partition(int64_t pp, int64_t vpp, std::vector<std::vector<int64_t>> chunks) {
   const int64_t n = math_->n_blocks(w_.mtp);
   TREX_CHECK(int64_t(chunks.size()) == pp * vpp, "planner: {} chunks given for pp={} x vpp={}", chunks.size(), pp,
@@ -175,7 +184,6 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
   const double lat_ep = lat_for_span(ep_span);
   struct StageTime {
     double compute = 0, recompute = 0, tp = 0, ep = 0, cp = 0;
-    double local_copy = 0;  // the EP exchange as local copies (rank emulation): read + write of its bytes
   };
   std::vector<StageTime> st(static_cast<size_t>(l.pp));
   const double elem_bytes = 2.0;
@@ -216,7 +224,6 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
         const double one = (dispatch + combine) * double(l.ep - 1) / double(l.ep) * a2a_bw_time_per_byte +
                            2 * double(l.ep - 1) * lat_ep;
         t.ep += double(passes) * one;
-        t.local_copy += double(passes) * 2 * (dispatch + combine) / (hw_.hbm_bw * ip.eff_hbm);
       }
       if (l.cp > 1) {
         const double bytes = tokens_mb * double(m_.head_dim) * elem_bytes;
@@ -337,7 +344,10 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
         const BlockParams& p = math_->block_params(b);
         biggest = std::max(biggest, ep_owned ? p.sharded / double(l.tp) + p.replicated : p.total());
       }
-      const double root = pc.embed + pc.head;  // the root group stays gathered through forward and backward
+      // The stage's root units stay gathered through forward and backward: the embedding on the first stage,
+      // the head on the last (with MTP on a later stage, also its copy of the embedding).
+      const double root = (s == 0 ? pc.embed : 0.0) + (s == l.pp - 1 ? pc.head : 0.0) +
+                          (s == l.pp - 1 && with_mtp && l.pp > 1 ? pc.embed : 0.0);
       const double held = ep_owned ? dense / n + experts : params / n;
       mem.weights = held * ip.weight_bytes + (2 * biggest + root) * ip.weight_bytes;
       mem.grads = (ep_owned ? (dense - frozen) / n + experts : (params - frozen) / n) * ip.grad_bytes +
@@ -395,6 +405,23 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
   worst.capacity = hw_.hbm_gib - hw_.reserved_gib;
   est.mem = worst;
 
+  // ---------------------------------------------------------------- per-step communication by kind, per stage
+  {
+    const BucketTable& bt = buckets(l.ep > 1, l.tp);
+    for (int64_t s = 0; s < l.pp; ++s) {
+      RankCommInputs in;
+      in.layout = l;
+      in.blocks = stages[size_t(s)];
+      for (size_t c = 0; c < chunks.size(); ++c)
+        if (int64_t(c % size_t(l.pp)) == s) in.chunks.push_back(int64_t(c));
+      in.n_virtual = int64_t(chunks.size());
+      in.first = s == 0, in.last = s == l.pp - 1, in.mtp_embed_copy = with_mtp && l.pp > 1 && s == l.pp - 1;
+      in.micro_batches = mb, in.tokens = tokens_rank;
+      in.hidden = m_.hidden, in.hc = m_.hc_mult, in.topk = m_.topk, in.experts = m_.n_routed_experts;
+      in.q_lora_rank = m_.q_lora_rank, in.head_dim = m_.head_dim, in.devices = devices;
+      est.stage_comm.push_back(rank_comm(bt, in, hw_, ip.eff_hbm, ip.eff_comm, ip.emulated_copy_s));
+    }
+  }
   // ---------------------------------------------------------------- per-step: DP, optimizer, overhead
   {
     const double dense = worst_dense_params, experts = worst_expert_params;
@@ -403,22 +430,23 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
     double dp = 0;
     if (l.zero == 0) {
       dp = 2 * ring_time(dense * ip.grad_bytes, dense_dp, bw, lat) + 2 * ring_time(experts * ip.grad_bytes, edp, bw, lat);
-    } else if (l.zero == 1 || l.zero == 2) {  // ZeRO-2 moves the same bytes as ZeRO-1 (reduce-scatter + gather)
-      dp = ring_time(dense * ip.grad_bytes, dense_dp, bw, lat) + ring_time(dense * ip.weight_bytes, dense_dp, bw, lat) +
-           ring_time(experts * ip.grad_bytes, edp, bw, lat) + ring_time(experts * ip.weight_bytes, edp, bw, lat);
-    } else {  // FSDP: gather for forward, again for backward, reduce-scatter gradients
-      const double n_blocks = double(stages[0].size()) + 2;
-      dp = 2 * ring_time(dense * ip.weight_bytes, dense_dp, bw, 0) + ring_time(dense * ip.grad_bytes, dense_dp, bw, 0) +
-           3 * n_blocks * double(dense_dp - 1) * lat;
-      // EP-owned experts (l.ep > 1) are reduced and gathered over their replicas as under ZeRO-1/2.
-      if (l.ep > 1)
-        dp += ring_time(experts * ip.grad_bytes, edp, bw, lat) + ring_time(experts * ip.weight_bytes, edp, bw, lat);
+    } else {
+      // ZeRO-1/2/3: the DP kinds of the comm table (the buckets' reduce-scatters and gathers, the experts' replicas,
+      // region R) on the links; the stages reduce at once, so the slowest stage's.
+      for (const RankComm& rc : est.stage_comm) {
+        double s = 0;
+        for (const CommKind& k : rc.kinds)
+          if (k.dim == "dp" || k.dim == "edp") s += k.cluster_s;
+        dp = std::max(dp, s);
+      }
     }
     if (w_.optimizer == Optimizer::Muon) dp += ring_time(dense * 2.0, dense_dp, bw, lat);  // whole matrices for NS
     T.dp = dp * (1 - (l.overlap ? ip.dp_overlap : 0.0));
     if (l.zero == 3 && dense_dp > 1) {
       const double passes = 2.0 + (l.recompute == Recompute::Full ? 1.0 : 0.0);
-      T.dp += ip.dp_block_overhead_s * passes * double(stages[0].size()) * double(mb);
+      size_t most = 0;
+      for (const auto& st_blocks : stages) most = std::max(most, st_blocks.size());
+      T.dp += ip.dp_block_overhead_s * passes * double(most) * double(mb);
     }
     // Optimizer step on the local shard of a stage holding `dense` + `experts` parameters: read grads, master,
     // moments; write master, moments, bf16 weights.
@@ -448,7 +476,9 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
       const StageTime& t = st[size_t(s)];
       const double o = optimizer_time(stage_dense[size_t(s)], stage_experts[size_t(s)]);
       est.stage_optimizer.push_back(o);
-      est.stage_alone.push_back(double(mb) * (t.compute + t.local_copy) + o + T.overhead);
+      const RankComm& rc = est.stage_comm[size_t(s)];
+      est.stage_alone.push_back(double(mb) * t.compute + rc.emulated_s() + o + T.overhead);
+      est.stage_alone_none.push_back(double(mb) * t.compute + rc.emulated_none_s() + o + T.overhead);
     }
   }
   T.step = T.compute + T.tp + T.cp + T.ep + T.pp + T.bubble + T.dp + T.optimizer + T.overhead;

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "plan/comm_volume.h"
 #include "plan/layout.h"
 #include "plan/model_math.h"
 #include "plan/profiles.h"
@@ -51,12 +52,19 @@ struct Estimate {
   // micro-batches with its exposed TP / EP / CP communication (seconds; no bubble, DP or optimizer).
   std::vector<MemoryBreakdown> stage_mem;
   std::vector<double> stage_compute;
-  // Per pipeline stage: one rank of that stage run alone with every collective replaced by a local copy of the
-  // same bytes (what `trex bench train --emulate-rank` runs): the micro-batches' forward, backward and
-  // recomputation, the EP exchange's bytes copied at HBM speed, the optimizer step of that stage's own shard and
-  // the step overhead. No bubble (the stage never waits for a neighbour) and no DP / PP traffic.
+  // Per pipeline stage: one rank of that stage run alone with every collective replaced by local copies (what
+  // `trex bench train --emulate-rank` runs, `--emulate-comm copy`): the micro-batches' forward, backward and
+  // recomputation, the emulated communication of stage_comm (its copies on the compute stream, fully exposed),
+  // the optimizer step of that stage's own shard and the step overhead. No bubble (the stage never waits for a
+  // neighbour) and no link time. stage_alone_none: the same under `--emulate-comm none` (only the small
+  // operations still move).
   std::vector<double> stage_alone;
+  std::vector<double> stage_alone_none;
   std::vector<double> stage_optimizer;  // of which the optimizer step of the stage's shard
+  // Per pipeline stage: one rank's communication per step, by collective kind (comm_volume.h): bytes, calls and
+  // seconds on the emulated rank and on the real cluster (before overlap). time.dp is the slowest stage's DP
+  // kinds on the cluster after the overlap fraction.
+  std::vector<RankComm> stage_comm;
 };
 
 class Estimator {
@@ -93,6 +101,9 @@ class Estimator {
   std::unique_ptr<ModelMath> math_;       // project-convention FLOPs (MFU numerator)
   std::unique_ptr<ModelMath> impl_math_;  // FLOPs as the implementation executes them
   mutable std::map<std::pair<int64_t, int64_t>, std::vector<std::vector<int64_t>>> partitions_;
+  // DP bucket tables (comm_volume.h) by (experts split out by EP, tp): built from the parameter table once.
+  mutable std::map<std::pair<bool, int64_t>, BucketTable> buckets_;
+  const BucketTable& buckets(bool ep_split, int64_t tp) const;
 };
 
 }  // namespace trex::plan

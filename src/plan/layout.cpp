@@ -132,7 +132,6 @@ std::string check_layout(const ModelSpec& m, const HardwareProfile& hw, const Wo
     return fmt::format("sequence {} is not a multiple of 2 x CP{}", w.seq, l.cp);
   if (l.cp > 1 && w.seq / l.cp < 2 * m.window)
     return fmt::format("CP{} leaves {} tokens per rank, shorter than two sliding windows", l.cp, w.seq / l.cp);
-  if (l.zero == 3 && l.pp > 1) return "ZeRO-3 (fully sharded) with pipeline parallelism is not modelled";
   if (l.zero >= 2 && l.offload == Offload::Swap) return "optimizer swap is modelled for ZeRO-0/1 only";
   if (w.precision == Precision::FP8 && hw.peak_fp8 <= 0)
     return fmt::format("{} has no FP8 matmul peak in its profile", hw.name);

@@ -101,6 +101,7 @@ ImplProfile parse_impl(const nlohmann::json& j, const std::string& where) {
   rd("block_overhead_s", p.block_overhead_s);
   rd("step_overhead_s", p.step_overhead_s);
   rd("dp_block_overhead_s", p.dp_block_overhead_s);
+  rd("emulated_copy_s", p.emulated_copy_s);
   rd("weight_bytes", p.weight_bytes);
   rd("grad_bytes", p.grad_bytes);
   rd("master_bytes", p.master_bytes);
@@ -141,6 +142,7 @@ nlohmann::json impl_to_json(const ImplProfile& p) {
           {"block_overhead_s", p.block_overhead_s},
           {"step_overhead_s", p.step_overhead_s},
           {"dp_block_overhead_s", p.dp_block_overhead_s},
+          {"emulated_copy_s", p.emulated_copy_s},
           {"attn_compute", p.attn_compute == AttnCompute::Sparse ? "sparse" : "dense_masked"},
           {"weight_bytes", p.weight_bytes},
           {"grad_bytes", p.grad_bytes},

@@ -53,6 +53,10 @@ struct ImplProfile {
   double step_overhead_s = 0;       // fixed per step (host, logging, sync)
   double dp_block_overhead_s = 0;   // exposed per block per pass with sharded data parallelism (FSDP
                                     // gather/free bookkeeping); only for ZeRO-3 with DP > 1
+  // Rank emulation (`trex bench train --emulate-rank`, comm::EmulatedGroup): the cost of one device copy it issues
+  // in place of a collective (one cudaMemcpyAsync per peer block of an all-to-all), on top of its bytes at HBM
+  // speed; the prior is the order of one asynchronous copy's issue cost, fitted on the emulated records.
+  double emulated_copy_s = 3e-6;
   AttnCompute attn_compute = AttnCompute::Sparse;
   // Memory.
   double weight_bytes = 2, grad_bytes = 4, master_bytes = 4, adam_bytes = 8, muon_bytes = 4;

@@ -138,6 +138,24 @@ TEST(EmulatedRankGpu, RunsAndAllocatesWhatThePlannerCounts) {
       EXPECT_EQ(stats.at("pp.act").at("send").bytes, micro * stream * 2 + 16);  // + the connection handshake
       EXPECT_EQ(stats.at("pp.grad").at("recv").bytes, micro * stream * 4 + 16);
     }
+    // The planner's per-step communication of this stage (plan/comm_volume.h) counts the same bytes and calls as
+    // the emulated groups, two steps of them: the expert exchange, the ZeRO-1 reduce-scatter of the stage's
+    // buckets and the post-step weight all-gather.
+    const plan::RankComm& pc = e.stage_comm[size_t(p.pp_rank)];
+    const auto& ep_a2a = stats.at("ep").at("all_to_all_v");
+    EXPECT_NEAR(double(ep_a2a.bytes), 2 * pc.bytes("all_to_all_v"), 1e-6 * double(ep_a2a.bytes));
+    EXPECT_EQ(ep_a2a.calls, 2 * pc.calls("all_to_all_v"));
+    ASSERT_TRUE(stats.count("dp"));
+    for (const char* op : {"reduce_scatter", "all_gather"}) {
+      SCOPED_TRACE(op);
+      ASSERT_TRUE(stats.at("dp").count(op));
+      double bytes = 0;
+      int64_t calls = 0;
+      for (const plan::CommKind& k : pc.kinds)
+        if (k.dim == "dp" && k.op == op) bytes += k.bytes, calls += k.calls;
+      EXPECT_NEAR(double(stats.at("dp").at(op).bytes), 2 * bytes, 1e-6 * bytes);
+      EXPECT_EQ(stats.at("dp").at(op).calls, 2 * calls);
+    }
   }
 }
 
