@@ -151,6 +151,13 @@ void copy_run(const fs::path& from, const fs::path& to) {
   fs::copy(from, to, fs::copy_options::recursive);
 }
 
+// A routed expert of a layer whose router scores (not hashes) the tokens, and that layer's "layers.L.ffn.experts".
+bool score_routed_expert(const std::string& n) {
+  if (!n.starts_with("layers.") || n.find(".ffn.experts.") == std::string::npos) return false;
+  return model_config().mlp_types[size_t(std::stoi(n.substr(7)))] == dsv4::MlpType::MoE;
+}
+std::string expert_layer(const std::string& n) { return n.substr(0, n.find(".ffn.experts.") + 12); }
+
 class GpuZero3 : public ::testing::TestWithParam<Layout> {};
 
 }  // namespace
@@ -204,6 +211,7 @@ TEST_P(GpuZero3, MatchesZeroOneOfTheLayout) {
   ASSERT_EQ(z1.values.size(), z3.values.size());
   double worst = 0;
   std::string worst_name;
+  std::map<std::string, std::vector<double>> expert_errs;  // a score-routed layer's experts under tp, by layer
   for (const auto& [name, v1] : z1.values) {
     ASSERT_TRUE(z3.values.count(name)) << name;
     const std::vector<float>& v3 = z3.values.at(name);
@@ -213,6 +221,14 @@ TEST_P(GpuZero3, MatchesZeroOneOfTheLayout) {
     // gradient is near zero can move differently: small tensors by their largest difference.
     if (v1.size() >= 64) {
       const double e = trex::gpu_test::rel_l2(v3, v1);
+      // Under tp the two runs' other reduction order also flips near-tied top-k choices of the score-routed
+      // layers (test_gpu_mesh_tp_gpu.cpp's ScoreRoutedExpert): such an expert alone is bounded by 0.1 there, and
+      // the layer's experts together by their median below.
+      if (l.tp > 1 && score_routed_expert(name)) {
+        EXPECT_LE(e, 0.1) << l.name() << ": final '" << name << "'";
+        expert_errs[expert_layer(name)].push_back(e);
+        continue;
+      }
       // 1e-2: a score-routed layer's expert moved 5.1e-3 against zero 1 on the H200 (reduction order, above).
       EXPECT_LE(e, 1e-2) << l.name() << ": final '" << name << "'";
       if (e > worst) worst = e, worst_name = name;
@@ -221,6 +237,13 @@ TEST_P(GpuZero3, MatchesZeroOneOfTheLayout) {
       for (size_t i = 0; i < v1.size(); ++i) m = std::max(m, std::abs(double(v3[i]) - v1[i]));
       EXPECT_LE(m, 2e-2) << l.name() << ": final '" << name << "'";
     }
+  }
+  for (auto& [layer, errs] : expert_errs) {
+    std::sort(errs.begin(), errs.end());
+    const double median = errs[errs.size() / 2];
+    std::printf("%s: %s experts vs zero 1: median rel L2 %.2e, worst %.2e\n", l.name().c_str(), layer.c_str(), median,
+                errs.back());
+    EXPECT_LE(median, 1e-2) << l.name() << ": " << layer << " experts' median";
   }
   std::printf("%s: final weights vs zero 1: worst rel L2 %.2e (%s)\n", l.name().c_str(), worst, worst_name.c_str());
 }
