@@ -253,36 +253,26 @@ double GpuPipeline::step(const int32_t* ids, const int32_t* labels, const dsv4::
   Impl& p = *impl_;
   GpuModel& st = *p.ch[0];
   const int64_t n_mb = layout.B * layout.T, V = st.impl().cfg.vocab_size;
-  // The loss normaliser: labelled targets of the whole step (with a DP group: of every DP rank's micro-batches).
-  int64_t targets = 0;
-  for (int64_t m = 0; m < p.M; ++m)
-    for (int32_t t : dsv4::shifted_targets(labels + m * n_mb, layout.doc_start.data(), layout.B, layout.T, 1, V))
-      targets += t >= 0;
   GpuModel::Impl& mi = st.impl();
-  if (mi.dp_size > 1) {
-    double h = double(targets);
+  // Labelled targets `shift` tokens ahead within their document over the step's micro-batches, summed over the DP
+  // group when there is one (a device all-reduce: the DP communicator works on device memory).
+  auto step_targets = [&](int shift) {
+    int64_t n = 0;
+    for (int64_t m = 0; m < p.M; ++m)
+      for (int32_t t : dsv4::shifted_targets(labels + m * n_mb, layout.doc_start.data(), layout.B, layout.T, shift, V))
+        n += t >= 0;
+    if (mi.dp_size == 1) return n;
+    double h = double(n);
     DevMem d(sizeof(double));
     TREX_CUDA(cudaMemcpy(d.as<double>(), &h, sizeof(double), cudaMemcpyHostToDevice));
     mi.dp->all_reduce(d.as<double>(), 1, comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
     TREX_CUDA(cudaMemcpy(&h, d.as<double>(), sizeof(double), cudaMemcpyDeviceToHost));
-    targets = int64_t(std::llround(h));
-  }
-  // The MTP head's normaliser likewise (its targets are token t + 2 within t's document).
-  int64_t mtp_targets = -1;
-  if (mi.mtp()) {
-    mtp_targets = 0;
-    for (int64_t m = 0; m < p.M; ++m)
-      for (int32_t t : dsv4::shifted_targets(labels + m * n_mb, layout.doc_start.data(), layout.B, layout.T, 2, V))
-        mtp_targets += t >= 0;
-    if (mi.dp_size > 1) {
-      double h = double(mtp_targets);
-      DevMem d(sizeof(double));
-      TREX_CUDA(cudaMemcpy(d.as<double>(), &h, sizeof(double), cudaMemcpyHostToDevice));
-      mi.dp->all_reduce(d.as<double>(), 1, comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
-      TREX_CUDA(cudaMemcpy(&h, d.as<double>(), sizeof(double), cudaMemcpyDeviceToHost));
-      mtp_targets = int64_t(std::llround(h));
-    }
-  }
+    return int64_t(std::llround(h));
+  };
+  // The loss normaliser: labelled targets of the whole step (with a DP group: of every DP rank's micro-batches);
+  // the MTP head's likewise (its targets are token t + 2 within t's document).
+  const int64_t targets = step_targets(1);
+  const int64_t mtp_targets = mi.mtp() ? step_targets(2) : -1;
   std::vector<MicroBatch> mbs(size_t(p.M));
   for (int64_t m = 0; m < p.M; ++m)
     mbs[size_t(m)] = {ids + m * n_mb, labels + m * n_mb, &layout, targets, mtp_targets};
