@@ -68,8 +68,9 @@ Schedule make_schedule(const ScheduleSpec& spec);
 
 // The message tag of the boundary tensor of micro-batch m entering global stage `to_stage` (activations)
 // or leaving it backwards (gradients): unique within a step, so sends and receives match regardless of
-// posting order. Throws when the step has too many messages for MPI's guaranteed tag range (32767).
-int pipe_message_tag(const ScheduleSpec& spec, bool gradient, int to_stage, int64_t micro);
+// posting order. mpi_range: throws when the step has too many messages for MPI's guaranteed tag range (32767);
+// off for communicators without that limit (NCCL ignores tags, the thread groups take any int).
+int pipe_message_tag(const ScheduleSpec& spec, bool gradient, int to_stage, int64_t micro, bool mpi_range = true);
 
 struct SimOptions {
   // Per global stage durations (size pp * vpp), or empty for 1 / vpp (forward) and 2 / vpp (backward).

@@ -57,7 +57,7 @@ int64_t Dsv4Stage::boundary_elems() const {
   return model_.stream_elems(batches_[0].batch * batches_[0].seq);
 }
 
-double Dsv4Stage::forward(int64_t m, const float* x_in, float* x_out) {
+double Dsv4Stage::forward(int64_t m, const void* x_in, void* x_out) {
   TREX_CHECK(m >= 0 && m < int64_t(batches_.size()), "{}: micro-batch {} of a step of {}", where(), m,
              batches_.size());
   const int64_t slot = slot_of(m);
@@ -65,7 +65,7 @@ double Dsv4Stage::forward(int64_t m, const float* x_in, float* x_out) {
              "slots; the schedule keeps more in flight)", where(), m, slot, owner_[size_t(slot)], owner_.size());
   const data::Batch& b = batches_[size_t(m)];
   const double loss =
-      model_.forward_stage(slot, b.input_ids.data(), b.labels.data(), layouts_[size_t(m)], x_in, x_out,
+      model_.forward_stage(slot, b.input_ids.data(), b.labels.data(), layouts_[size_t(m)], static_cast<const float*>(x_in), static_cast<float*>(x_out),
                            loss_scale_);
   owner_[size_t(slot)] = m;
   for (int64_t l = 0; l < model_.n_blocks(); ++l) {
@@ -81,10 +81,10 @@ double Dsv4Stage::forward(int64_t m, const float* x_in, float* x_out) {
   return loss;
 }
 
-void Dsv4Stage::backward(int64_t m, const float* dx_out, float* dx_in) {
+void Dsv4Stage::backward(int64_t m, const void* dx_out, void* dx_in) {
   const int64_t slot = m >= 0 ? slot_of(m) : 0;
   TREX_CHECK(m >= 0 && owner_[size_t(slot)] == m, "{}: backward of micro-batch {} that is not in flight", where(), m);
-  model_.backward_stage(slot, dx_out, dx_in);
+  model_.backward_stage(slot, static_cast<const float*>(dx_out), static_cast<float*>(dx_in));
   owner_[size_t(slot)] = -1;
 }
 

@@ -38,8 +38,8 @@ class Dsv4Stage : public parallel::PipelineStage {
   int64_t boundary_elems() const override;  // batch * seq * hc_mult * hidden (needs set_step_batches)
   bool is_first() const override { return model_.partition().embed; }
   bool is_last() const override { return model_.partition().head; }
-  double forward(int64_t m, const float* x_in, float* x_out) override;
-  void backward(int64_t m, const float* dx_out, float* dx_in) override;
+  double forward(int64_t m, const void* x_in, void* x_out) override;  // fp32 host tensors
+  void backward(int64_t m, const void* dx_out, void* dx_in) override;
 
   // Stable order and pointers, like Dsv4Trainable::params(): tensors (with the design §5 groups), then the router
   // biases of this stage's score-routed blocks as buffers.

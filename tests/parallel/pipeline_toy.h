@@ -53,7 +53,8 @@ class ToyStage : public parallel::PipelineStage {
   bool is_first() const override { return l0_ == 0; }
   bool is_last() const override { return l1_ == m_.layers; }
 
-  double forward(int64_t mb, const float* x_in, float* x_out) override {
+  double forward(int64_t mb, const void* x_in_v, void* x_out) override {
+    const float* x_in = static_cast<const float*>(x_in_v);
     const int64_t n = m_.rows * m_.d;
     std::vector<std::vector<float>>& acts = acts_[mb];
     acts.assign(1, std::vector<float>(is_first() ? m_.X[size_t(mb)].data() : x_in,
@@ -81,7 +82,8 @@ class ToyStage : public parallel::PipelineStage {
     return loss * scale_;
   }
 
-  void backward(int64_t mb, const float* dx_out, float* dx_in) override {
+  void backward(int64_t mb, const void* dx_out_v, void* dx_in) override {
+    const float* dx_out = static_cast<const float*>(dx_out_v);
     const int64_t n = m_.rows * m_.d;
     auto it = acts_.find(mb);
     if (it == acts_.end()) throw std::runtime_error("toy stage: backward without forward");

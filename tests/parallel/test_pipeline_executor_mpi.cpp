@@ -1,6 +1,9 @@
 // The pipeline executor on a toy model cut into stages: under mpirun -np 2 and -np 4, for 1F1B and
 // interleaved schedules, every rank's stage gradients and the summed loss equal the single-process
-// ones (computed by each rank itself on the uncut model). The launcher tests re-run this binary under
+// ones (computed by each rank itself on the uncut model). Each layout runs twice: with the host policy
+// (pooled buffers, one communicator, receives posted ahead) and with the CUDA backend's policy on host memory
+// (stages sending from their own slots, two alternating receive buffers per direction, one communicator per
+// direction, receives posted right before their compute), so the device pipeline's bookkeeping is tested here. The launcher tests re-run this binary under
 // mpirun with TREX_PIPE_WORKER=1, which selects the PipeWorker tests (skipped otherwise).
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -42,10 +45,67 @@ std::unique_ptr<ToyStage> reference(const ToyPipeModel& m, int steps, double* lo
   return whole;
 }
 
-// Runs one layout on the given pipeline group and compares with the reference; returns failures.
-void run_case(trex::comm::Communicator& pp_group, const Case& c, int dp_rank) {
+// The CUDA backend's memory policy (train/cuda/gpu_pipeline_cuda.cpp) on host memory: two alternating receive
+// buffers per direction, no output buffers (the stages own theirs).
+class AlternatingMemory final : public PipelineMemory {
+ public:
+  size_t act_elem_bytes() const override { return sizeof(float); }
+  size_t grad_elem_bytes() const override { return sizeof(float); }
+  void resize(int64_t elems) override {
+    for (auto& b : act_) b.assign(size_t(elems), 0.f);
+    for (auto& b : grad_) b.assign(size_t(elems), 0.f);
+  }
+  void* take(BoundaryRole role) override {
+    if (role == BoundaryRole::ActIn) return act_[n_act_++ % 2].data();
+    if (role == BoundaryRole::GradIn) return grad_[n_grad_++ % 2].data();
+    throw trex::Error("alternating memory: the stages own their outputs");
+  }
+  void give(BoundaryRole, void*) override {}
+  void after_receive(trex::comm::Work&) override {}
+  void before_reuse(trex::comm::Work& w) override { w.wait(); }
+
+ private:
+  std::vector<float> act_[2], grad_[2];
+  int64_t n_act_ = 0, n_grad_ = 0;
+};
+
+// A toy stage that keeps its boundary outputs in `slots` slots of its own (micro-batch m in m % slots), as
+// the GPU model does: the executor sends straight from them.
+class SlotStage final : public PipelineStage {
+ public:
+  SlotStage(std::unique_ptr<ToyStage> s, int slots) : s_(std::move(s)), out_(size_t(slots)), gin_(size_t(slots)) {}
+  int64_t boundary_elems() const override { return s_->boundary_elems(); }
+  bool is_first() const override { return s_->is_first(); }
+  bool is_last() const override { return s_->is_last(); }
+  double forward(int64_t m, const void* x_in, void* x_out) override {
+    if (x_out) throw trex::Error("slot stage: given an output buffer although it owns its outputs");
+    std::vector<float>& o = out_[slot(m)];
+    o.assign(size_t(boundary_elems()), 0.f);
+    return s_->forward(m, x_in, is_last() ? nullptr : o.data());
+  }
+  void backward(int64_t m, const void* dx_out, void* dx_in) override {
+    if (dx_in) throw trex::Error("slot stage: given an input-gradient buffer although it owns its outputs");
+    std::vector<float>& g = gin_[slot(m)];
+    g.assign(size_t(boundary_elems()), 0.f);
+    s_->backward(m, dx_out, is_first() ? nullptr : g.data());
+  }
+  int owned_slots() const override { return int(out_.size()); }
+  const void* output(int64_t m) const override { return out_[slot(m)].data(); }
+  const void* input_grad(int64_t m) const override { return gin_[slot(m)].data(); }
+  ToyStage& toy() { return *s_; }
+
+ private:
+  size_t slot(int64_t m) const { return size_t(m % int64_t(out_.size())); }
+  std::unique_ptr<ToyStage> s_;
+  std::vector<std::vector<float>> out_, gin_;
+};
+
+// channels: null = the host policy over pp_group; else the device policy over these four communicators.
+void run_case(trex::comm::Communicator& pp_group, const Case& c, int dp_rank,
+              const PipelineChannels* channels = nullptr) {
   SCOPED_TRACE(::testing::Message() << "pp=" << c.pp << " dp=" << c.dp << " vpp=" << c.vpp << " M=" << c.micro_batches
-                                    << " " << schedule_kind_name(c.kind) << " pp_rank=" << pp_group.rank());
+                                    << " " << schedule_kind_name(c.kind) << " pp_rank=" << pp_group.rank()
+                                    << (channels ? " device policy" : " host policy"));
   const int S = c.pp * c.vpp;
   const int64_t L = 2 * S;
   // Each DP replica gets its own data (seed), as DP ranks would; the weights are the same.
@@ -56,15 +116,26 @@ void run_case(trex::comm::Communicator& pp_group, const Case& c, int dp_rank) {
   double ref_loss = 0;
   auto whole = reference(model, steps, &ref_loss);
 
-  std::vector<std::unique_ptr<ToyStage>> own;
+  ScheduleSpec spec{c.pp, c.vpp, c.micro_batches, c.kind};
+  if (channels) spec.lookahead = 0;
+  // Per chunk at most the rank's micro-batches in flight, consecutive ones (each chunk runs them in order).
+  const int slots = simulate_schedule(make_schedule(spec)).max_in_flight[size_t(pp_group.rank())];
+  std::vector<ToyStage*> own;
+  std::vector<std::unique_ptr<PipelineStage>> held;
   std::vector<PipelineStage*> chunks;
   for (int v = 0; v < c.vpp; ++v) {
     const int s = v * c.pp + pp_group.rank();
-    own.push_back(std::make_unique<ToyStage>(model, int64_t(s) * L / S, int64_t(s + 1) * L / S));
-    chunks.push_back(own.back().get());
+    auto toy = std::make_unique<ToyStage>(model, int64_t(s) * L / S, int64_t(s + 1) * L / S);
+    own.push_back(toy.get());
+    if (channels) held.push_back(std::make_unique<SlotStage>(std::move(toy), slots));
+    else held.push_back(std::move(toy));
+    chunks.push_back(held.back().get());
   }
-  ScheduleSpec spec{c.pp, c.vpp, c.micro_batches, c.kind};
-  PipelineExecutor ex(pp_group, spec, chunks);
+  AlternatingMemory alternating;
+  PipelineExecutorOptions eo;
+  eo.agree_boundary = !channels, eo.mpi_tags = true;
+  PipelineExecutor ex = channels ? PipelineExecutor(*channels, spec, chunks, alternating, eo)
+                                 : PipelineExecutor(pp_group, spec, chunks);
   double loss = 0;
   for (int s = 0; s < steps; ++s) {
     PipelineStepStats st = ex.run_step(true);
@@ -160,6 +231,13 @@ TEST(PipeWorker, AllLayouts) {
   for (const Case& c : cases) {
     Mesh mesh = build_mesh(*world, {c.pp, c.dp, 1, c.vpp}, {2 * c.pp * c.vpp, 1});
     run_case(*mesh.pp_group, c, mesh.dp_rank);
+    // The device policy: one communicator per direction, split from the world like GpuMeshPipeline's.
+    const int colour = mesh.dp_rank * mesh.spec.tp + mesh.tp_rank;
+    auto grad = world->split(colour, mesh.pp_rank);
+    auto act_wrap = world->split(colour, mesh.pp_rank);
+    auto grad_wrap = world->split(colour, mesh.pp_rank);
+    const PipelineChannels ch{mesh.pp_group.get(), grad.get(), act_wrap.get(), grad_wrap.get()};
+    run_case(*mesh.pp_group, c, mesh.dp_rank, &ch);
   }
   world->barrier();
   if (!HasFailure()) std::printf("PIPE WORKER PASS rank %d\n", world->rank());

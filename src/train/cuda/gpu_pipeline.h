@@ -17,8 +17,12 @@
 //
 // A receive is posted right before the compute that needs it and waited for on the host (with the communicator's
 // timeout: a dead peer is an error, not a hang): posting earlier deadlocks when the next compute synchronises the
-// device while the receive kernel spins (see step()). Sends are posted right after their compute and overlap
-// the next one; a slot's buffers are reused only after its sends have left.
+// device while the receive kernel spins (schedule lookahead 0). Sends are posted right after their compute and
+// overlap the next one; a slot's buffers are reused only after its sends have left (a stream wait).
+//
+// The walking of the schedule and that bookkeeping are parallel::PipelineExecutor's, the CPU trainer's executor;
+// this class gives it the device memory (parallel::PipelineMemory: bf16 / fp32 boundary buffers, stream waits,
+// CUDA-event timing) and the GpuModel chunks as stages that send from their own slots.
 #pragma once
 #include <cstdint>
 #include <functional>

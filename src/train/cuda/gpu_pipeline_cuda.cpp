@@ -1,102 +1,71 @@
-// The 1F1B pipeline step over GpuModel stages (gpu_pipeline.h): schedule, boundary sends / early receives on two
-// NCCL communicators, device-side waits, per-stage timing.
+// The pipeline step over GpuModel stages (gpu_pipeline.h): the shared executor (parallel/pipeline_executor.h)
+// over this file's device memory (bf16 / fp32 boundary buffers, stream waits, CUDA-event timing) and stage
+// adapter (a GpuModel chunk sending from its own slots), on one NCCL communicator per direction.
 #include "train/cuda/gpu_pipeline.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <utility>
 
 #include "comm/nccl_communicator.h"
 #include "model/dsv4/loss.h"
+#include "parallel/pipeline_executor.h"
 #include "parallel/pipeline_schedule.h"
 #include "model/cuda/gpu_impl.h"
 
 namespace trex::dsv4gpu {
 
-struct GpuPipeline::Impl {
-  std::vector<GpuModel*> ch;  // chunk c: virtual stage c P + r
-  comm::Communicator& act;
-  comm::Communicator& grad;
-  comm::Communicator* act_wrap = nullptr;   // last rank -> rank 0 (chunk c -> c + 1)
-  comm::Communicator* grad_wrap = nullptr;  // rank 0 -> last rank (chunk c -> c - 1)
-  int64_t M = 1;
-  int r = 0, P = 1, V = 1;
-  parallel::ScheduleSpec spec;  // of the step
-  std::vector<int> slots;       // per chunk: its GpuModel's stage_slots
-  int64_t elems = 0;            // boundary tensor elements of the current micro-batch shape
-  DevMem recv_act[2], recv_grad[2];  // alternating receive buffers (bf16 / fp32)
-  comm::WorkPtr recv_act_w[2], recv_grad_w[2];
-  int64_t n_recv_act = 0, n_recv_grad = 0;  // receives so far (which buffer is next)
-  // Per chunk and stage slot: the last send out of it.
-  std::vector<std::vector<comm::WorkPtr>> send_act_w, send_grad_w;
-  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> fwd_ev, bwd_ev;
-  PipelineStats acc;
+namespace {
 
-  Impl(std::vector<GpuModel*> c, comm::Communicator& a, comm::Communicator& g) : ch(std::move(c)), act(a), grad(g) {}
-  ~Impl() {
-    for (auto* v : {&fwd_ev, &bwd_ev})
+// The device side of the shared executor's memory (parallel/pipeline_memory.h): activations cross as bf16 (what
+// the next stage's kernels read), gradients as fp32 (what the previous stage accumulates in); two alternating
+// receive buffers per direction (the stages copy what they keep into their slots, and each communicator's
+// stream runs after the compute queued before it); sends leave from the stages' own slots.
+class DevicePipelineMemory final : public parallel::PipelineMemory {
+ public:
+  DevicePipelineMemory(bool any_act_in, bool any_grad_in) : any_act_in_(any_act_in), any_grad_in_(any_grad_in) {}
+  ~DevicePipelineMemory() override {
+    for (auto* v : {&fwd_ev_, &bwd_ev_})
       for (auto& [x, y] : *v) cudaEventDestroy(x), cudaEventDestroy(y);
   }
-  int stage(int c) const { return c * P + r; }
-  int n_stages() const { return P * V; }
-  std::pair<cudaEvent_t, cudaEvent_t> begin_ev() {
-    std::pair<cudaEvent_t, cudaEvent_t> e{nullptr, nullptr};
-    TREX_CUDA(cudaEventCreate(&e.first));
-    TREX_CUDA(cudaEventCreate(&e.second));
-    TREX_CUDA(cudaEventRecord(e.first, nullptr));
-    return e;
+  size_t act_elem_bytes() const override { return 2; }
+  size_t grad_elem_bytes() const override { return 4; }
+  void resize(int64_t elems) override {
+    if (elems == elems_) return;
+    TREX_CUDA(cudaDeviceSynchronize());  // (re)size the receive buffers; nothing is in flight between steps
+    for (int i = 0; i < 2; ++i) {
+      recv_act_[i] = DevMem(any_act_in_ ? size_t(elems) * 2 : 0);
+      recv_grad_[i] = DevMem(any_grad_in_ ? size_t(elems) * 4 : 0);
+    }
+    elems_ = elems;
   }
-  void end_ev(std::pair<cudaEvent_t, cudaEvent_t> e, std::vector<std::pair<cudaEvent_t, cudaEvent_t>>& into) {
-    TREX_CUDA(cudaEventRecord(e.second, nullptr));
-    into.push_back(e);
+  void* take(parallel::BoundaryRole role) override {
+    switch (role) {
+      case parallel::BoundaryRole::ActIn: return recv_act_[n_recv_act_++ % 2].as<void>();
+      case parallel::BoundaryRole::GradIn: return recv_grad_[n_recv_grad_++ % 2].as<void>();
+      default: break;
+    }
+    throw Error("GPU pipeline: the stages send their outputs from their own slots (no output buffer to take)");
   }
-  // The host waits for an incoming tensor (the communicator's timeout turns a lost peer into an error naming the
-  // rank and transfer instead of a hang), then the compute stream is ordered after it. Host wait time measured.
-  void wait_recv(comm::WorkPtr& w) {
-    TREX_CHECK(w, "pipeline rank {}: waiting for a receive that was never posted", r);
-    const auto t0 = std::chrono::steady_clock::now();
-    w->wait();
-    acc.recv_wait_ms += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * 1e3;
-    comm::stream_wait(*w, nullptr);
-    w.reset();
+  void give(parallel::BoundaryRole, void*) override {}  // the alternating buffers are reused in turn
+  // The host waited for the receive (the communicator's timeout turns a lost peer into an error naming the rank
+  // and transfer instead of a hang); the compute stream is ordered after it.
+  void after_receive(comm::Work& w) override { comm::stream_wait(w, nullptr); }
+  // A slot's buffers are rewritten only after its last send has left, without blocking the host.
+  void before_reuse(comm::Work& w) override { comm::stream_wait(w, nullptr); }
+  void compute_begin(int, bool) override {
+    cur_ = {nullptr, nullptr};
+    TREX_CUDA(cudaEventCreate(&cur_.first));
+    TREX_CUDA(cudaEventCreate(&cur_.second));
+    TREX_CUDA(cudaEventRecord(cur_.first, nullptr));
   }
-  // Before a slot's buffers are freed or reused: its last send must have left.
-  static void wait_send(comm::WorkPtr& w) {
-    if (!w) return;
-    comm::stream_wait(*w, nullptr);
-    w.reset();
+  void compute_end(int, bool backward) override {
+    TREX_CUDA(cudaEventRecord(cur_.second, nullptr));
+    (backward ? bwd_ev_ : fwd_ev_).push_back(cur_);
   }
-  // The activation entering chunk c (virtual stage g > 0) comes from g - 1: rank r - 1, or the last rank's
-  // previous chunk over the wrap communicator; its gradient goes back the same way.
-  comm::Communicator& act_in() { return r > 0 ? act : *act_wrap; }
-  comm::Communicator& act_out() { return r < P - 1 ? act : *act_wrap; }
-  comm::Communicator& grad_in() { return r < P - 1 ? grad : *grad_wrap; }
-  comm::Communicator& grad_out() { return r > 0 ? grad : *grad_wrap; }
-  // The message tag of the boundary tensor of micro-batch m entering virtual stage `to` (activations) or leaving
-  // it backwards (gradients): unique within the step (parallel::pipe_message_tag's numbering, without its MPI tag
-  // range limit: NCCL matches in posting order, the thread group by tag).
-  int tag(bool gradient, int to, int64_t m) const {
-    return int(((gradient ? n_stages() : 0) + to) * M + m);
-  }
-  int prev_rank() const { return (r + P - 1) % P; }
-  int next_rank() const { return (r + 1) % P; }
-  // Returns the buffer the activation of (m, c) lands in.
-  void* post_recv_act(int64_t m, int c) {
-    const int b = int(n_recv_act++ % 2);
-    recv_act_w[b] = act_in().recv(recv_act[b].as<void>(), size_t(elems) * 2, prev_rank(),
-                                   tag(false, stage(c), m));
-    wait_recv(recv_act_w[b]);
-    return recv_act[b].as<void>();
-  }
-  const float* post_recv_grad(int64_t m, int c) {
-    const int b = int(n_recv_grad++ % 2);
-    recv_grad_w[b] = grad_in().recv(recv_grad[b].as<void>(), size_t(elems) * 4, next_rank(),
-                                     tag(true, stage(c) + 1, m));
-    wait_recv(recv_grad_w[b]);
-    return recv_grad[b].as<float>();
-  }
-  static double drain(std::vector<std::pair<cudaEvent_t, cudaEvent_t>>& v) {
+  // Device milliseconds of the forwards / backwards since the last call (the device must be synchronised).
+  double drain(bool backward) {
+    auto& v = backward ? bwd_ev_ : fwd_ev_;
     double t = 0;
     for (auto& [a, b] : v) {
       float ms = 0.f;
@@ -108,6 +77,59 @@ struct GpuPipeline::Impl {
     v.clear();
     return t;
   }
+
+ private:
+  bool any_act_in_, any_grad_in_;
+  int64_t elems_ = 0;
+  DevMem recv_act_[2], recv_grad_[2];
+  int64_t n_recv_act_ = 0, n_recv_grad_ = 0;  // receives so far (which buffer is next)
+  std::pair<cudaEvent_t, cudaEvent_t> cur_{nullptr, nullptr};
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> fwd_ev_, bwd_ev_;
+};
+
+// One GpuModel chunk as the shared executor's stage: its boundary outputs stay in its activation slots.
+class GpuChunkStage final : public parallel::PipelineStage {
+ public:
+  GpuChunkStage(GpuModel& m, int slots) : m_(m), slots_(slots) {}
+  // The step's micro-batches (each forward sets its own normaliser: the head reads it in the forward).
+  void set_step(const std::vector<GpuPipeline::MicroBatch>* micro, int64_t step_micro_batches) {
+    micro_ = micro, step_micro_batches_ = step_micro_batches;
+  }
+  int64_t boundary_elems() const override { return m_.stream_elems(*(*micro_)[0].layout); }
+  bool is_first() const override { return m_.impl().first_stage(); }
+  bool is_last() const override { return m_.impl().last_stage(); }
+  double forward(int64_t m, const void* x_in, void*) override {
+    const GpuPipeline::MicroBatch& b = (*micro_)[size_t(m)];
+    m_.begin_step(b.normaliser, b.mtp_normaliser, step_micro_batches_, int64_t(micro_->size()) - 1);
+    return m_.forward_stage(m, b.ids, b.labels, *b.layout, x_in);
+  }
+  void backward(int64_t m, const void* dx_out, void*) override {
+    m_.backward_stage(m, static_cast<const float*>(dx_out));
+  }
+  int owned_slots() const override { return slots_; }
+  const void* output(int64_t m) const override { return m_.stage_output(m); }
+  const void* input_grad(int64_t m) const override { return m_.stage_input_grad(m); }
+
+ private:
+  GpuModel& m_;
+  int slots_;
+  const std::vector<GpuPipeline::MicroBatch>* micro_ = nullptr;
+  int64_t step_micro_batches_ = 0;
+};
+
+}  // namespace
+
+struct GpuPipeline::Impl {
+  std::vector<GpuModel*> ch;  // chunk c: virtual stage c P + r
+  comm::Communicator& act;
+  int64_t M = 1;
+  int r = 0, P = 1, V = 1;
+  std::unique_ptr<DevicePipelineMemory> mem;
+  std::vector<std::unique_ptr<GpuChunkStage>> stages;
+  std::unique_ptr<parallel::PipelineExecutor> ex;  // destroyed first: it refers to mem and stages
+  PipelineStats acc;
+
+  Impl(std::vector<GpuModel*> c, comm::Communicator& a) : ch(std::move(c)), act(a) {}
 };
 
 GpuPipeline::GpuPipeline(GpuModel& stage, comm::Communicator& act, comm::Communicator& grad, int64_t micro_batches)
@@ -115,7 +137,7 @@ GpuPipeline::GpuPipeline(GpuModel& stage, comm::Communicator& act, comm::Communi
 
 GpuPipeline::GpuPipeline(std::vector<GpuModel*> chunks, comm::Communicator& act, comm::Communicator& grad,
                          comm::Communicator* act_wrap, comm::Communicator* grad_wrap, int64_t micro_batches)
-    : impl_(std::make_unique<Impl>(std::move(chunks), act, grad)) {
+    : impl_(std::make_unique<Impl>(std::move(chunks), act)) {
   Impl& p = *impl_;
   rank_ = act.rank(), P_ = act.size(), V_ = int(p.ch.size());
   p.r = rank_, p.P = P_, p.V = V_, p.M = micro_batches;
@@ -133,14 +155,19 @@ GpuPipeline::GpuPipeline(std::vector<GpuModel*> chunks, comm::Communicator& act,
       TREX_CHECK(w->size() == P_ && w->rank() == rank_ && device_memory_comm(*w),
                  "pipeline rank {}: a wrap communicator has size {} / rank {} / backend '{}' (want {} / {} on device "
                  "memory)", rank_, w->size(), w->rank(), w->backend(), P_, rank_);
-    p.act_wrap = act_wrap, p.grad_wrap = grad_wrap;
   }
   TREX_CHECK(device_memory_comm(act) && device_memory_comm(grad),
              "pipeline rank {}: the boundary communicators must work on device memory (nccl, or threads for stages "
              "sharing one GPU), got '{}', '{}'", rank_, act.backend(), grad.backend());
-  p.spec.pp = P_, p.spec.vpp = V_, p.spec.micro_batches = micro_batches;
-  p.spec.kind = V_ > 1 ? parallel::ScheduleKind::Interleaved : parallel::ScheduleKind::OneFOneB;
-  const std::string why = parallel::check_schedule_spec(p.spec);
+  parallel::ScheduleSpec spec;
+  spec.pp = P_, spec.vpp = V_, spec.micro_batches = micro_batches;
+  spec.kind = V_ > 1 ? parallel::ScheduleKind::Interleaved : parallel::ScheduleKind::OneFOneB;
+  // Receives are posted just before the compute that needs them: a receive posted earlier whose matching send
+  // the peer issues only after this rank's next compute deadlocks as soon as that compute synchronises the device
+  // (cudaFree, a pinned allocation, a cuBLASLt workspace) while the receive kernel spins. The transfer (about
+  // 1 ms of a 100+ ms micro-batch) is then exposed; the sends still overlap the next compute.
+  spec.lookahead = 0;
+  const std::string why = parallel::check_schedule_spec(spec);
   TREX_CHECK(why.empty(), "pipeline rank {}: pp={} x vpp={} over {} micro-batches: {}", rank_, P_, V_,
              micro_batches, why);
   const std::vector<int> need = chunk_slots(rank_, P_, V_, micro_batches);
@@ -148,10 +175,10 @@ GpuPipeline::GpuPipeline(std::vector<GpuModel*> chunks, comm::Communicator& act,
   for (int c = 0; c < V_; ++c) {
     GpuModel::Impl& m = p.ch[size_t(c)]->impl();
     const int g = c * P_ + rank_;
-    p.slots.push_back(int(m.slots.size()));
-    TREX_CHECK(p.slots.back() >= need[size_t(c)], "pipeline rank {}: {} keeps up to {} micro-batches in flight on "
+    const int slots = int(m.slots.size());
+    TREX_CHECK(slots >= need[size_t(c)], "pipeline rank {}: {} keeps up to {} micro-batches in flight on "
                "chunk {} (virtual stage {}), its model has stage_slots = {}", rank_,
-               V_ > 1 ? "the interleaved schedule" : "1F1B", need[size_t(c)], c, g, p.slots.back());
+               V_ > 1 ? "the interleaved schedule" : "1F1B", need[size_t(c)], c, g, slots);
     TREX_CHECK(m.first_stage() == (g == 0) && m.last_stage() == (g == S - 1),
                "pipeline rank {} of {}: chunk {} (virtual stage {} of {}) holds layers [{}, {}) (first / last stage "
                "mismatch)", rank_, P_, c, g, S, m.l0, m.l1);
@@ -159,9 +186,16 @@ GpuPipeline::GpuPipeline(std::vector<GpuModel*> chunks, comm::Communicator& act,
       TREX_CHECK(m.l0 >= p.ch[size_t(c - 1)]->impl().l1, "pipeline rank {}: chunk {} holds layers [{}, {}), before "
                  "chunk {}'s [{}, {})", rank_, c, m.l0, m.l1, c - 1, p.ch[size_t(c - 1)]->impl().l0,
                  p.ch[size_t(c - 1)]->impl().l1);
-    p.send_act_w.emplace_back(size_t(p.slots.back()));
-    p.send_grad_w.emplace_back(size_t(p.slots.back()));
+    p.stages.push_back(std::make_unique<GpuChunkStage>(*p.ch[size_t(c)], slots));
   }
+  p.mem = std::make_unique<DevicePipelineMemory>(rank_ > 0 || V_ > 1, rank_ < P_ - 1 || V_ > 1);
+  std::vector<parallel::PipelineStage*> stages;
+  for (auto& st : p.stages) stages.push_back(st.get());
+  parallel::PipelineExecutorOptions eo;
+  eo.agree_boundary = false;  // every stage sizes its boundary from the same micro-batch shape (step_chunks)
+  eo.mpi_tags = false;
+  p.ex = std::make_unique<parallel::PipelineExecutor>(parallel::PipelineChannels{&act, &grad, act_wrap, grad_wrap},
+                                                      spec, std::move(stages), *p.mem, eo);
   // Connect every direction now, in pipeline order (NCCL sets up a peer connection on its first send / recv and
   // the host can block there until the peer's matching call): activations 0 -> P-1 (and P-1 -> 0 on the wrap),
   // then gradients P-1 -> 0 (and 0 -> P-1 on the wrap).
@@ -219,36 +253,26 @@ double GpuPipeline::step(const int32_t* ids, const int32_t* labels, const dsv4::
   Impl& p = *impl_;
   GpuModel& st = *p.ch[0];
   const int64_t n_mb = layout.B * layout.T, V = st.impl().cfg.vocab_size;
-  // The loss normaliser: labelled targets of the whole step (with a DP group: of every DP rank's micro-batches).
-  int64_t targets = 0;
-  for (int64_t m = 0; m < p.M; ++m)
-    for (int32_t t : dsv4::shifted_targets(labels + m * n_mb, layout.doc_start.data(), layout.B, layout.T, 1, V))
-      targets += t >= 0;
   GpuModel::Impl& mi = st.impl();
-  if (mi.dp_size > 1) {
-    double h = double(targets);
+  // Labelled targets `shift` tokens ahead within their document over the step's micro-batches, summed over the DP
+  // group when there is one (a device all-reduce: the DP communicator works on device memory).
+  auto step_targets = [&](int shift) {
+    int64_t n = 0;
+    for (int64_t m = 0; m < p.M; ++m)
+      for (int32_t t : dsv4::shifted_targets(labels + m * n_mb, layout.doc_start.data(), layout.B, layout.T, shift, V))
+        n += t >= 0;
+    if (mi.dp_size == 1) return n;
+    double h = double(n);
     DevMem d(sizeof(double));
     TREX_CUDA(cudaMemcpy(d.as<double>(), &h, sizeof(double), cudaMemcpyHostToDevice));
     mi.dp->all_reduce(d.as<double>(), 1, comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
     TREX_CUDA(cudaMemcpy(&h, d.as<double>(), sizeof(double), cudaMemcpyDeviceToHost));
-    targets = int64_t(std::llround(h));
-  }
-  // The MTP head's normaliser likewise (its targets are token t + 2 within t's document).
-  int64_t mtp_targets = -1;
-  if (mi.mtp()) {
-    mtp_targets = 0;
-    for (int64_t m = 0; m < p.M; ++m)
-      for (int32_t t : dsv4::shifted_targets(labels + m * n_mb, layout.doc_start.data(), layout.B, layout.T, 2, V))
-        mtp_targets += t >= 0;
-    if (mi.dp_size > 1) {
-      double h = double(mtp_targets);
-      DevMem d(sizeof(double));
-      TREX_CUDA(cudaMemcpy(d.as<double>(), &h, sizeof(double), cudaMemcpyHostToDevice));
-      mi.dp->all_reduce(d.as<double>(), 1, comm::ElemType::F64, comm::ReduceOp::Sum)->wait();
-      TREX_CUDA(cudaMemcpy(&h, d.as<double>(), sizeof(double), cudaMemcpyDeviceToHost));
-      mtp_targets = int64_t(std::llround(h));
-    }
-  }
+    return int64_t(std::llround(h));
+  };
+  // The loss normaliser: labelled targets of the whole step (with a DP group: of every DP rank's micro-batches);
+  // the MTP head's likewise (its targets are token t + 2 within t's document).
+  const int64_t targets = step_targets(1);
+  const int64_t mtp_targets = mi.mtp() ? step_targets(2) : -1;
   std::vector<MicroBatch> mbs(size_t(p.M));
   for (int64_t m = 0; m < p.M; ++m)
     mbs[size_t(m)] = {ids + m * n_mb, labels + m * n_mb, &layout, targets, mtp_targets};
@@ -283,60 +307,18 @@ double GpuPipeline::step_chunks(const std::vector<MicroBatch>& micro, int64_t st
 double GpuPipeline::run(const std::vector<MicroBatch>& micro, int64_t step_micro_batches,
                         const std::function<void(int64_t, int)>& after_forward) {
   Impl& p = *impl_;
-  const int S = p.n_stages();
   // The gradients are reduced over DP in each chunk's last backward (every chunk runs its backwards in micro-batch
   // order, ending with M - 1); each forward sets its micro-batch's normaliser (begin_step before it: the head
   // reads it in the forward).
   for (GpuModel* c : p.ch) c->begin_step(micro[0].normaliser, micro[0].mtp_normaliser, step_micro_batches, p.M - 1);
-  const int64_t elems = p.ch[0]->stream_elems(*micro[0].layout);
-  if (elems != p.elems) {  // (re)size the receive buffers; nothing is in flight between steps
-    TREX_CUDA(cudaDeviceSynchronize());
-    const bool any_act_in = p.r > 0 || p.V > 1, any_grad_in = p.r < p.P - 1 || p.V > 1;
-    for (int i = 0; i < 2; ++i) {
-      p.recv_act[i] = DevMem(any_act_in ? size_t(elems) * 2 : 0);
-      p.recv_grad[i] = DevMem(any_grad_in ? size_t(elems) * 4 : 0);
-    }
-    p.elems = elems;
-  }
-  // Receives are posted just before the compute that needs them: a receive posted earlier whose matching send
-  // the peer issues only after this rank's next compute deadlocks as soon as that compute synchronises the device
-  // (cudaFree, a pinned allocation, a cuBLASLt workspace) while the receive kernel spins. The transfer (about
-  // 1 ms of a 100+ ms micro-batch) is then exposed; the sends still overlap the next compute.
-  double loss = 0;
-  for (const ComputeOp& op : compute_order(p.r, p.P, p.V, p.M)) {
-    const int64_t m = op.micro;
-    const int c = op.chunk, g = p.stage(c);
-    const bool first = g == 0, last = g == S - 1;
-    GpuModel& st = *p.ch[size_t(c)];
-    const int s = int(m % p.slots[size_t(c)]);
-    const MicroBatch& b = micro[size_t(m)];
-    comm::WorkPtr& sent_act = p.send_act_w[size_t(c)][size_t(s)];
-    comm::WorkPtr& sent_grad = p.send_grad_w[size_t(c)][size_t(s)];
-    if (op.forward) {
-      const void* x_in = first ? nullptr : p.post_recv_act(m, c);
-      Impl::wait_send(sent_act);  // the slot's previous output has left
-      st.begin_step(b.normaliser, b.mtp_normaliser, step_micro_batches, p.M - 1);
-      auto e = p.begin_ev();
-      loss += st.forward_stage(m, b.ids, b.labels, *b.layout, x_in);
-      p.end_ev(e, p.fwd_ev);
-      if (after_forward) after_forward(m, c);
-      if (!last)
-        sent_act = p.act_out().send(st.stage_output(m), size_t(elems) * 2, p.next_rank(),
-                                     p.tag(false, g + 1, m));
-    } else {
-      const float* dx_out = last ? nullptr : p.post_recv_grad(m, c);
-      Impl::wait_send(sent_act);   // the forward output is freed by this backward
-      Impl::wait_send(sent_grad);  // the slot's previous input gradient has left
-      auto e = p.begin_ev();
-      st.backward_stage(m, dx_out);
-      p.end_ev(e, p.bwd_ev);
-      if (!first)
-        sent_grad = p.grad_out().send(st.stage_input_grad(m), size_t(elems) * 4, p.prev_rank(),
-                                       p.tag(true, g, m));
-    }
-  }
+  for (auto& st : p.stages) st->set_step(&micro, step_micro_batches);
+  // The executor sizes the receive buffers from the stages' boundary, walks the schedule (receive, its host wait
+  // and the stream wait after it, the slot's pending sends, compute, send), and times the compute on the device.
+  const parallel::PipelineStepStats st = p.ex->run_step(false, nullptr, after_forward);
+  for (auto& s : p.stages) s->set_step(nullptr, 0);
+  p.acc.recv_wait_ms += st.wait_s * 1e3;
   ++p.acc.steps;
-  return loss;  // the last virtual stage's CE share plus every chunk's balance terms (forward_stage)
+  return st.loss;  // the last virtual stage's CE share plus every chunk's balance terms (forward_stage)
 }
 
 std::vector<double> GpuPipeline::global_losses(const std::vector<double>& local) {
@@ -354,8 +336,8 @@ std::vector<double> GpuPipeline::global_losses(const std::vector<double>& local)
 PipelineStats GpuPipeline::stats() {
   Impl& p = *impl_;
   TREX_CUDA(cudaDeviceSynchronize());
-  p.acc.fwd_ms += Impl::drain(p.fwd_ev);
-  p.acc.bwd_ms += Impl::drain(p.bwd_ev);
+  p.acc.fwd_ms += p.mem->drain(false);
+  p.acc.bwd_ms += p.mem->drain(true);
   return p.acc;
 }
 
