@@ -6,7 +6,8 @@
 // token (TTFT), inter-token latency (ITL: gaps between successive token arrivals of a request, a gap spread evenly
 // over the tokens that arrived together) and decode tok/s (tokens after each request's first, summed, over the
 // span from the last first token to the last token). One JSON line per level. Greedy requests take the engine's
-// forward_greedy (the token picked on the device). With --profile the CUDA engine prints per-phase
+// forward_greedy (the token picked on the device). Each level also takes its decode round's TTFT apart (queue,
+// wait, prefill, bookkeeping, delivery; the admission rounds' sizes: ttft_parts). With --profile the CUDA engine prints per-phase
 // device times per step kind (PROFILE lines, stderr) when it shuts down. --speculative mtp: the config's MTP layer
 // drafts a token per step, verified by the main model (speculative.h); each level then reports the drafts
 // verified and accepted in its decode round. --model DIR: a checkpoint's weights instead of random ones (random
@@ -43,6 +44,7 @@ struct BenchServeArgs {
 struct Trace {
   Clock::time_point t0;
   std::vector<std::pair<Clock::time_point, int64_t>> arrivals;  // (time, tokens that arrived together)
+  infer::RequestTimeline timeline;                               // the scheduler's side of its TTFT
   std::string error;
 };
 
@@ -79,6 +81,7 @@ std::vector<Trace> round_trip(infer::Scheduler& sched, int64_t C, int64_t P, int
           if (got.size() > before) t.arrivals.emplace_back(Clock::now(), int64_t(got.size() - before));
           if (done) break;
         }
+        t.timeline = r->timeline();
         if (r->finish_reason() != "length") t.error = fmt::format("finished with '{}' {}", r->finish_reason(), r->error());
       } catch (const std::exception& e) {
         t.error = e.what();
@@ -87,6 +90,44 @@ std::vector<Trace> round_trip(infer::Scheduler& sched, int64_t C, int64_t P, int
   for (auto& x : th) x.join();
   wall_s = std::chrono::duration<double>(Clock::now() - start).count();
   return tr;
+}
+
+// The decode round's TTFT taken apart (p50 of each part over the requests): the queue (submit -> admitted into a
+// slot), the wait for the step that first fed it (admitted -> that step starts), prefill (that step's start -> the
+// return of the step that fed its last prompt chunk), the step's bookkeeping up to the publish, and the delivery
+// to the client thread; plus how the requests were admitted (round sizes, in order) and the token counts of the
+// steps that gave first tokens. A TTFT that moves with the admission rounds (how many requests the first step
+// took) is the scheduling, one that moves with prefill at the same rounds is the engine.
+struct TtftParts {
+  double queue = 0, wait = 0, prefill = 0, publish = 0, deliver = 0, steps = 0;
+  std::string rounds, first_steps;
+};
+
+TtftParts ttft_parts(const std::vector<Trace>& tr) {
+  std::vector<double> q, w, p, pub, d, st;
+  std::vector<std::pair<Clock::time_point, int64_t>> rounds;      // (admitted, requests)
+  std::vector<std::pair<Clock::time_point, int64_t>> first_steps;  // (step end, tokens)
+  for (const Trace& t : tr) {
+    const infer::RequestTimeline& l = t.timeline;
+    if (t.arrivals.empty() || l.first_token == Clock::time_point{}) continue;
+    q.push_back(ms(l.admitted - l.submitted));
+    w.push_back(ms(l.first_step - l.admitted));
+    p.push_back(ms(l.prompt_done - l.first_step));
+    pub.push_back(ms(l.first_token - l.prompt_done));
+    d.push_back(ms(t.arrivals.front().first - l.first_token));
+    st.push_back(double(l.steps_to_first_token));
+    rounds.emplace_back(l.admitted, l.admitted_with);
+    first_steps.emplace_back(l.prompt_done, l.first_token_step_tokens);
+  }
+  auto distinct = [](std::vector<std::pair<Clock::time_point, int64_t>> v) {
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+    std::string out;
+    for (const auto& [when, n] : v) out += (out.empty() ? "" : ",") + std::to_string(n);
+    return out;
+  };
+  return TtftParts{pct(q, 50), pct(w, 50), pct(p, 50), pct(pub, 50), pct(d, 50), pct(st, 50), distinct(rounds),
+                   distinct(first_steps)};
 }
 
 void run(const BenchServeArgs& a) {
@@ -174,6 +215,12 @@ void run(const BenchServeArgs& a) {
                 "%.1f/%.1f/%.1f ms; ITL p50/p90/p99 %.2f/%.2f/%.2f ms\n",
                 (long long)C, pre_tps, (long long)C, (long long)a.prompt_tokens, wall_p, dec_tps, pct(ttft, 50),
                 pct(ttft, 90), pct(ttft, 99), pct(itl, 50), pct(itl, 90), pct(itl, 99));
+    const TtftParts tp = ttft_parts(dec);
+    std::printf("C=%3lld: TTFT p50 parts: queue %.1f ms, wait for its first step %.1f ms, prefill %.1f ms (%.0f "
+                "steps), step bookkeeping %.2f ms, delivery %.2f ms; admitted in rounds of [%s] requests; first "
+                "tokens from steps of [%s] tokens\n",
+                (long long)C, tp.queue, tp.wait, tp.prefill, tp.steps, tp.publish, tp.deliver, tp.rounds.c_str(),
+                tp.first_steps.c_str());
     if (spec)
       std::printf("C=%3lld: speculative mtp: %lld drafts verified, %lld accepted (acceptance %.3f); decode round %lld "
                   "steps for %lld tokens\n",
@@ -185,11 +232,14 @@ void run(const BenchServeArgs& a) {
         "\"prompt_tokens\": %lld, \"gen_tokens\": %lld, \"prefill_tok_s\": %.1f, \"prefill_round_s\": %.3f, "
         "\"decode_tok_s\": %.1f, \"decode_round_s\": %.3f, \"completion_tokens\": %lld, \"ttft_ms_p50\": %.1f, "
         "\"ttft_ms_p90\": %.1f, \"ttft_ms_p99\": %.1f, \"itl_ms_p50\": %.2f, \"itl_ms_p90\": %.2f, "
-        "\"itl_ms_p99\": %.2f}\n",
+        "\"itl_ms_p99\": %.2f, \"ttft_queue_ms_p50\": %.1f, \"ttft_wait_ms_p50\": %.1f, "
+        "\"ttft_prefill_ms_p50\": %.1f, \"ttft_publish_ms_p50\": %.2f, \"ttft_deliver_ms_p50\": %.2f, "
+        "\"admission_rounds\": [%s], \"first_token_step_tokens\": [%s]}\n",
         source.c_str(), a.speculative.c_str(), (long long)sd.drafted, (long long)sd.accepted, (long long)dec_steps,
         a.moe_grouped ? "true" : "false", (long long)C, (long long)a.prompt_tokens,
         (long long)a.gen_tokens, pre_tps, wall_p, dec_tps, wall_d, (long long)ntok, pct(ttft, 50), pct(ttft, 90),
-        pct(ttft, 99), pct(itl, 50), pct(itl, 90), pct(itl, 99));
+        pct(ttft, 99), pct(itl, 50), pct(itl, 90), pct(itl, 99), tp.queue, tp.wait, tp.prefill, tp.publish,
+        tp.deliver, tp.rounds.c_str(), tp.first_steps.c_str());
     std::fflush(stdout);
   }
   const infer::SchedulerMetrics m = sched.metrics();

@@ -145,6 +145,7 @@ std::vector<std::shared_ptr<Request>> Scheduler::submit_group(RequestSpec spec, 
     RequestSpec s = spec;
     s.sampling.seed = spec.sampling.seed + uint64_t(i);
     group.push_back(std::shared_ptr<Request>(new Request(std::move(s))));
+    group.back()->timeline_.submitted = std::chrono::steady_clock::now();
     if (i > 0) group.back()->leader_ = group[0];
   }
   {
@@ -197,6 +198,7 @@ void Scheduler::loop() {
         }
       }
       int64_t free_slots = std::count_if(slots_.begin(), slots_.end(), [](const auto& r) { return !r; });
+      std::vector<Request*> admitted;
       while (!queue_.empty()) {
         auto& g = queue_.front();
         if (std::all_of(g.begin(), g.end(), [](const auto& r) { return r->cancelled(); })) {
@@ -213,11 +215,14 @@ void Scheduler::loop() {
           r->slot_ = int64_t(s);
           engine_->reset(int64_t(s));
           slots_[s] = r;
+          admitted.push_back(r.get());
         }
         free_slots -= int64_t(g.size());
         queued_requests_ -= int64_t(g.size());
         queue_.pop_front();
       }
+      const auto now = std::chrono::steady_clock::now();
+      for (Request* r : admitted) r->timeline_.admitted = now, r->timeline_.admitted_with = int64_t(admitted.size());
       active.clear();
       for (const auto& r : slots_)
         if (r) active.push_back(r);
@@ -270,7 +275,15 @@ void Scheduler::step_once(std::vector<std::shared_ptr<Request>>& active) {
   } catch (const std::exception& e) {
     error = e.what();
   }
-  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto t1 = std::chrono::steady_clock::now();
+  const double dt = std::chrono::duration<double>(t1 - t0).count();
+  int64_t step_tokens = 0;
+  for (const EngineFeed& f : feeds) step_tokens += f.n;
+  for (size_t k = 0; k < active.size(); ++k) {  // the TTFT timeline of requests still before their first token
+    RequestTimeline& tl = active[k]->timeline_;
+    if (feed_of[k] < 0 || tl.first_token != RequestTimeline::Time{}) continue;
+    if (tl.steps_to_first_token++ == 0) tl.first_step = t0;
+  }
   const int64_t V = engine_->config().vocab_size;
   // Decide every outcome first; publish only after the bookkeeping, so that a client that sees its request
   // finish also sees it counted and its slot free.
@@ -369,7 +382,13 @@ void Scheduler::step_once(std::vector<std::shared_ptr<Request>>& active) {
     m_.requests_failed += failed;
     m_.cache_bytes = engine_->cache_bytes();
   }
+  const auto published = std::chrono::steady_clock::now();
   for (size_t k = 0; k < active.size(); ++k) {
+    RequestTimeline& tl = active[k]->timeline_;
+    if (out[k].token >= 0 && tl.first_token == RequestTimeline::Time{}) {
+      if (tl.steps_to_first_token == 0) tl.first_step = t0, tl.steps_to_first_token = 1;  // a forked follower
+      tl.prompt_done = t1, tl.first_token = published, tl.first_token_step_tokens = step_tokens;
+    }
     if (out[k].token >= 0) active[k]->publish(out[k].token, std::move(out[k].lp));
     if (out[k].token2 >= 0) active[k]->publish(out[k].token2, TokenLogprob{});
     if (!out[k].finish.empty()) active[k]->finish(out[k].finish, out[k].finish == "error" ? error : "");

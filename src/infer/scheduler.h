@@ -49,6 +49,18 @@ struct TokenLogprob {
 // The log-softmax of `logits` at `token`, and the `k` most likely ids with theirs.
 TokenLogprob token_logprob(const float* logits, int64_t n, int32_t token, int32_t k);
 
+// Where a request's time to first token went (steady clock, set by the scheduler): submitted -> admitted into a
+// slot (the queue) -> the first engine step that fed it starts -> the step that fed its last prompt chunk
+// returns (prefill, with the other requests of those steps) -> its first token is published (sampling and the
+// step's bookkeeping).
+struct RequestTimeline {
+  using Time = std::chrono::steady_clock::time_point;
+  Time submitted, admitted, first_step, prompt_done, first_token;
+  int64_t admitted_with = 0;         // requests admitted in the same round, this one included
+  int64_t steps_to_first_token = 0;  // engine steps it took part in up to its first token, that one included
+  int64_t first_token_step_tokens = 0;  // every feed's tokens in the step that gave its first token
+};
+
 class Request {
  public:
   // Blocks until new tokens, the end, or the timeout. Appends the new tokens to `out`; returns true once the
@@ -62,6 +74,8 @@ class Request {
   const std::string& error() const { return error_; }
   int64_t prompt_tokens() const { return int64_t(spec_.prompt.size()); }
   int64_t completion_tokens() const;
+  // Valid once the first token was handed out by wait() (timings of a request without one stay zero).
+  const RequestTimeline& timeline() const { return timeline_; }
 
  private:
   friend class Scheduler;
@@ -92,6 +106,7 @@ class Request {
   bool forked_ = false;              // a follower whose slot holds the prefilled prompt
   std::vector<int32_t> generated_count_;  // per token id, when a penalty is set
   std::vector<float> scratch_;            // penalised logits
+  RequestTimeline timeline_;              // written before the token publish that hands it out
 };
 
 struct SchedulerOptions {

@@ -93,6 +93,33 @@ TEST_F(SchedulerTest, MoreRequestsThanSlotsQueueAndAllFinish) {
   EXPECT_EQ(m.prompt_tokens, 3 * 7);
 }
 
+// The TTFT timeline (bench-serve's breakdown): in order, a 10-token prompt in chunks of 4 takes 3 steps to its first
+// token, and a request queued behind a full engine waits in the queue until a slot frees and is admitted alone.
+TEST_F(SchedulerTest, TimelineOrdersTheTimeToFirstTokenAndCountsItsSteps) {
+  SchedulerOptions so;
+  so.prefill_chunk = 4;
+  Scheduler s(make_cpu_engine(model_, 1, 256), so);
+  RequestSpec r;
+  r.prompt = {0, 5, 6, 7, 8, 9, 10, 11, 12, 13};
+  r.max_tokens = 3;
+  r.stop_ids = {-1};
+  auto a = s.submit(r);
+  auto b = s.submit(r);  // one slot: b waits for a to finish
+  drain(*a);
+  drain(*b);
+  for (const auto* q : {&a, &b}) {
+    const RequestTimeline& t = (*q)->timeline();
+    EXPECT_LE(t.submitted, t.admitted);
+    EXPECT_LE(t.admitted, t.first_step);
+    EXPECT_LT(t.first_step, t.prompt_done);
+    EXPECT_LE(t.prompt_done, t.first_token);
+    EXPECT_EQ(t.steps_to_first_token, 3) << "10 prompt tokens in chunks of 4";
+    EXPECT_EQ(t.first_token_step_tokens, 2) << "the last chunk, alone in its step";
+    EXPECT_EQ(t.admitted_with, 1);
+  }
+  EXPECT_GE(b->timeline().admitted, a->timeline().first_token) << "b took the slot before a finished";
+}
+
 // copy_slot: a slot forked after the prompt continues exactly as a fresh prefill of the same prompt would.
 TEST_F(SchedulerTest, CopiedSlotDecodesLikeAFreshPrefill) {
   auto e = make_cpu_engine(model_, 3, 256);

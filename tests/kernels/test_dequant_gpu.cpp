@@ -22,23 +22,7 @@ namespace {
 using namespace trex;
 using trex::cuda::DeviceBuffer;
 using trex::cuda::StoredType;
-
-StoredType stored(DType t) {
-  switch (t) {
-    case DType::F32:
-      return StoredType::F32;
-    case DType::F64:
-      return StoredType::F64;
-    case DType::F16:
-      return StoredType::F16;
-    case DType::BF16:
-      return StoredType::BF16;
-    case DType::F8_E8M0:
-      return StoredType::F8_E8M0;
-    default:
-      return StoredType::F8_E4M3;
-  }
-}
+using trex::cuda::stored_type;
 
 // Random scale values of dtype dt, `n` of them, as raw bytes: E8M0 every exponent 0..254 (NaN 255 excluded by
 // design §3.5) and floats over a wide range of powers of two times a mantissa.
@@ -110,7 +94,7 @@ void run_quantised(bool fp8, DType sdt, const Case& k, int64_t block, uint32_t s
   w.data = dq.as<void>();
   w.rows = rows, w.cols = cols, w.row0 = k.r0, w.col0 = k.c0;
   w.scaled = true;
-  w.scale_type = stored(sdt);
+  w.scale_type = stored_type(sdt, "scale");
   w.scale = ds.as<void>();
   w.scale_ld = scb - sca + 1, w.srow0 = sa, w.scol0 = sca, w.block_rows = br, w.block_cols = bc;
   w.out = out.as<float>();
@@ -172,7 +156,7 @@ TEST(DequantGpu, PlainConversionsBitEqualToTheHost) {
     const std::vector<uint8_t> wq = window_bytes(raw, C, bits, r0, r1, c0, c1);
     DeviceBuffer dq = DeviceBuffer::from_host(wq), out(size_t((r1 - r0) * (c1 - c0)) * sizeof(float));
     cuda::DequantWindow w;
-    w.type = stored(dt);
+    w.type = stored_type(dt, "data");
     w.data = dq.as<void>();
     w.rows = r1 - r0, w.cols = c1 - c0, w.row0 = r0, w.col0 = c0;
     w.out = out.as<float>();

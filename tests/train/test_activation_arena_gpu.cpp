@@ -21,6 +21,7 @@
 
 #include "kernels/cuda/device_buffer.h"
 #include "model/cuda/gpu_model.h"
+#include "train/gpu_mesh_test_support.h"
 #include "train/tiny_gpu_config.h"
 
 namespace {
@@ -167,13 +168,9 @@ StepsRun stage(const dsv4::ModelConfig& cfg, Recompute mode, bool arena, const s
 TEST(ActivationArenaGpu, StageStepsWithTwoMicroBatchesInFlightAllocateNothingAfterThePlan) {
   const dsv4::ModelConfig cfg = trex::testing::tiny_gpu_config("arena stage config");
   const dsv4::SeqLayout mb = dsv4::SeqLayout::packed(64, {{40, 24}});
-  const int64_t N = mb.n_tokens(), n = N * cfg.hc_mult * cfg.hidden;
-  std::mt19937 g(8);
-  std::vector<int32_t> ids(static_cast<size_t>(2 * N));
-  for (auto& t : ids) t = int32_t(g() % uint32_t(cfg.vocab_size));
-  std::normal_distribution<float> nd(0.f, 1e-2f);
-  std::vector<float> dx(static_cast<size_t>(2 * n));
-  for (auto& v : dx) v = nd(g);
+  const trex::testing::TwoMicroBatchStageInputs in = trex::testing::two_micro_batch_stage_inputs(cfg, mb, 8);
+  const std::vector<int32_t>& ids = in.ids;
+  const std::vector<float>& dx = in.dx;
   for (Recompute mode : {Recompute::None, Recompute::Selective, Recompute::Full}) {
     const std::string what = std::string("pp stage, 2 in flight, ") + dsv4::to_string(mode);
     const StepsRun with = stage(cfg, mode, true, ids, dx, mb);

@@ -43,6 +43,7 @@
 #include "train/tiny_gpu_config.h"
 #include "train/trainer.h"
 #include "train/yaml.h"
+#include "train/gpu_mesh_test_support.h"
 #include "tiny_corpus.h"
 
 using namespace trex;
@@ -55,55 +56,33 @@ namespace {
 using Data = trex::testing::TinyCorpus;
 using Values = std::map<std::string, std::vector<float>>;
 
-std::vector<std::string> corpus_texts() {
-  std::vector<std::string> t;
-  for (int i = 0; i < 60; ++i)
-    t.push_back("route " + std::to_string(i % 5) + " tokens to expert " + std::to_string(i % 7) + " of the mesh. ");
-  return t;
-}
 Data& dat() {
-  static Data d("trex_gpu_mesh_ep", corpus_texts(), 300, 64);
+  static Data d("trex_gpu_mesh_ep", trex::testing::corpus_lines([](int i) {
+                  return "route " + std::to_string(i % 5) + " tokens to expert " + std::to_string(i % 7) +
+                         " of the mesh. ";
+                }),
+                300, 64);
   return d;
 }
 
-dsv4::ModelConfig model_config() {
-  dsv4::ModelConfig c = trex::testing::tiny_gpu_config("tiny GPU mesh ep config");  // 8 routed experts
-  c.vocab_size = std::max<int64_t>(c.vocab_size, (dat().tok.vocab_size() + 63) / 64 * 64);
-  return c;
+dsv4::ModelConfig model_config() {  // 8 routed experts
+  return trex::testing::with_corpus_vocab(trex::testing::tiny_gpu_config("tiny GPU mesh ep config"), dat().tok);
 }
 
-Dsv4TrainOptions train_options() {
-  Dsv4TrainOptions o;
-  o.model.balance_alpha = 0.0;  // with MTP and the balance loss: test_gpu_mesh_recipe_gpu.cpp
-  o.model.use_mtp = false;
-  o.bias_update_speed = 1e-3;
-  // The fixed-order attention backward: the layouts then differ only by summation order across ranks (no atomics
-  // noise for AdamW to amplify), so the final weights compare tightly.
-  o.deterministic = true;
-  return o;
-}
+// With MTP and the balance loss: test_gpu_mesh_recipe_gpu.cpp. The fixed-order attention backward: the layouts
+// then differ only by summation order across ranks (no atomics noise for AdamW to amplify), so the final weights
+// compare tightly.
+Dsv4TrainOptions train_options() { return trex::testing::layout_train_options(true); }
 
 // 8 micro-batches per step, so dp = 2, 4 and 8 all split the same global batch (and dp = 2 accumulates 4).
-const char* kAdamW = "{kind: adamw, clip_grad_norm: 1.0, adamw: {eps: 1.0e-8, decay_vectors: true}}";
+const char* kAdamW = trex::testing::kLayoutAdamW;
 TrainConfig run_config(const std::string& parallel, const std::string& optimizer = kAdamW) {
-  return parse_train_config(parse_yaml(R"(
-seed: 3
-model: {type: dsv4, balance_alpha: 0}
-data: {shards: x, tokenizer: y, seq_len: 64, batch_size: 2, grad_accum: 8}
-optimizer: )" + optimizer + R"(
-schedule: {lr: 0.003, min_lr: 0.0003, warmup_steps: 2}
-train: {max_steps: 6}
-checkpoint: {every: 3, keep_last: 2}
-logging: {plot: false}
-)" + parallel, "ep.yaml"), "ep.yaml");
+  trex::testing::LayoutRunYaml y;
+  y.optimizer = optimizer;
+  return trex::testing::layout_run_config(y, parallel, "ep.yaml");
 }
 
-TrainerOptions quiet(int64_t stop = -1) {
-  TrainerOptions q;
-  q.show_progress = false;
-  q.stop_at = stop;
-  return q;
-}
+TrainerOptions quiet(int64_t stop = -1) { return trex::testing::quiet_trainer(stop); }
 
 bool is_bias(const std::string& n) { return n.ends_with("ffn.gate.bias"); }
 
@@ -116,29 +95,24 @@ struct LayoutRun {
 // parallel {pp: 1, dp: dp, ep: ep} as dp threads under the Trainer, output in `out`.
 LayoutRun run_layout(int dp, int ep, const fs::path& out, int64_t stop = -1, const std::string& optimizer = kAdamW) {
   const TrainConfig cfg = run_config(fmt::format("parallel: {{pp: 1, dp: {}, ep: {}}}\n", dp, ep), optimizer);
-  auto ranks = comm::make_thread_group(dp, 300.0);  // one rank: the one-GPU engine
   LayoutRun run;
   run.biases.resize(size_t(dp));
-  trex::testing::run_ranks(dp, [&](int r) {
-    GpuMeshEngine engine(cfg, model_config(), train_options(), *ranks[size_t(r)]);
-    const TrainResult res = Trainer(cfg, out, engine, *dat().ds, 1, quiet(stop)).run();
-    for (const std::string& n : engine.param_names()) {  // collective: every rank, same order
-      std::vector<float> v = engine.value(n);
-      if (is_bias(n)) run.biases[size_t(r)][n] = v;
-      if (r == 0) run.values[n] = std::move(v);
-    }
-    if (r == 0) run.res = res;
-  });
+  trex::testing::train_on_thread_ranks(
+      cfg, model_config(), train_options(), *dat().ds, dp, out, stop, 300.0,
+      [&](int r, GpuMeshEngine& engine, const TrainResult& res) {
+        for (const std::string& n : engine.param_names()) {  // collective: every rank, same order
+          std::vector<float> v = engine.value(n);
+          if (is_bias(n)) run.biases[size_t(r)][n] = v;
+          if (r == 0) run.values[n] = std::move(v);
+        }
+        if (r == 0) run.res = res;
+      });
   return run;
 }
 
 using trex::gpu_test::rel_l2;
 
-double max_abs(const std::vector<float>& a, const std::vector<float>& b) {
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double(a[i]) - b[i]));
-  return std::isfinite(m) ? m : INFINITY;
-}
+using trex::testing::max_abs;
 
 // The one-rank run of the global batch, 6 steps (checkpoints at 3 and 6), shared by the tests.
 const LayoutRun& reference() {
@@ -148,24 +122,10 @@ const LayoutRun& reference() {
 
 // Steps [from, 6) of `dir`'s metrics against the one-rank run's: loss rel 5e-3, grad norm rel 5e-2, targets.
 void expect_steps_match(const fs::path& dir, size_t from, const std::string& what) {
-  const auto m1 = read_jsonl(dat().dir / "ref" / "metrics.jsonl"), m2 = read_jsonl(dir / "metrics.jsonl");
-  ASSERT_EQ(m1.size(), 6u);
-  ASSERT_EQ(m2.size(), 6u) << what;
-  for (size_t i = from; i < 6; ++i) {
-    const double a = m1[i]["loss"].get<double>(), b = m2[i]["loss"].get<double>();
-    const double ga = m1[i]["grad_norm"].get<double>(), gb = m2[i]["grad_norm"].get<double>();
-    std::printf("  %s step %zu: loss one rank %.6f, %.6f; grad norm %.5f / %.5f\n", what.c_str(), i + 1, a, b, ga,
-                gb);
-    EXPECT_LT(std::abs(a - b) / a, 5e-3) << what << " step " << i + 1;
-    EXPECT_LT(std::abs(ga - gb) / ga, 5e-2) << what << " step " << i + 1;
-    EXPECT_EQ(m1[i]["targets"], m2[i]["targets"]) << what << " step " << i + 1 << ": the global batch differs";
-  }
+  trex::testing::expect_steps_match(dat().dir / "ref", dir, what, from);
 }
 
-void copy_run(const fs::path& from, const fs::path& to) {
-  fs::remove_all(to);
-  fs::copy(from, to, fs::copy_options::recursive);
-}
+using trex::testing::copy_run;
 
 // A run dir whose newest checkpoint is step 3 of ep=2 (2 ranks), written once.
 const fs::path& ep2_step3() {

@@ -34,6 +34,7 @@
 #include "train/tiny_gpu_config.h"
 #include "train/trainer.h"
 #include "train/yaml.h"
+#include "train/gpu_mesh_test_support.h"
 #include "tiny_corpus.h"
 
 using namespace trex;
@@ -44,56 +45,32 @@ namespace {
 
 using Data = trex::testing::TinyCorpus;
 Data& dat() {
-  static Data d = [] {
-    std::vector<std::string> t;
-    for (int i = 0; i < 60; ++i)
-      t.push_back("stage " + std::to_string(i % 4) + " passes tokens to stage " + std::to_string(i % 3) + ". ");
-    return Data("trex_gpu_mesh_pp", t, 300, 64);
-  }();
+  static Data d("trex_gpu_mesh_pp", trex::testing::corpus_lines([](int i) {
+                  return "stage " + std::to_string(i % 4) + " passes tokens to stage " + std::to_string(i % 3) + ". ";
+                }),
+                300, 64);
   return d;
 }
 
-dsv4::ModelConfig model_config() {
-  dsv4::ModelConfig c = trex::testing::tiny_gpu_config("tiny GPU pipeline config");  // 3 layers: stages [0,2), [2,3)
-  c.vocab_size = std::max<int64_t>(c.vocab_size, (dat().tok.vocab_size() + 63) / 64 * 64);
-  return c;
+dsv4::ModelConfig model_config() {  // 3 layers: stages [0,2), [2,3)
+  return trex::testing::with_corpus_vocab(trex::testing::tiny_gpu_config("tiny GPU pipeline config"), dat().tok);
 }
 
-Dsv4TrainOptions train_options() {
-  Dsv4TrainOptions o;
-  o.model.balance_alpha = 0.0;  // the V4 recipe on stages: test_gpu_mesh_recipe_gpu.cpp
-  o.model.use_mtp = false;
-  o.bias_update_speed = 1e-3;
-  return o;
-}
+// The V4 recipe on stages: test_gpu_mesh_recipe_gpu.cpp.
+Dsv4TrainOptions train_options() { return trex::testing::layout_train_options(false); }
 
 // 4 micro-batches of 2 sequences a step: one rank accumulates 4, pp = 2 runs 4 through its pipeline, pp = 2 x dp
 // = 2 runs 2 through each DP index's pipeline.
 TrainConfig run_config(const std::string& parallel) {
-  return parse_train_config(parse_yaml(R"(
-seed: 3
-model: {type: dsv4, balance_alpha: 0, use_mtp: false}
-data: {shards: x, tokenizer: y, seq_len: 64, batch_size: 2, grad_accum: 4}
-optimizer: {kind: adamw, clip_grad_norm: 1.0, adamw: {eps: 1.0e-8, decay_vectors: true}}
-schedule: {lr: 0.003, min_lr: 0.0003, warmup_steps: 2}
-train: {max_steps: 6}
-checkpoint: {every: 3, keep_last: 2}
-logging: {plot: false}
-parallel: )" + parallel + "\n",
-                                       "pp.yaml"),
-                            "pp.yaml");
+  trex::testing::LayoutRunYaml y;
+  y.model = "{type: dsv4, balance_alpha: 0, use_mtp: false}";
+  y.grad_accum = 4;
+  return trex::testing::layout_run_config(y, "parallel: " + parallel + "\n", "pp.yaml");
 }
 
 // `ranks` ranks of the config's layout as threads, under the Trainer (stop: TrainerOptions::stop_at).
 void train_ranks(const TrainConfig& cfg, int ranks, const fs::path& out, int64_t stop = -1) {
-  auto group = comm::make_thread_group(ranks, 120.0);
-  trex::testing::run_ranks(group, [&](int r) {  // a rank that throws aborts the group: the others stop too
-    GpuMeshEngine engine(cfg, model_config(), train_options(), *group[size_t(r)]);
-    TrainerOptions q;
-    q.show_progress = false;
-    q.stop_at = stop;
-    Trainer(cfg, out, engine, *dat().ds, 1, q).run();
-  });
+  trex::testing::train_on_thread_ranks(cfg, model_config(), train_options(), *dat().ds, ranks, out, stop);
 }
 
 const fs::path& one_rank_run() {  // the reference: one rank, 6 steps (shared by the tests)
@@ -111,23 +88,20 @@ void expect_matches_one_rank(const std::string& name, const std::string& paralle
   const fs::path out = dat().dir / name;
   train_ranks(run_config(parallel), ranks, out);
   if (::testing::Test::HasFatalFailure()) return;
-  const auto m1 = read_jsonl(one / "metrics.jsonl"), m2 = read_jsonl(out / "metrics.jsonl");
-  ASSERT_EQ(m1.size(), 6u);
-  ASSERT_EQ(m2.size(), 6u);
-  for (size_t i = 0; i < m1.size(); ++i) {
-    const double a = m1[i]["loss"].get<double>(), b = m2[i]["loss"].get<double>();
-    const double ga = m1[i]["grad_norm"].get<double>(), gb = m2[i]["grad_norm"].get<double>();
-    std::printf("  %s step %zu: loss one rank %.6f, pipeline %.6f; grad norm %.5f / %.5f\n", name.c_str(), i + 1, a,
-                b, ga, gb);
-    EXPECT_LT(std::abs(a - b) / a, 5e-3) << name << " step " << i + 1;
-    EXPECT_LT(std::abs(ga - gb) / ga, 5e-2) << name << " step " << i + 1;
-    EXPECT_EQ(m1[i]["targets"], m2[i]["targets"]) << name << " step " << i + 1 << ": the global batch differs";
-    // The pipeline's per-step timings, and 1F1B's ideal bubble of P stages over M micro-batches.
-    const double M = 4.0 / double(ranks / stages);
-    EXPECT_TRUE(m2[i].contains("pipeline_wait_s") && m2[i]["stage_forward_s"].get<double>() > 0) << m2[i].dump();
-    EXPECT_NEAR(m2[i].value("bubble_fraction", -1.0), (stages - 1) / (M + stages - 1), 1e-12) << m2[i].dump();
-  }
-  EXPECT_LT(m2.back()["loss"].get<double>(), m2.front()["loss"].get<double>()) << name << ": the loss does not fall";
+  // Every step within the layout bounds; the pipeline's per-step timings, and 1F1B's ideal bubble of P stages over
+  // M micro-batches.
+  const double M = 4.0 / double(ranks / stages);
+  trex::testing::expect_steps_match(one, out, name, 0, 6, trex::testing::kLayoutStepBounds,
+                                    [&](size_t, const nlohmann::json&, const nlohmann::json& got) {
+                                      EXPECT_TRUE(got.contains("pipeline_wait_s") &&
+                                                  got["stage_forward_s"].get<double>() > 0)
+                                          << got.dump();
+                                      EXPECT_NEAR(got.value("bubble_fraction", -1.0),
+                                                  (stages - 1) / (M + stages - 1), 1e-12)
+                                          << got.dump();
+                                    });
+  if (::testing::Test::HasFatalFailure()) return;
+  trex::testing::expect_loss_falls(out, name);
   // Each stage wrote its own tensors: together every parameter and optimiser state once (the manifest refuses
   // a name written twice), the one-rank checkpoint's names.
   const fs::path ck = out / "checkpoints" / "step_00000006";
@@ -157,45 +131,25 @@ TEST(GpuMeshPipeline, TwoStagesTimesFourDataParallelWithTwoExpertParallelMatchOn
   expect_matches_one_rank("pp2_dp4_ep2", "{pp: 2, dp: 4, ep: 2}", 8, 2);
 }
 
+namespace {
+
+// Steps 1..3 of `out` from the first layout, 4..6 from the layout that resumed its step-3 checkpoint, against the
+// uninterrupted one-rank run.
+void expect_continues_one_rank(const fs::path& out, const std::string& what, double tol) {
+  trex::testing::expect_resumed_run_matches(one_rank_run(), out, what, tol);
+}
+
+}  // namespace
+
 TEST(GpuMeshPipeline, OneRankContinuesATwoStageCheckpoint) {
-  const fs::path& one = one_rank_run();
   const fs::path out = dat().dir / "pp2_then_one";
   train_ranks(run_config("{pp: 2, dp: 1, ep: 1}"), 2, out, 3);  // saved at step 3 (checkpoint every 3)
   if (HasFatalFailure()) return;
   ASSERT_TRUE(fs::exists(out / "checkpoints" / "step_00000003" / "manifest.json"));
   train_ranks(run_config("{pp: 1, dp: 1, ep: 1}"), 1, out);
   if (HasFatalFailure()) return;
-  const auto m1 = read_jsonl(one / "metrics.jsonl"), mr = read_jsonl(out / "metrics.jsonl");
-  ASSERT_EQ(m1.size(), 6u);
-  ASSERT_EQ(mr.size(), 6u);
-  for (size_t i = 0; i < 6; ++i) {
-    ASSERT_EQ(mr[i]["step"], m1[i]["step"]);
-    const double a = m1[i]["loss"].get<double>(), b = mr[i]["loss"].get<double>();
-    std::printf("  step %zu: loss one rank %.6f, %s %.6f\n", i + 1, a, i < 3 ? "pp=2" : "resumed by one rank", b);
-    EXPECT_LT(std::abs(a - b) / a, 5e-3) << "step " << i + 1;
-    EXPECT_EQ(m1[i]["targets"], mr[i]["targets"]) << "step " << i + 1 << ": the resumed data position differs";
-  }
+  expect_continues_one_rank(out, "pp=2 -> one rank", 5e-3);
 }
-
-namespace {
-
-// Steps 1..3 of `out` from the first layout, 4..6 from the layout that resumed its step-3 checkpoint, against the
-// uninterrupted one-rank run.
-void expect_continues_one_rank(const fs::path& out, const std::string& what, double tol) {
-  const auto m1 = read_jsonl(one_rank_run() / "metrics.jsonl"), mr = read_jsonl(out / "metrics.jsonl");
-  ASSERT_EQ(m1.size(), 6u);
-  ASSERT_EQ(mr.size(), 6u) << what;
-  for (size_t i = 0; i < 6; ++i) {
-    ASSERT_EQ(mr[i]["step"], m1[i]["step"]);
-    const double a = m1[i]["loss"].get<double>(), b = mr[i]["loss"].get<double>();
-    std::printf("  %s step %zu: loss one rank %.6f, %s %.6f\n", what.c_str(), i + 1, a, i < 3 ? "first" : "resumed",
-                b);
-    EXPECT_LT(std::abs(a - b) / a, tol) << what << " step " << i + 1;
-    EXPECT_EQ(m1[i]["targets"], mr[i]["targets"]) << what << " step " << i + 1 << ": the data position differs";
-  }
-}
-
-}  // namespace
 
 // pp = 2 x dp = 2 (each stage's dense optimiser state sharded over its 2 DP ranks, every expert on every rank of
 // its stage) -> dp = 2 x ep = 2 (one stage, each rank half of every layer's experts).
@@ -230,9 +184,7 @@ TEST(GpuMeshPipeline, TheCpuTrainerContinuesATwoStageCheckpoint) {
   const TrainConfig cfg = run_config("{pp: 1, dp: 1, ep: 1}");
   Dsv4Trainable host(model_config(), train_options(), cfg.seed);
   LocalEngine local(host, cfg.optimizer, cfg.freeze);
-  TrainerOptions q;
-  q.show_progress = false;
-  const TrainResult r = Trainer(cfg, out, local, *dat().ds, 1, q).run();
+  const TrainResult r = Trainer(cfg, out, local, *dat().ds, 1, trex::testing::quiet_trainer()).run();
   EXPECT_TRUE(r.resumed);
   EXPECT_EQ(r.start_step, 3);
   expect_continues_one_rank(out, "pp=2 -> CPU trainer", 2e-2);
@@ -286,9 +238,7 @@ TEST(GpuMeshPipeline, AFailedRankStopsTheOthersNamingIt) {
       [&](int r) {
         GpuMeshEngine engine(cfg, model_config(), train_options(), *group[size_t(r)]);
         FailingEngine failing(engine, r == 3, 2);
-        TrainerOptions q;
-        q.show_progress = false;
-        Trainer(cfg, out, failing, *dat().ds, 1, q).run();
+        Trainer(cfg, out, failing, *dat().ds, 1, trex::testing::quiet_trainer()).run();
       },
       &group);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -34,6 +34,7 @@
 #include "train/tiny_gpu_config.h"
 #include "train/trainer.h"
 #include "train/yaml.h"
+#include "train/gpu_mesh_test_support.h"
 #include "tiny_corpus.h"
 
 using namespace trex;
@@ -44,32 +45,26 @@ namespace {
 
 using Data = trex::testing::TinyCorpus;
 Data& dat() {
-  static Data d = [] {
-    std::vector<std::string> t;
-    for (int i = 0; i < 60; ++i)
-      t.push_back("predict " + std::to_string(i % 5) + " tokens ahead with expert " + std::to_string(i % 7) +
-                  " on stage " + std::to_string(i % 2) + ". ");
-    return Data("trex_gpu_mesh_recipe", t, 300, 64);
-  }();
+  static Data d("trex_gpu_mesh_recipe", trex::testing::corpus_lines([](int i) {
+                  return "predict " + std::to_string(i % 5) + " tokens ahead with expert " + std::to_string(i % 7) +
+                         " on stage " + std::to_string(i % 2) + ". ";
+                }),
+                300, 64);
   return d;
 }
 
 dsv4::ModelConfig model_config() {
   // 3 layers (stages [0, 2), [2, 3)) and the MTP module (a sliding, score-routed block with 8 routed experts).
-  dsv4::ModelConfig c = trex::testing::tiny_gpu_config("tiny GPU recipe config", 1);
-  c.vocab_size = std::max<int64_t>(c.vocab_size, (dat().tok.vocab_size() + 63) / 64 * 64);
-  return c;
+  return trex::testing::with_corpus_vocab(trex::testing::tiny_gpu_config("tiny GPU recipe config", 1), dat().tok);
 }
 
 Dsv4TrainOptions train_options() {
-  Dsv4TrainOptions o;
+  // The fixed-order attention backward: the layouts differ only by summation order across ranks.
+  Dsv4TrainOptions o = trex::testing::layout_train_options(true);
   o.model.use_mtp = true;
   // Large: a stage's balance terms left out of the loss, or a micro-batch's share counted twice, moves the loss
   // by about 1% (the loss bound is 0.5%).
   o.model.balance_alpha = 0.05;
-  o.bias_update_speed = 1e-3;
-  // The fixed-order attention backward: the layouts differ only by summation order across ranks.
-  o.deterministic = true;
   return o;
 }
 
@@ -78,30 +73,16 @@ constexpr const char* kRouter = "*.ffn.gate.weight";  // the SFT recipe's frozen
 // 8 micro-batches of 2 sequences a step: one rank accumulates 8; dp = 2 / 4 split them; pp = 2 runs them through
 // each DP index's pipeline.
 TrainConfig run_config(const std::string& parallel) {
-  return parse_train_config(parse_yaml(R"(
-seed: 5
-model: {type: dsv4, balance_alpha: 0.05}
-data: {shards: x, tokenizer: y, seq_len: 64, batch_size: 2, grad_accum: 8}
-optimizer: {kind: adamw, clip_grad_norm: 1.0, adamw: {eps: 1.0e-8, decay_vectors: false}}
-schedule: {lr: 0.003, min_lr: 0.0003, warmup_steps: 2}
-train: {max_steps: 6}
-checkpoint: {every: 3, keep_last: 2}
-logging: {plot: false}
-freeze: [")" + std::string(kRouter) + R"("]
-parallel: )" + parallel + "\n",
-                                       "recipe.yaml"),
-                            "recipe.yaml");
+  trex::testing::LayoutRunYaml y;
+  y.seed = 5;
+  y.model = "{type: dsv4, balance_alpha: 0.05}";
+  y.optimizer = "{kind: adamw, clip_grad_norm: 1.0, adamw: {eps: 1.0e-8, decay_vectors: false}}";
+  y.extra = "freeze: [\"" + std::string(kRouter) + "\"]\n";
+  return trex::testing::layout_run_config(y, "parallel: " + parallel + "\n", "recipe.yaml");
 }
 
 void train_ranks(const TrainConfig& cfg, int ranks, const fs::path& out, int64_t stop = -1) {
-  auto group = comm::make_thread_group(ranks, 300.0);
-  trex::testing::run_ranks(group, [&](int r) {  // a rank that throws aborts the group: the others stop too
-    GpuMeshEngine engine(cfg, model_config(), train_options(), *group[size_t(r)]);
-    TrainerOptions q;
-    q.show_progress = false;
-    q.stop_at = stop;
-    Trainer(cfg, out, engine, *dat().ds, 1, q).run();
-  });
+  trex::testing::train_on_thread_ranks(cfg, model_config(), train_options(), *dat().ds, ranks, out, stop, 300.0);
 }
 
 const fs::path& one_rank_run() {  // the reference: one rank, 6 steps (checkpoints at 3 and 6)
@@ -116,29 +97,16 @@ const fs::path& one_rank_run() {  // the reference: one rank, 6 steps (checkpoin
 
 // Every step of `dir` against the one-rank run: loss rel 5e-3, grad norm rel 5e-2, targets.
 void expect_steps_match(const fs::path& dir, const std::string& what) {
-  const auto m1 = read_jsonl(one_rank_run() / "metrics.jsonl"), m2 = read_jsonl(dir / "metrics.jsonl");
-  ASSERT_EQ(m1.size(), 6u);
-  ASSERT_EQ(m2.size(), 6u) << what;
-  for (size_t i = 0; i < 6; ++i) {
-    ASSERT_EQ(m2[i]["step"], m1[i]["step"]) << what;
-    const double a = m1[i]["loss"].get<double>(), b = m2[i]["loss"].get<double>();
-    const double ga = m1[i]["grad_norm"].get<double>(), gb = m2[i]["grad_norm"].get<double>();
-    std::printf("  %s step %zu: loss one rank %.6f, %.6f; grad norm %.5f / %.5f\n", what.c_str(), i + 1, a, b, ga,
-                gb);
-    EXPECT_LT(std::abs(a - b) / a, 5e-3) << what << " step " << i + 1;
-    EXPECT_LT(std::abs(ga - gb) / ga, 5e-2) << what << " step " << i + 1;
-    EXPECT_EQ(m1[i]["targets"], m2[i]["targets"]) << what << " step " << i + 1 << ": the global batch differs";
-  }
-  EXPECT_LT(m2.back()["loss"].get<double>(), m2.front()["loss"].get<double>()) << what << ": the loss does not fall";
+  trex::testing::expect_steps_match(one_rank_run(), dir, what, 0, 6, trex::testing::kLayoutStepBounds,
+                                    [&](size_t, const nlohmann::json& ref, const nlohmann::json& got) {
+                                      ASSERT_EQ(got["step"], ref["step"]) << what;
+                                    });
+  if (::testing::Test::HasFatalFailure()) return;
+  trex::testing::expect_loss_falls(dir, what);
 }
 
 using trex::gpu_test::rel_l2;
-
-double max_abs(const std::vector<float>& a, const std::vector<float>& b) {
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double(a[i]) - b[i]));
-  return std::isfinite(m) ? m : INFINITY;
-}
+using trex::testing::max_abs;
 
 bool frozen_router(const std::string& n) { return n.ends_with(".ffn.gate.weight"); }
 

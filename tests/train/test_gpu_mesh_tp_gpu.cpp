@@ -38,6 +38,7 @@
 #include "train/cuda/gpu_optimizer.h"
 #include "train/metrics.h"
 #include "train/sharded_checkpoint.h"
+#include "train/gpu_mesh_test_support.h"
 #include "train/tiny_gpu_config.h"
 #include "train/trainer.h"
 #include "train/yaml.h"
@@ -52,46 +53,30 @@ namespace {
 using Data = trex::testing::TinyCorpus;
 using Values = std::map<std::string, std::vector<float>>;
 
-std::vector<std::string> corpus_texts() {
-  std::vector<std::string> t;
-  for (int i = 0; i < 60; ++i)
-    t.push_back("split head " + std::to_string(i % 5) + " over rank " + std::to_string(i % 3) + " of the group. ");
-  return t;
-}
 Data& dat() {
-  static Data d("trex_gpu_mesh_tp", corpus_texts(), 300, 64);
+  static Data d("trex_gpu_mesh_tp", trex::testing::corpus_lines([](int i) {
+                  return "split head " + std::to_string(i % 5) + " over rank " + std::to_string(i % 3) + " of the group. ";
+                }),
+                300, 64);
   return d;
 }
 
 dsv4::ModelConfig model_config() {
-  dsv4::ModelConfig c = trex::testing::tiny_gpu_config("tiny GPU mesh tp config");  // 4 heads, 2 groups
-  c.vocab_size = std::max<int64_t>(c.vocab_size, (dat().tok.vocab_size() + 63) / 64 * 64);
-  return c;
+  return trex::testing::with_corpus_vocab(trex::testing::tiny_gpu_config("tiny GPU mesh tp config"), dat().tok);
 }
 
-Dsv4TrainOptions train_options() {
-  Dsv4TrainOptions o;
-  o.model.balance_alpha = 0.0;
-  o.model.use_mtp = false;  // MTP does not run with ep / pp; the model-level test (test_tp_gpu.cpp) covers it
-  o.bias_update_speed = 1e-3;
-  o.deterministic = true;
-  return o;
-}
+// 4 heads, 2 groups. MTP does not run with ep / pp; the model-level test (test_tp_gpu.cpp) covers it.
+Dsv4TrainOptions train_options() { return trex::testing::layout_train_options(true); }
 
-const char* kAdamW = "{kind: adamw, clip_grad_norm: 1.0, adamw: {eps: 1.0e-8, decay_vectors: true}}";
-const char* kMuon = "{kind: muon, clip_grad_norm: 1.0, adamw: {eps: 1.0e-8, decay_vectors: false}}";
+const char* kAdamW = trex::testing::kLayoutAdamW;
+const char* kMuon = trex::testing::kLayoutMuon;
 
 TrainConfig run_config(const std::string& parallel, const std::string& optimizer = kAdamW) {
-  return parse_train_config(parse_yaml(R"(
-seed: 3
-model: {type: dsv4, balance_alpha: 0}
-data: {shards: x, tokenizer: y, seq_len: 64, batch_size: 2, grad_accum: 8}
-optimizer: )" + optimizer + R"(
-schedule: {lr: 0.003, min_lr: 0.0003, warmup_steps: 2}
-train: {max_steps: 6}
-checkpoint: {every: 3, keep_last: 2}
-logging: {plot: false}
-)" + parallel, "tp.yaml"), "tp.yaml");
+  trex::testing::LayoutRunYaml y;
+  y.seed = 3;
+  y.optimizer = optimizer;
+  y.checkpoint = "{every: 3, keep_last: 2}";
+  return trex::testing::layout_run_config(y, parallel, "tp.yaml");
 }
 
 TrainerOptions quiet(int64_t stop = -1) {

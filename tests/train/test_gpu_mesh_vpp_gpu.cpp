@@ -29,6 +29,7 @@
 #include "train/tiny_gpu_config.h"
 #include "train/trainer.h"
 #include "train/yaml.h"
+#include "train/gpu_mesh_test_support.h"
 #include "tiny_corpus.h"
 
 using namespace trex;
@@ -39,60 +40,32 @@ namespace {
 
 using Data = trex::testing::TinyCorpus;
 Data& dat() {
-  static Data d = [] {
-    std::vector<std::string> t;
-    for (int i = 0; i < 60; ++i)
-      t.push_back("chunk " + std::to_string(i % 4) + " hands its stream to chunk " + std::to_string(i % 3) + ". ");
-    return Data("trex_gpu_mesh_vpp", t, 300, 64);
-  }();
+  static Data d("trex_gpu_mesh_vpp", trex::testing::corpus_lines([](int i) {
+                  return "chunk " + std::to_string(i % 4) + " hands its stream to chunk " + std::to_string(i % 3) + ". ";
+                }),
+                300, 64);
   return d;
 }
 
 // The tiny GPU config with n layers (sliding / CSA / HCA repeated; layer 0 hash-routed).
 dsv4::ModelConfig model_config(int64_t n) {
-  nlohmann::json j = trex::testing::tiny_gpu_config_json();
-  j["num_hidden_layers"] = n;
-  nlohmann::json cr = nlohmann::json::array();
-  for (int64_t l = 0; l < n; ++l) cr.push_back(std::vector<int>{0, 4, 16}[size_t(l % 3)]);
-  j["compress_ratios"] = cr;
-  dsv4::ModelConfig c = dsv4::parse_model_config(j, "tiny GPU interleaved-pipeline config");
-  c.vocab_size = std::max<int64_t>(c.vocab_size, (dat().tok.vocab_size() + 63) / 64 * 64);
-  return c;
+  return trex::testing::with_corpus_vocab(
+      trex::testing::tiny_gpu_config_layers(n, "tiny GPU interleaved-pipeline config"), dat().tok);
 }
 
-Dsv4TrainOptions train_options() {
-  Dsv4TrainOptions o;
-  o.model.balance_alpha = 0.0;  // the balance loss runs in whole-model steps only
-  o.model.use_mtp = false;      // the MTP module trains on the whole model only
-  o.bias_update_speed = 1e-3;
-  return o;
-}
+// The balance loss runs in whole-model steps only; the MTP module trains on the whole model only.
+Dsv4TrainOptions train_options() { return trex::testing::layout_train_options(false); }
 
 // 4 micro-batches of 2 sequences a step (a multiple of pp for each DP rank: 4 at dp 1, 2 at dp 2).
 TrainConfig run_config(const std::string& parallel) {
-  return parse_train_config(parse_yaml(R"(
-seed: 3
-model: {type: dsv4, balance_alpha: 0, use_mtp: false}
-data: {shards: x, tokenizer: y, seq_len: 64, batch_size: 2, grad_accum: 4}
-optimizer: {kind: adamw, clip_grad_norm: 1.0, adamw: {eps: 1.0e-8, decay_vectors: true}}
-schedule: {lr: 0.003, min_lr: 0.0003, warmup_steps: 2}
-train: {max_steps: 6}
-checkpoint: {every: 3, keep_last: 2}
-logging: {plot: false}
-parallel: )" + parallel + "\n",
-                                       "vpp.yaml"),
-                            "vpp.yaml");
+  trex::testing::LayoutRunYaml y;
+  y.model = "{type: dsv4, balance_alpha: 0, use_mtp: false}";
+  y.grad_accum = 4;
+  return trex::testing::layout_run_config(y, "parallel: " + parallel + "\n", "vpp.yaml");
 }
 
 void train_ranks(const TrainConfig& cfg, int64_t layers, int ranks, const fs::path& out, int64_t stop = -1) {
-  auto group = comm::make_thread_group(ranks, 120.0);
-  trex::testing::run_ranks(group, [&](int r) {  // a rank that throws aborts the group: the others stop too
-    GpuMeshEngine engine(cfg, model_config(layers), train_options(), *group[size_t(r)]);
-    TrainerOptions q;
-    q.show_progress = false;
-    q.stop_at = stop;
-    Trainer(cfg, out, engine, *dat().ds, 1, q).run();
-  });
+  trex::testing::train_on_thread_ranks(cfg, model_config(layers), train_options(), *dat().ds, ranks, out, stop);
 }
 
 const fs::path& one_rank_run(int64_t layers) {  // the references: one rank, 6 steps
@@ -113,22 +86,19 @@ void expect_matches_one_rank(const std::string& name, const std::string& paralle
   fs::remove_all(out);
   train_ranks(run_config(parallel), layers, ranks, out);
   if (::testing::Test::HasFatalFailure()) return;
-  const auto m1 = read_jsonl(one / "metrics.jsonl"), m2 = read_jsonl(out / "metrics.jsonl");
-  ASSERT_EQ(m1.size(), 6u);
-  ASSERT_EQ(m2.size(), 6u);
-  for (size_t i = 0; i < m1.size(); ++i) {
-    const double a = m1[i]["loss"].get<double>(), b = m2[i]["loss"].get<double>();
-    const double ga = m1[i]["grad_norm"].get<double>(), gb = m2[i]["grad_norm"].get<double>();
-    std::printf("  %s step %zu: loss one rank %.6f, interleaved %.6f; grad norm %.5f / %.5f\n", name.c_str(), i + 1,
-                a, b, ga, gb);
-    EXPECT_LT(std::abs(a - b) / a, 5e-3) << name << " step " << i + 1;
-    EXPECT_LT(std::abs(ga - gb) / ga, 5e-2) << name << " step " << i + 1;
-    EXPECT_EQ(m1[i]["targets"], m2[i]["targets"]) << name << " step " << i + 1 << ": the global batch differs";
-    const double M = 4.0 / double(ranks / stages);
-    EXPECT_TRUE(m2[i].contains("pipeline_wait_s") && m2[i]["stage_forward_s"].get<double>() > 0) << m2[i].dump();
-    EXPECT_NEAR(m2[i].value("bubble_fraction", -1.0), (stages - 1) / (vpp * M + stages - 1), 1e-12) << m2[i].dump();
-  }
-  EXPECT_LT(m2.back()["loss"].get<double>(), m2.front()["loss"].get<double>()) << name << ": the loss does not fall";
+  // Every step within the 1F1B tests' bounds; the pipeline's timings and the interleaved schedule's ideal bubble.
+  const double M = 4.0 / double(ranks / stages);
+  trex::testing::expect_steps_match(one, out, name, 0, 6, trex::testing::kLayoutStepBounds,
+                                    [&](size_t, const nlohmann::json&, const nlohmann::json& got) {
+                                      EXPECT_TRUE(got.contains("pipeline_wait_s") &&
+                                                  got["stage_forward_s"].get<double>() > 0)
+                                          << got.dump();
+                                      EXPECT_NEAR(got.value("bubble_fraction", -1.0),
+                                                  (stages - 1) / (vpp * M + stages - 1), 1e-12)
+                                          << got.dump();
+                                    });
+  if (::testing::Test::HasFatalFailure()) return;
+  trex::testing::expect_loss_falls(out, name);
   // Every chunk wrote its own tensors under their global names: together the one-rank checkpoint's names, each
   // once (the manifest refuses a name written twice).
   const fs::path ck = out / "checkpoints" / "step_00000006";
@@ -142,17 +112,7 @@ void expect_matches_one_rank(const std::string& name, const std::string& paralle
 // Steps 1..3 from the first layout, 4..6 from the layout that resumed its step-3 checkpoint, against the
 // uninterrupted one-rank run.
 void expect_continues_one_rank(const fs::path& out, int64_t layers, const std::string& what, double tol) {
-  const auto m1 = read_jsonl(one_rank_run(layers) / "metrics.jsonl"), mr = read_jsonl(out / "metrics.jsonl");
-  ASSERT_EQ(m1.size(), 6u);
-  ASSERT_EQ(mr.size(), 6u) << what;
-  for (size_t i = 0; i < 6; ++i) {
-    ASSERT_EQ(mr[i]["step"], m1[i]["step"]);
-    const double a = m1[i]["loss"].get<double>(), b = mr[i]["loss"].get<double>();
-    std::printf("  %s step %zu: loss one rank %.6f, %s %.6f\n", what.c_str(), i + 1, a, i < 3 ? "first" : "resumed",
-                b);
-    EXPECT_LT(std::abs(a - b) / a, tol) << what << " step " << i + 1;
-    EXPECT_EQ(m1[i]["targets"], mr[i]["targets"]) << what << " step " << i + 1 << ": the data position differs";
-  }
+  trex::testing::expect_resumed_run_matches(one_rank_run(layers), out, what, tol);
 }
 
 }  // namespace

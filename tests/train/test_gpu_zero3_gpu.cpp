@@ -38,6 +38,7 @@
 #include "train/cuda/gpu_mesh_engine.h"
 #include "train/cuda/gpu_optimizer.h"
 #include "train/metrics.h"
+#include "train/gpu_mesh_test_support.h"
 #include "train/tiny_gpu_config.h"
 #include "train/trainer.h"
 #include "train/yaml.h"
@@ -51,43 +52,27 @@ namespace {
 using Data = trex::testing::TinyCorpus;
 using Values = std::map<std::string, std::vector<float>>;
 
-std::vector<std::string> corpus_texts() {
-  std::vector<std::string> t;
-  for (int i = 0; i < 60; ++i)
-    t.push_back("layer " + std::to_string(i % 5) + " gathered ahead of use on rank " + std::to_string(i % 3) + ". ");
-  return t;
-}
 Data& dat() {
-  static Data d("trex_gpu_zero3", corpus_texts(), 300, 64);
+  static Data d("trex_gpu_zero3", trex::testing::corpus_lines([](int i) {
+                  return "layer " + std::to_string(i % 5) + " gathered ahead of use on rank " + std::to_string(i % 3) + ". ";
+                }),
+                300, 64);
   return d;
 }
 
 dsv4::ModelConfig model_config() {
-  dsv4::ModelConfig c = trex::testing::tiny_gpu_config("tiny GPU zero3 config");  // 8 routed experts
-  c.vocab_size = std::max<int64_t>(c.vocab_size, (dat().tok.vocab_size() + 63) / 64 * 64);
-  return c;
+  return trex::testing::with_corpus_vocab(trex::testing::tiny_gpu_config("tiny GPU zero3 config"), dat().tok);
 }
 
-Dsv4TrainOptions train_options() {
-  Dsv4TrainOptions o;
-  o.model.balance_alpha = 0.0;
-  o.model.use_mtp = false;  // not with ep or pipeline stages on the GPU
-  o.bias_update_speed = 1e-3;
-  o.deterministic = true;  // the layouts then differ only by summation order
-  return o;
-}
+// 8 routed experts; no MTP (not with ep or pipeline stages on the GPU); deterministic: the layouts then differ only
+// by summation order.
+Dsv4TrainOptions train_options() { return trex::testing::layout_train_options(true); }
 
 TrainConfig run_config(const std::string& parallel) {
-  return parse_train_config(parse_yaml(R"(
-seed: 7
-model: {type: dsv4, balance_alpha: 0}
-data: {shards: x, tokenizer: y, seq_len: 64, batch_size: 2, grad_accum: 8}
-optimizer: {kind: adamw, clip_grad_norm: 1.0, adamw: {eps: 1.0e-8, decay_vectors: true}}
-schedule: {lr: 0.003, min_lr: 0.0003, warmup_steps: 2}
-train: {max_steps: 6}
-checkpoint: {every: 3, keep_last: 2}
-logging: {plot: false}
-)" + parallel, "zero3.yaml"), "zero3.yaml");
+  trex::testing::LayoutRunYaml y;
+  y.seed = 7;
+  y.checkpoint = "{every: 3, keep_last: 2}";
+  return trex::testing::layout_run_config(y, parallel, "zero3.yaml");
 }
 
 struct Layout {

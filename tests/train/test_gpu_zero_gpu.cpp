@@ -37,6 +37,7 @@
 #include "train/cuda/gpu_optimizer.h"
 #include "train/dsv4_trainable.h"
 #include "train/metrics.h"
+#include "train/gpu_mesh_test_support.h"
 #include "train/tiny_gpu_config.h"
 #include "train/trainer.h"
 #include "train/yaml.h"
@@ -50,47 +51,31 @@ namespace {
 
 using Data = trex::testing::TinyCorpus;
 
-std::vector<std::string> corpus_texts() {
-  std::vector<std::string> t;
-  for (int i = 0; i < 60; ++i)
-    t.push_back("shard " + std::to_string(i % 5) + " gradients of bucket " + std::to_string(i % 7) + " by rank. ");
-  return t;
-}
 Data& dat() {
-  static Data d("trex_gpu_zero", corpus_texts(), 300, 64);
+  static Data d("trex_gpu_zero", trex::testing::corpus_lines([](int i) {
+                  return "shard " + std::to_string(i % 5) + " gradients of bucket " + std::to_string(i % 7) + " by rank. ";
+                }),
+                300, 64);
   return d;
 }
 
 dsv4::ModelConfig model_config() {
-  dsv4::ModelConfig c = trex::testing::tiny_gpu_config("tiny GPU zero config");  // 8 routed experts
-  c.vocab_size = std::max<int64_t>(c.vocab_size, (dat().tok.vocab_size() + 63) / 64 * 64);
-  return c;
+  return trex::testing::with_corpus_vocab(trex::testing::tiny_gpu_config("tiny GPU zero config"), dat().tok);
 }
 
-Dsv4TrainOptions train_options() {
-  Dsv4TrainOptions o;
-  o.model.balance_alpha = 0.0;
-  o.model.use_mtp = false;  // not with ep or pipeline stages on the GPU
-  o.bias_update_speed = 1e-3;
-  o.deterministic = true;  // the layouts then differ only by summation order
-  return o;
-}
+// 8 routed experts; no MTP (not with ep or pipeline stages on the GPU); deterministic: the layouts then differ only
+// by summation order. kMuon: Muon with AdamW without decay on vectors, as the Muon dp tests.
+Dsv4TrainOptions train_options() { return trex::testing::layout_train_options(true); }
 
-const char* kAdamW = "{kind: adamw, clip_grad_norm: 1.0, adamw: {eps: 1.0e-8, decay_vectors: true}}";
-// Muon with AdamW without decay on vectors, as the Muon dp tests (tests/train/test_gpu_mesh_engine_gpu.cpp).
-const char* kMuon = "{kind: muon, clip_grad_norm: 1.0, adamw: {eps: 1.0e-8, decay_vectors: false}}";
+const char* kAdamW = trex::testing::kLayoutAdamW;
+const char* kMuon = trex::testing::kLayoutMuon;
 
 TrainConfig run_config(const std::string& parallel, const std::string& optimizer = kAdamW) {
-  return parse_train_config(parse_yaml(R"(
-seed: 5
-model: {type: dsv4, balance_alpha: 0}
-data: {shards: x, tokenizer: y, seq_len: 64, batch_size: 2, grad_accum: 8}
-optimizer: )" + optimizer + R"(
-schedule: {lr: 0.003, min_lr: 0.0003, warmup_steps: 2}
-train: {max_steps: 6}
-checkpoint: {every: 100, keep_last: 1}
-logging: {plot: false}
-)" + parallel, "zero.yaml"), "zero.yaml");
+  trex::testing::LayoutRunYaml y;
+  y.seed = 5;
+  y.optimizer = optimizer;
+  y.checkpoint = "{every: 100, keep_last: 1}";
+  return trex::testing::layout_run_config(y, parallel, "zero.yaml");
 }
 
 struct Layout {

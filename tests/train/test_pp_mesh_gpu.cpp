@@ -31,6 +31,7 @@
 #include "model/dsv4/partition.h"
 #include "train/cuda/gpu_optimizer.h"
 #include "train/cuda/gpu_pipeline.h"
+#include "train/gpu_mesh_test_support.h"
 #include "train/tiny_gpu_config.h"
 
 namespace {
@@ -49,25 +50,12 @@ struct Layout {
 using trex::gpu_test::rel_l2;
 
 // The global batch: D * M micro-batches of one 64-token sequence; DP rank d runs micro-batches [d M, (d+1) M).
-// Some unlabelled positions, differently many per micro-batch (so the normaliser is the step's, not a mean).
 void make_batch(int64_t V, int D, std::vector<int32_t>& ids, std::vector<int32_t>& labels) {
-  std::mt19937 g(23);
-  ids.resize(size_t(D * kM * kS));
-  labels.resize(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) {
-    ids[i] = int32_t(g() % uint32_t(V));
-    const int64_t m = int64_t(i) / kS;
-    labels[i] = (int64_t(i) % (3 + m % 5) == 1) ? -100 : ids[i];
-  }
+  trex::testing::make_global_batch(V, D * kM, kS, 23, ids, labels);
 }
 
-cuda::AdamWStep adamw(int s) {
-  cuda::AdamWStep a;
-  a.lr = 1e-3, a.weight_decay = 0.1, a.step = s;
-  return a;
-}
-
-bool is_expert(const std::string& n) { return n.find(".ffn.experts.") != std::string::npos; }
+using trex::testing::is_expert_tensor;
+constexpr auto adamw = trex::testing::pipeline_adamw;
 
 class PpMeshGpu : public ::testing::TestWithParam<Layout> {};
 
@@ -81,43 +69,15 @@ TEST_P(PpMeshGpu, MatchesOneRankOnTheGlobalBatch) {
   std::vector<int32_t> ids, labels;
   make_batch(cfg.vocab_size, D, ids, labels);
   const dsv4::SeqLayout mb = dsv4::SeqLayout::unpacked(1, kS);
-  int64_t targets = 0;
-  for (int64_t i = 0; i < D * kM * kS; ++i) targets += (i % kS != kS - 1) && labels[size_t(i + 1)] >= 0;
 
   // One rank: the global batch's micro-batches in order, accumulated under one begin_step.
-  std::vector<double> ref_losses;
-  Grads ref_grads;
-  int64_t full_params = 0;
-  {
-    dsv4gpu::GpuModel one(cfg);
-    dsv4gpu::GpuOptimizer opt(one);
-    one.init_random(5);
-    full_params = one.n_params();
-    for (int s = 1; s <= kSteps; ++s) {
-      one.zero_grads();
-      one.begin_step(targets);
-      double loss = 0;
-      for (int64_t m = 0; m < D * kM; ++m) {
-        loss += one.forward_stage(m, ids.data() + m * kS, labels.data() + m * kS, mb, nullptr);
-        one.backward_stage(m, nullptr);
-      }
-      ref_losses.push_back(loss);
-      if (s == 1)
-        for (const std::string& n : one.param_names()) ref_grads[n] = one.grad(n);
-      opt.adamw_step(adamw(s));
-    }
-  }
+  const trex::testing::OneRankReference ref = trex::testing::one_rank_reference(cfg, ids, labels, D * kM, kS, kSteps);
+  const std::vector<double>& ref_losses = ref.losses;
+  const Grads& ref_grads = ref.grads;
+  const int64_t full_params = ref.n_params;
 
   // The mesh's groups, each its own thread group.
-  std::vector<std::vector<std::unique_ptr<comm::Communicator>>> dp_groups, ep_groups, act_groups, grad_groups;
-  for (int s = 0; s < P; ++s) {
-    dp_groups.push_back(comm::make_thread_group(D, 120.0));
-    for (int k = 0; k < D / EP; ++k) ep_groups.push_back(comm::make_thread_group(EP, 120.0));
-  }
-  for (int d = 0; d < D; ++d) {
-    act_groups.push_back(comm::make_thread_group(P, 120.0));
-    grad_groups.push_back(comm::make_thread_group(P, 120.0));
-  }
+  const trex::testing::PipelineMeshGroups groups(P, D, EP, 2);
   const std::vector<dsv4::ModelPartition> parts = dsv4::split_layers(cfg, P);
   struct RankOut {
     std::vector<double> losses;
@@ -130,14 +90,14 @@ TEST_P(PpMeshGpu, MatchesOneRankOnTheGlobalBatch) {
     dsv4gpu::GpuModelOptions o;
     o.layer_begin = parts[size_t(s)].layer_begin, o.layer_end = parts[size_t(s)].layer_end;
     o.stage_slots = P - s;
-    o.dp = dp_groups[size_t(s)][size_t(d)].get();
-    if (EP > 1) o.ep = ep_groups[size_t(s * (D / EP) + d / EP)][size_t(d % EP)].get();
+    o.dp = groups.dp(s, d);
+    o.ep = groups.ep(s, d);
     dsv4gpu::GpuModel m(cfg, o);
     dsv4gpu::GpuOptimizer opt(m);
     m.init_random(5);
     RankOut& r = out[size_t(w)];
     r.n_params = m.n_params();
-    dsv4gpu::GpuPipeline pipe(m, *act_groups[size_t(d)][size_t(s)], *grad_groups[size_t(d)][size_t(s)], kM);
+    dsv4gpu::GpuPipeline pipe(m, groups.direction(0, s, d), groups.direction(1, s, d), kM);
     const int64_t off = d * kM * kS;
     std::vector<double> local;
     dsv4gpu::DevMem acc(size_t(m.shard_elems()) * sizeof(float));
@@ -149,7 +109,7 @@ TEST_P(PpMeshGpu, MatchesOneRankOnTheGlobalBatch) {
         m.add_reduced_grads_to(acc.as<float>());
         for (const std::string& n : m.param_names()) {  // the same dense names on every rank of the stage
           // Region X: complete on the owner, reduce-scattered over its EDP replicas (gathered over them here).
-          (EP > 1 && is_expert(n) ? r.expert : r.dense)[n] = m.gather_shard(n, acc.as<float>());
+          (EP > 1 && is_expert_tensor(n) ? r.expert : r.dense)[n] = m.gather_shard(n, acc.as<float>());
         }
       }
       opt.adamw_step(adamw(step));
@@ -183,7 +143,7 @@ TEST_P(PpMeshGpu, MatchesOneRankOnTheGlobalBatch) {
   for (int w = 0; w < N; ++w) EXPECT_LT(out[size_t(w)].n_params, full_params) << "rank " << w;
 
   // Gradients by name. Without EP the experts are dense tensors (DP-bucketed, reduce-scattered).
-  auto sharded = [EP](const std::string& n) { return EP > 1 && is_expert(n); };
+  auto sharded = [EP](const std::string& n) { return EP > 1 && is_expert_tensor(n); };
   double worst[2] = {0, 0};
   std::string worst_name[2];
   for (const auto& [name, g_ref] : ref_grads) {

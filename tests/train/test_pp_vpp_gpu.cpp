@@ -31,6 +31,7 @@
 #include "model/dsv4/partition.h"
 #include "train/cuda/gpu_optimizer.h"
 #include "train/cuda/gpu_pipeline.h"
+#include "train/gpu_mesh_test_support.h"
 #include "train/tiny_gpu_config.h"
 
 namespace {
@@ -51,33 +52,16 @@ using trex::gpu_test::rel_l2;
 
 // The tiny config with n layers (the sliding / CSA / HCA pattern repeated; the first layer hash-routed).
 dsv4::ModelConfig config_with(int64_t n) {
-  nlohmann::json j = trex::testing::tiny_gpu_config_json();
-  j["num_hidden_layers"] = n;
-  nlohmann::json cr = nlohmann::json::array();
-  for (int64_t l = 0; l < n; ++l) cr.push_back(std::vector<int>{0, 4, 16}[size_t(l % 3)]);
-  j["compress_ratios"] = cr;
-  return dsv4::parse_model_config(j, fmt::format("vpp test config ({} layers)", n));
+  return trex::testing::tiny_gpu_config_layers(n, fmt::format("vpp test config ({} layers)", n));
 }
 
 // The global batch: D * M micro-batches of one 64-token sequence; DP rank d runs micro-batches [d M, (d+1) M).
 void make_batch(int64_t V, int D, std::vector<int32_t>& ids, std::vector<int32_t>& labels) {
-  std::mt19937 g(29);
-  ids.resize(size_t(D * kM * kS));
-  labels.resize(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) {
-    ids[i] = int32_t(g() % uint32_t(V));
-    const int64_t m = int64_t(i) / kS;
-    labels[i] = (int64_t(i) % (3 + m % 5) == 1) ? -100 : ids[i];
-  }
+  trex::testing::make_global_batch(V, D * kM, kS, 29, ids, labels);
 }
 
-cuda::AdamWStep adamw(int s) {
-  cuda::AdamWStep a;
-  a.lr = 1e-3, a.weight_decay = 0.1, a.step = s;
-  return a;
-}
-
-bool is_expert(const std::string& n) { return n.find(".ffn.experts.") != std::string::npos; }
+using trex::testing::is_expert_tensor;
+constexpr auto adamw = trex::testing::pipeline_adamw;
 
 class PpVppGpu : public ::testing::TestWithParam<Layout> {};
 
@@ -90,35 +74,12 @@ TEST_P(PpVppGpu, MatchesOneRankOnTheGlobalBatch) {
   std::vector<int32_t> ids, labels;
   make_batch(cfg.vocab_size, D, ids, labels);
   const dsv4::SeqLayout mb = dsv4::SeqLayout::unpacked(1, kS);
-  int64_t targets = 0;
-  for (int64_t i = 0; i < D * kM * kS; ++i) targets += (i % kS != kS - 1) && labels[size_t(i + 1)] >= 0;
 
   // One rank: the global batch's micro-batches in order, accumulated under one begin_step.
-  std::vector<double> ref_losses;
-  double ref_norm = 0;
-  Tensors ref_grads, ref_init, ref_final;
-  {
-    dsv4gpu::GpuModel one(cfg);
-    dsv4gpu::GpuOptimizer opt(one);
-    one.init_random(5);
-    for (const std::string& n : one.param_names()) ref_init[n] = one.value(n);
-    for (int s = 1; s <= kSteps; ++s) {
-      one.zero_grads();
-      one.begin_step(targets);
-      double loss = 0;
-      for (int64_t m = 0; m < D * kM; ++m) {
-        loss += one.forward_stage(m, ids.data() + m * kS, labels.data() + m * kS, mb, nullptr);
-        one.backward_stage(m, nullptr);
-      }
-      ref_losses.push_back(loss);
-      if (s == 1) {
-        for (const std::string& n : one.param_names()) ref_grads[n] = one.grad(n);
-        ref_norm = one.grad_norm();
-      }
-      opt.adamw_step(adamw(s));
-    }
-    for (const std::string& n : one.param_names()) ref_final[n] = one.value(n);
-  }
+  const trex::testing::OneRankReference ref = trex::testing::one_rank_reference(cfg, ids, labels, D * kM, kS, kSteps);
+  const std::vector<double>& ref_losses = ref.losses;
+  const double ref_norm = ref.grad_norm;
+  const Tensors &ref_grads = ref.grads, &ref_init = ref.init, &ref_final = ref.final;
 
   // The virtual stages' layer ranges: the padded split must put at least one layer on every chunk.
   const std::vector<dsv4::ModelPartition> parts = dsv4::split_layers(cfg, int64_t(P) * V, L.pad);
@@ -132,14 +93,7 @@ TEST_P(PpVppGpu, MatchesOneRankOnTheGlobalBatch) {
 
   // The mesh's groups, each its own thread group: per stage a DP group (and EP groups), per DP index the four
   // pipeline directions.
-  std::vector<std::vector<std::unique_ptr<comm::Communicator>>> dp_groups, ep_groups, act, grad, act_wrap,
-      grad_wrap;
-  for (int s = 0; s < P; ++s) {
-    dp_groups.push_back(comm::make_thread_group(D, 120.0));
-    for (int k = 0; k < D / EP; ++k) ep_groups.push_back(comm::make_thread_group(EP, 120.0));
-  }
-  for (int d = 0; d < D; ++d)
-    for (auto* g : {&act, &grad, &act_wrap, &grad_wrap}) g->push_back(comm::make_thread_group(P, 120.0));
+  const trex::testing::PipelineMeshGroups groups(P, D, EP, 4);  // act, grad, act_wrap, grad_wrap
   struct RankOut {
     std::vector<double> losses;
     Tensors dense, expert, final_dense, final_expert;  // dense / experts: as test_pp_mesh_gpu.cpp
@@ -157,16 +111,16 @@ TEST_P(PpVppGpu, MatchesOneRankOnTheGlobalBatch) {
       dsv4gpu::GpuModelOptions o;
       o.layer_begin = part.layer_begin, o.layer_end = part.layer_end;
       o.stage_slots = slots[size_t(c)];
-      o.dp = dp_groups[size_t(s)][size_t(d)].get();
-      if (EP > 1) o.ep = ep_groups[size_t(s * (D / EP) + d / EP)][size_t(d % EP)].get();
+      o.dp = groups.dp(s, d);
+      o.ep = groups.ep(s, d);
       models.push_back(std::make_unique<dsv4gpu::GpuModel>(cfg, o));
       opts.push_back(std::make_unique<dsv4gpu::GpuOptimizer>(*models.back()));
       models.back()->init_random(5);
       chunks.push_back(models.back().get());
     }
     RankOut& r = out[size_t(w)];
-    dsv4gpu::GpuPipeline pipe(chunks, *act[size_t(d)][size_t(s)], *grad[size_t(d)][size_t(s)],
-                              act_wrap[size_t(d)][size_t(s)].get(), grad_wrap[size_t(d)][size_t(s)].get(), kM);
+    dsv4gpu::GpuPipeline pipe(chunks, groups.direction(0, s, d), groups.direction(1, s, d),
+                              &groups.direction(2, s, d), &groups.direction(3, s, d), kM);
     EXPECT_EQ(pipe.chunks(), V);
     const int64_t off = d * kM * kS;
     std::vector<double> local;
@@ -185,13 +139,13 @@ TEST_P(PpVppGpu, MatchesOneRankOnTheGlobalBatch) {
           TREX_CUDA(cudaMemset(acc.as<float>(), 0, size_t(m->shard_elems()) * sizeof(float)));
           m->add_reduced_grads_to(acc.as<float>());
           for (const std::string& n : m->param_names())
-            (EP > 1 && is_expert(n) ? r.expert : r.dense)[n] = m->gather_shard(n, acc.as<float>());
+            (EP > 1 && is_expert_tensor(n) ? r.expert : r.dense)[n] = m->gather_shard(n, acc.as<float>());
         }
       for (auto& o : opts) o->adamw_step(adamw(step));
     }
     for (auto& m : models)
       for (const std::string& n : m->param_names())
-        (EP > 1 && is_expert(n) ? r.final_expert : r.final_dense)[n] = m->gather_shard(n);  // the fp32 master
+        (EP > 1 && is_expert_tensor(n) ? r.final_expert : r.final_dense)[n] = m->gather_shard(n);  // the fp32 master
     r.losses = pipe.global_losses(local);  // this DP rank's share of each step, from the last stage
   });
   if (HasFailure()) return;
@@ -215,7 +169,7 @@ TEST_P(PpVppGpu, MatchesOneRankOnTheGlobalBatch) {
 
   // Gradients after step 1 and weight updates after step 2, by name: each tensor on exactly one virtual stage
   // (its DP ranks, or an expert's EDP replicas, holding the same reduced values).
-  auto sharded = [EP](const std::string& n) { return EP > 1 && is_expert(n); };
+  auto sharded = [EP](const std::string& n) { return EP > 1 && is_expert_tensor(n); };
   double worst_grad = 0, worst_update = 0;
   std::string worst_grad_name, worst_update_name;
   for (const auto& [name, g_ref] : ref_grads) {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "model/cuda/gpu_model.h"
+#include "train/gpu_mesh_test_support.h"
 #include "train/tiny_gpu_config.h"
 
 namespace {
@@ -207,13 +208,9 @@ StageRun stage_steps(const dsv4::ModelConfig& cfg, Recompute mode, const std::ve
 TEST(RecomputeGpu, StageStepsWithTwoMicroBatchesInFlightGiveNonesOutputsAndGradients) {
   const dsv4::ModelConfig cfg = trex::testing::tiny_gpu_config("recompute stage config");
   const dsv4::SeqLayout mb = dsv4::SeqLayout::packed(64, {{40, 24}});
-  const int64_t N = mb.n_tokens(), n = N * cfg.hc_mult * cfg.hidden;
-  std::mt19937 g(8);
-  std::vector<int32_t> ids(static_cast<size_t>(2 * N));
-  for (auto& t : ids) t = int32_t(g() % uint32_t(cfg.vocab_size));
-  std::normal_distribution<float> nd(0.f, 1e-2f);
-  std::vector<float> dx(static_cast<size_t>(2 * n));
-  for (auto& v : dx) v = nd(g);
+  const trex::testing::TwoMicroBatchStageInputs in = trex::testing::two_micro_batch_stage_inputs(cfg, mb, 8);
+  const std::vector<int32_t>& ids = in.ids;
+  const std::vector<float>& dx = in.dx;
   const StageRun none = stage_steps(cfg, Recompute::None, ids, dx, mb);
   const StageRun none2 = stage_steps(cfg, Recompute::None, ids, dx, mb);
   EXPECT_EQ(none.kept, 2 * none.plan.kept());

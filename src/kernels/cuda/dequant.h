@@ -7,11 +7,19 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string_view>
+
+#include "core/dtype.h"
 
 namespace trex::cuda {
 
 // How a stored element is encoded. F4_E2M1: two per byte, the low nibble the even element.
 enum class StoredType : int32_t { F32, F64, F16, BF16, F8_E4M3, F8_E8M0, F4_E2M1 };
+
+// The encoding of a checkpoint dtype, for the float dtypes whose elements decode one by one (F32, F64, F16, BF16,
+// F8_E4M3, F8_E8M0). Packed FP4 is not one: its element type comes from the tensor's quantisation (the caller sets
+// F4_E2M1). Any other dtype fails with an error naming `what` (integer tensors load on the host).
+StoredType stored_type(DType t, std::string_view what);
 
 // Device decode tables (floats): e4m3[256], e8m0[256], e2m1[16], f16[65536].
 struct DecodeTables {

@@ -1,4 +1,5 @@
-// The device decode tables of dequant.h, from the host's conversion functions (core/dtype.h).
+// The device decode tables of dequant.h, from the host's conversion functions (core/dtype.h), and the map from
+// checkpoint dtypes to stored encodings.
 #include <cuda_runtime.h>
 
 #include <map>
@@ -6,10 +7,30 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dequant.h"
 
 namespace trex::cuda {
+
+StoredType stored_type(DType t, std::string_view what) {
+  switch (t) {
+    case DType::F32:
+      return StoredType::F32;
+    case DType::F64:
+      return StoredType::F64;
+    case DType::F16:
+      return StoredType::F16;
+    case DType::BF16:
+      return StoredType::BF16;
+    case DType::F8_E4M3:
+      return StoredType::F8_E4M3;
+    case DType::F8_E8M0:
+      return StoredType::F8_E8M0;
+    default:
+      fail("{}: dtype {} cannot be de-quantised on the GPU (integer tensors load on the host)", what, dtype_name(t));
+  }
+}
 
 DecodeTables decode_tables() {
   static std::mutex mu;

@@ -16,24 +16,7 @@ namespace {
 
 using cuda::StoredType;
 
-StoredType stored_type(DType t, const std::string& what) {
-  switch (t) {
-    case DType::F32:
-      return StoredType::F32;
-    case DType::F64:
-      return StoredType::F64;
-    case DType::F16:
-      return StoredType::F16;
-    case DType::BF16:
-      return StoredType::BF16;
-    case DType::F8_E4M3:
-      return StoredType::F8_E4M3;
-    case DType::F8_E8M0:
-      return StoredType::F8_E8M0;
-    default:
-      fail("{}: dtype {} cannot be de-quantised on the GPU (integer tensors load on the host)", what, dtype_name(t));
-  }
-}
+using cuda::stored_type;
 
 // Copies of at least this size are split over threads: the first touch of the mapping reads the file.
 constexpr size_t kParallelCopy = size_t(8) << 20;

@@ -1,6 +1,7 @@
 // GpuModel::Impl: the parameter arenas, the blocks and the head state (shared by gpu_params_cuda.cpp and
 // gpu_model_cuda.cpp).
 #pragma once
+#include <algorithm>
 #include <memory>
 
 #include "model/cuda/gpu_internal.h"
@@ -219,6 +220,24 @@ struct GpuModel::Impl {
   std::vector<Bucket> buckets;
   int embed_bucket = 0, head_bucket = 0, mtp_bucket = 0;
   std::vector<int> layer_bucket;
+  // What the transient bucket buffers (grad_buckets.h, weight_gather.h) are sized by, in elements: the largest
+  // layer bucket (a few of those are in flight) and the root buckets together (embedding, head, MTP module: held
+  // for the whole step). From the config's n_mtp, not mtp_block: the footprint asks before the blocks exist.
+  struct BucketExtents {
+    int64_t largest_layer = 0, roots = 0;
+  };
+  BucketExtents bucket_extents() const {
+    BucketExtents e;
+    for (size_t bi = 0; bi < buckets.size(); ++bi) {
+      const int64_t n = buckets[bi].end - buckets[bi].begin;
+      const int b = int(bi);
+      if (b == embed_bucket || b == head_bucket || (cfg.n_mtp > 0 && b == mtp_bucket))
+        e.roots += n;
+      else
+        e.largest_layer = std::max(e.largest_layer, n);
+    }
+    return e;
+  }
   std::vector<comm::WorkPtr> grad_work;    // pending reduce-scatters / the region-R all-reduce
   std::vector<comm::WorkPtr> gather_work;  // per bucket: the all-gather of the updated bf16 slices
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> stalls;  // compute-stream waits on communication

@@ -42,16 +42,8 @@ bool GradBuckets::is_layer(int bi) const {
 
 int64_t GradBuckets::transient_bytes(const GpuModel::Impl& m) {
   if (m.dp_size == 1 || !(m.zero2() || m.reduce_bf16)) return 0;
-  int64_t layer = 0, root = 0;
-  for (size_t bi = 0; bi < m.buckets.size(); ++bi) {
-    const int64_t n = m.buckets[bi].end - m.buckets[bi].begin;
-    const bool is_root = int(bi) == m.embed_bucket || int(bi) == m.head_bucket || (m.cfg.n_mtp > 0 && int(bi) == m.mtp_bucket);
-    if (is_root)
-      root += n;
-    else
-      layer = std::max(layer, n);
-  }
-  const int64_t elems = kGradBucketsInFlight * layer + root;
+  const GpuModel::Impl::BucketExtents e = m.bucket_extents();
+  const int64_t elems = kGradBucketsInFlight * e.largest_layer + e.roots;
   return (m.zero2() ? 4 * elems : 0) + (m.reduce_bf16 ? 2 * elems : 0);
 }
 

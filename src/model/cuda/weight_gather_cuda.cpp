@@ -27,16 +27,8 @@ bool WeightGather::is_layer(int bi) const {
 
 int64_t WeightGather::transient_bytes(const GpuModel::Impl& m) {
   if (!m.zero3()) return 0;
-  int64_t layer = 0, root = 0;
-  for (size_t bi = 0; bi < m.buckets.size(); ++bi) {
-    const int64_t n = m.buckets[bi].end - m.buckets[bi].begin;
-    const bool is_root = int(bi) == m.embed_bucket || int(bi) == m.head_bucket || (m.cfg.n_mtp > 0 && int(bi) == m.mtp_bucket);
-    if (is_root)
-      root += n;
-    else
-      layer = std::max(layer, n);
-  }
-  return 2 * (kWeightBuffersInFlight * layer + root);
+  const GpuModel::Impl::BucketExtents e = m.bucket_extents();
+  return 2 * (kWeightBuffersInFlight * e.largest_layer + e.roots);
 }
 
 void WeightGather::issue(int bi) {
