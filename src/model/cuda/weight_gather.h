@@ -21,9 +21,10 @@
 //
 // Timing (times()): every gather is bracketed by CUDA events on the stream it runs on (the NCCL communicator's
 // own stream, made to wait first for the compute stream's work at the call, which the gather waits for anyway, so
-// the span is the gather's own time; the emulated group's copies run on the compute stream), and every compute
-// stream wait on a gather by events on the compute stream (the time the compute stream stood still for it). A
-// gather on the compute stream itself is exposed whole.
+// the span is the gather's own time; the emulated group's copies run on the compute stream, exposed whole; another
+// backend's, e.g. the thread group of the tests, are bracketed on the compute stream, which times only what it
+// queues there), and every compute-stream wait on a gather by events on the compute stream (the time the compute
+// stream stood still for it).
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -82,7 +83,7 @@ class WeightGather {
   int current_ = -1;        // the layer bucket being read
   int64_t gathers_ = 0;
   bool emulated_ = false;  // the DP group is comm::EmulatedGroup (rank emulation)
-  cudaStream_t stream_ = nullptr;  // where the gathers run: the NCCL communicator's stream, else the compute stream
+  cudaStream_t stream_ = nullptr;  // the NCCL communicator's stream, else the compute stream
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> spans_, waits_;  // not yet read by times()
   Times times_;
 };

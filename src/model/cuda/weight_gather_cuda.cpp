@@ -31,6 +31,19 @@ double elapsed_ms(std::vector<std::pair<cudaEvent_t, cudaEvent_t>>& pairs) {
   return ms;
 }
 
+// Folds the leading pairs whose end has completed into ms (no wait): a run that never reads the times keeps a
+// bounded number of events.
+void fold_completed(std::vector<std::pair<cudaEvent_t, cudaEvent_t>>& pairs, double& ms) {
+  size_t n = 0;
+  while (n < pairs.size() && cudaEventQuery(pairs[n].second) == cudaSuccess) ++n;
+  if (n < pairs.size()) (void)cudaGetLastError();  // cudaErrorNotReady: not an error, cleared for later checks
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> done(pairs.begin(), pairs.begin() + std::ptrdiff_t(n));
+  pairs.erase(pairs.begin(), pairs.begin() + std::ptrdiff_t(n));
+  ms += elapsed_ms(done);
+}
+
+constexpr size_t kEventsBeforeFold = 1024;
+
 }  // namespace
 
 WeightGather::WeightGather(GpuModel::Impl& m) : m_(m), emulated_(m.dp->backend() == "emulated") {
@@ -42,8 +55,8 @@ WeightGather::Times WeightGather::times() {
   TREX_CUDA(cudaDeviceSynchronize());
   const double total = elapsed_ms(spans_);
   times_.total_ms += total;
-  // A gather on the compute stream holds the compute stream for all its time.
-  times_.exposed_ms += elapsed_ms(waits_) + (stream_ ? 0.0 : total);
+  // The emulated group's copies hold the compute stream for all their time.
+  times_.exposed_ms += elapsed_ms(waits_) + (emulated_ ? total : 0.0);
   times_.gathers = gathers_;
   return times_;
 }
@@ -102,6 +115,11 @@ void WeightGather::issue(int bi) {
   u.work = m_.dp->all_gather(own, u.buf, size_t(n), comm::ElemType::BF16);
   TREX_CUDA(cudaEventRecord(span.second, stream_));
   spans_.push_back(span);
+  if (spans_.size() > kEventsBeforeFold) {
+    double ms = 0;
+    fold_completed(spans_, ms);
+    times_.total_ms += ms, times_.exposed_ms += emulated_ ? ms : 0.0;
+  }
   if (is_layer(bi)) layers_.push_back(bi);
   ++gathers_;
   m_.bind_bucket_weights(bi);
@@ -133,6 +151,7 @@ void WeightGather::wait(Unit& u) {
   TREX_CUDA(cudaEventRecord(w.second, nullptr));
   waits_.push_back(w);
   u.work.reset();
+  if (waits_.size() > kEventsBeforeFold) fold_completed(waits_, times_.exposed_ms);
 }
 
 void WeightGather::prefetch(int bi) {
