@@ -30,6 +30,7 @@
 #include "model/cuda/activation_plan.h"
 #include "model/dsv4/recompute.h"
 #include "model/dsv4/seq_layout.h"
+#include "bench_gpu_metrics.h"
 #include "train/cuda/emulated_rank.h"
 #endif
 
@@ -222,10 +223,12 @@ void bench_train_emulated(const TrainBenchArgs& a) {
   uint64_t zero = 0;
   TREX_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
   rank.model().reset_sections();
+  const dsv4gpu::GpuModel::GatherTimes gathers_before = rank.model().weight_gather_times();
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < a.steps; ++i) one();
   TREX_CUDA(cudaDeviceSynchronize());
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / a.steps;
+  const nlohmann::json zero3 = gather_json(gathers_before, rank.model().weight_gather_times(), a.steps);
   uint64_t used_high = 0;
   TREX_CUDA(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &used_high));
   TREX_CUDA(cudaMemGetInfo(&free_b, &total_b));
@@ -276,6 +279,9 @@ void bench_train_emulated(const TrainBenchArgs& a) {
                      {"loopback_buffers", gib(double(rank.loopback_bytes()))},  // emulation only, outside the pool
                      {"pool_peak", gib(double(used_high))},
                      {"device_used", gib(double(total_b - free_b))}};
+  j["activation_arena"] = arena_json(rank.model());
+  // The emulated group's gathers are local copies on the compute stream: exposed whole (weight_gather.h).
+  if (!zero3.is_null()) j["zero3_weight_gather"] = zero3;
   nlohmann::json comm;
   for (const auto& [group, ops] : rank.comm_stats())
     for (const auto& [op, s] : ops)

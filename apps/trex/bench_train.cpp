@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #ifdef TREX_HAVE_CUDA
+#include "bench_gpu_metrics.h"
 #include "comm/launch_env.h"
 #include "train/cuda/gpu_step_engine.h"
 #endif
@@ -155,6 +156,7 @@ void bench_train_pp(const TrainBenchArgs& a, const dsv4::ModelConfig& cfg, doubl
   j["exposed_comm_ms"] = r2(std::max(0.0, step_ms - sched_ms));
   j["boundary_transfer_ms"] = r2(xfer_ms);  // one bf16 [tokens, hc, d] tensor alone
   j["stages"] = stages;
+  j["rank0_activation_arena"] = arena_json(model);
   j["loss_first"] = all_losses.front();
   j["loss_last"] = all_losses.back();
   j["warmup"] = a.warmup;
@@ -227,6 +229,7 @@ void bench_train(const TrainBenchArgs& a) {
   engine.synchronize();
   engine.reset_peak_memory();
   model.reset_sections();
+  const dsv4gpu::GpuModel::GatherTimes gathers_before = model.weight_gather_times();
   engine.barrier();
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < a.steps; ++i) {
@@ -237,6 +240,7 @@ void bench_train(const TrainBenchArgs& a) {
   engine.barrier();
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / a.steps;
   const double exposed_ms = model.exposed_comm_ms() / a.steps;
+  const nlohmann::json zero3 = gather_json(gathers_before, model.weight_gather_times(), a.steps);
   const uint64_t used_high = engine.peak_memory_bytes(), device_used = engine.device_used_bytes();
   const int64_t planned_acts = engine.planned_activation_bytes(seq_layout);
   // Tokens of the whole job; TFLOP/s and MFU per GPU.
@@ -269,6 +273,9 @@ void bench_train(const TrainBenchArgs& a) {
   // The activation table's planned peak (kept + one block's recomputation scratch; activation_plan.h), part of
   // peak_gib with the parameters, gradients, optimiser state and the ops' temporaries.
   j["activations_planned_gib"] = std::round(double(planned_acts) / double(1ull << 30) * 100) / 100;
+  j["activation_arena"] = arena_json(model);
+  j["zero"] = mo.zero;
+  if (!zero3.is_null()) j["zero3_weight_gather"] = zero3;
   j["gflop_per_token"] = std::round(flops_tok / 1e6) / 1e3;
   j["loss_first"] = first_loss;
   j["loss_last"] = last_loss;

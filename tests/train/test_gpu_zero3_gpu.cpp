@@ -187,6 +187,16 @@ TEST_P(GpuZero3, MatchesZeroOneOfTheLayout) {
   for (size_t i = 0; i < 6 && i < z2.metrics.size() && i < z3.metrics.size(); ++i)
     identical = identical && z2.metrics[i]["loss"] == z3.metrics[i]["loss"];
   std::printf("%s: every step's loss %s zero 2's\n", l.name().c_str(), identical ? "bit-identical to" : "differs from");
+  // The gathers' timing (weight_gather.h) in every step's metrics under zero 3, never under zero 2. (The thread
+  // group's copies run on its own stream, which the timing does not see: its spans are near 0 here; NCCL's and
+  // the emulated group's are timed on the streams they run on.)
+  for (const nlohmann::json& m : z3.metrics) {
+    if (!m.contains("loss")) continue;
+    ASSERT_TRUE(m.contains("zero3_gather_s") && m.contains("zero3_gather_exposed_s")) << l.name() << ": " << m.dump();
+    EXPECT_GE(m["zero3_gather_s"].get<double>(), 0.0) << l.name();
+    EXPECT_GE(m["zero3_gather_exposed_s"].get<double>(), 0.0) << l.name();
+  }
+  for (const nlohmann::json& m : z2.metrics) EXPECT_FALSE(m.contains("zero3_gather_s")) << l.name();
   if (l.pp > 1) return;
   for (const auto& [name, v2] : z2.values) {
     ASSERT_TRUE(z3.values.count(name)) << name;

@@ -1,8 +1,10 @@
 // The activation arena's regions, their binding to the GPU model's pools, and the plan (activation_arena.h).
 #include "model/cuda/activation_arena.h"
 
+#include <algorithm>
 #include <map>
 
+#include "model/cuda/arena_layout.h"
 #include "model/cuda/cuda_backend.h"
 #include "model/cuda/gpu_impl.h"
 
@@ -44,6 +46,7 @@ void activation_arena_bind(GpuModel::Impl& m) {
   auto a = std::make_unique<ActivationArena>();
   auto region = [&a](std::string name) {
     a->regions.push_back(std::make_shared<ArenaRegion>());
+    a->regions.back()->use_clock(a->clock);
     a->names.push_back(std::move(name));
     return a->regions.back();
   };
@@ -77,9 +80,19 @@ void activation_arena_bind(GpuModel::Impl& m) {
   m.arena = std::move(a);
 }
 
-void activation_arena_plan(GpuModel::Impl& m) {
-  if (!m.arena || !m.arena->overflowed() || in_flight(m)) return;
+int64_t ActivationArena::sum_of_peaks() const {
+  int64_t s = 0;
+  for (const auto& r : regions) s += r->high_water();
+  return std::max(s, planned_sum_of_peaks);
+}
+
+namespace {
+
+// A new plan from the step just traced (activation_arena.h).
+void relayout(GpuModel::Impl& m) {
   ActivationArena& a = *m.arena;
+  // The plan, from the trace read before the releases below (which would end the still-live requests in it).
+  const ArenaLayout layout = plan_arena_layout(a.regions, a.packed_plans < kPackedPlans);
   // What the coming forward releases before it takes anything: the last step's streams, head activations, saved
   // activations and selections (a stage's input gradients stay until their slot's next backward: their send may
   // still be reading them).
@@ -95,36 +108,48 @@ void activation_arena_plan(GpuModel::Impl& m) {
   }
   for (Pool* p : m.backend->step_pools()) p->clear();
   // The step's fallback buffers went back to the device pool, which keeps freed memory (GpuModel's release
-  // threshold); hand the unused part back so the arena does not sit beside it.
+  // threshold); hand it back so that the arena does not sit beside it. A stream-ordered free counts as in use
+  // until the device has passed it: the trim waits for the device first (once per plan).
   cudaMemPool_t pool;
   int dev = 0;
   TREX_CUDA(cudaGetDevice(&dev));
   TREX_CUDA(cudaDeviceGetDefaultMemPool(&pool, dev));
+  TREX_CUDA(cudaDeviceSynchronize());
   TREX_CUDA(cudaMemPoolTrimTo(pool, 0));
+  // Packed from the traced step while steps repeat it (arena_layout.h: when packing saves bytes); a packed plan
+  // that a later step did not fit (its requests differ from the traced step's) is followed by packed ones up to
+  // kPackedPlans, then by stacked ones (each region at its high-water mark: they hold any order of requests within
+  // the marks).
+  auto memory = layout.bytes > 0 ? std::make_shared<DevMem>(size_t(layout.bytes)) : nullptr;
   const std::vector<std::shared_ptr<ArenaRegion>> old = a.regions;  // alive until every pool is rebound
-  std::vector<int64_t> cap(a.regions.size()), off(a.regions.size());
-  int64_t total = 0;
-  for (size_t i = 0; i < a.regions.size(); ++i) {
-    cap[i] = ArenaRegion::align_up(std::max(a.regions[i]->capacity(), a.regions[i]->high_water()));
-    off[i] = total, total += cap[i];
-  }
-  auto memory = total > 0 ? std::make_shared<DevMem>(size_t(total)) : nullptr;
-  std::map<const ArenaRegion*, std::shared_ptr<ArenaRegion>> next;
-  for (size_t i = 0; i < a.regions.size(); ++i) {
-    std::shared_ptr<void> backing(memory, memory ? memory->as<void>() : nullptr);
-    auto r = std::make_shared<ArenaRegion>(backing, memory ? memory->as<char>() + off[i] : nullptr, cap[i]);
-    next[old[i].get()] = r;
-    a.regions[i] = std::move(r);
-  }
-  for_each_pool(m, [&next](Pool& p) {
+  std::shared_ptr<void> backing(memory, memory ? memory->as<void>() : nullptr);
+  Regions next = make_arena_regions(layout, a.regions, backing, memory ? memory->as<char>() : nullptr,
+                                    layout.bytes, a.clock);
+  std::map<const ArenaRegion*, std::shared_ptr<ArenaRegion>> by_old;
+  for (size_t i = 0; i < old.size(); ++i) by_old[old[i].get()] = next[i];
+  for_each_pool(m, [&by_old](Pool& p) {
     if (!p.region()) return;
-    auto it = next.find(p.region().get());
-    TREX_CHECK(it != next.end(), "activation arena: a pool bound to a region the arena does not list");
+    auto it = by_old.find(p.region().get());
+    TREX_CHECK(it != by_old.end(), "activation arena: a pool bound to a region the arena does not list");
     p.bind(it->second);
   });
-  a.recompute = next.at(a.recompute.get()), a.temporaries = next.at(a.temporaries.get());
+  a.recompute = by_old.at(a.recompute.get()), a.temporaries = by_old.at(a.temporaries.get());
+  a.regions = std::move(next);
   a.memory = std::move(memory);
+  a.planned_sum_of_peaks = layout.sum_of_peaks, a.planned_peak_live = layout.peak_live;
+  a.packed = layout.packed;
+  a.packed_plans += layout.packed;
   ++a.plans;
+}
+
+}  // namespace
+
+void activation_arena_plan(GpuModel::Impl& m) {
+  if (!m.arena || in_flight(m)) return;
+  ActivationArena& a = *m.arena;
+  if (a.overflowed()) relayout(m);
+  for (auto& r : a.regions) r->begin_step();
+  a.clock->begin_step();
 }
 
 }  // namespace trex::dsv4gpu

@@ -266,9 +266,14 @@ class GpuModel {
   ActivationBytes activation_bytes() const;
   ActivationPlan activation_plan(const dsv4::SeqLayout& layout) const;
   // The activation arena (activation_arena.h, GpuModelOptions::activation_arena): its one allocation's bytes (0
-  // before the plan, which the second step's start makes) and how many times it has been laid out.
+  // before the plan, which the second step's start makes), how many times it has been laid out and whether the
+  // layout is packed by lifetime; the sum of its regions' own peaks (what one region after another would take);
+  // the most activation bytes live at once in the last complete step (measured: no layout holds that step in
+  // less) and the same computed from the trace the layout was planned from.
   struct ArenaInfo {
     int64_t bytes = 0, plans = 0;
+    bool packed = false;
+    int64_t sum_of_peaks = 0, peak_live = 0, planned_peak_live = 0;
   };
   ArenaInfo activation_arena() const;
 
@@ -333,6 +338,14 @@ class GpuModel {
   // Data parallel: milliseconds the compute stream stalled on gradient / parameter communication since the last
   // reset_sections (synchronises). 0 on one GPU.
   double exposed_comm_ms();
+  // ZeRO-3 (weight_gather.h): since construction, the weight all-gathers' own milliseconds, the part of them the
+  // compute stream waited for (exposed: the rest ran under compute; the compute stream's waits are also in
+  // exposed_comm_ms), and how many buckets were gathered. Zeros without ZeRO-3. Synchronises.
+  struct GatherTimes {
+    double total_ms = 0, exposed_ms = 0;
+    int64_t gathers = 0;
+  };
+  GatherTimes weight_gather_times();
 
   // Milliseconds per section since the last reset (timing on only; synchronises).
   std::map<std::string, double> section_ms();

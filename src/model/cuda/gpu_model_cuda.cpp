@@ -487,9 +487,21 @@ GpuModel::ActivationBytes GpuModel::activation_bytes() const {
   return a;
 }
 
+GpuModel::GatherTimes GpuModel::weight_gather_times() {
+  GatherTimes g;
+  if (!impl_->wgather) return g;
+  const WeightGather::Times t = impl_->wgather->times();
+  g.total_ms = t.total_ms, g.exposed_ms = t.exposed_ms, g.gathers = t.gathers;
+  return g;
+}
+
 GpuModel::ArenaInfo GpuModel::activation_arena() const {
   ArenaInfo a;
-  if (impl_->arena) a.bytes = impl_->arena->bytes(), a.plans = impl_->arena->plans;
+  if (const ActivationArena* r = impl_->arena.get()) {
+    a.bytes = r->bytes(), a.plans = r->plans, a.packed = r->packed;
+    a.sum_of_peaks = r->sum_of_peaks(), a.peak_live = r->clock->last_step_peak;
+    a.planned_peak_live = r->planned_peak_live;
+  }
   return a;
 }
 

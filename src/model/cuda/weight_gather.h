@@ -18,6 +18,13 @@
 // post-step all-gather leaves in every rank's full copy), so the forward and backward compute on the same bits as
 // under ZeRO-1/2. Any change of the persistent slices (optimiser step, checkpoint load, init) drops every buffer
 // (GpuModel::Impl::weights_changed). Every rank of the DP group runs the same program walk, so the gathers match.
+//
+// Timing (times()): every gather is bracketed by CUDA events on the stream it runs on (the NCCL communicator's
+// own stream, made to wait first for the compute stream's work at the call, which the gather waits for anyway, so
+// the span is the gather's own time; the emulated group's copies run on the compute stream, exposed whole; another
+// backend's, e.g. the thread group of the tests, are bracketed on the compute stream, which times only what it
+// queues there), and every compute-stream wait on a gather by events on the compute stream (the time the compute
+// stream stood still for it).
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -50,6 +57,13 @@ class WeightGather {
   void release_all();
   // Buckets gathered since construction (tests: the prefetch and the reuse are visible).
   int64_t gathers() const { return gathers_; }
+  // Milliseconds since construction (synchronises the device to read the events): the gathers' own time and the
+  // part of it the compute stream waited for (exposed; the rest ran under compute), and the gathers counted.
+  struct Times {
+    double total_ms = 0, exposed_ms = 0;
+    int64_t gathers = 0;
+  };
+  Times times();
   // The most transient bytes the gathered buffers hold at once: kWeightBuffersInFlight of the largest layer
   // bucket plus the root buckets (embedding, head, MTP module).
   static int64_t transient_bytes(const GpuModel::Impl& m);
@@ -61,6 +75,7 @@ class WeightGather {
   };
   void issue(int b);
   bool is_layer(int b) const;
+  void wait(Unit& u);  // the compute stream waits for u's gather (timed)
 
   GpuModel::Impl& m_;
   std::vector<Unit> units_;
@@ -68,6 +83,9 @@ class WeightGather {
   int current_ = -1;        // the layer bucket being read
   int64_t gathers_ = 0;
   bool emulated_ = false;  // the DP group is comm::EmulatedGroup (rank emulation)
+  cudaStream_t stream_ = nullptr;  // the NCCL communicator's stream, else the compute stream
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> spans_, waits_;  // not yet read by times()
+  Times times_;
 };
 
 }  // namespace trex::dsv4gpu

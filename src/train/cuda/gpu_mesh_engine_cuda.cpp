@@ -76,6 +76,7 @@ struct GpuMeshEngine::State {
   float pending_scale = 1.f;                   // applied by the next optimiser step (1 / M, clipping)
   int64_t steps = 0;
   double exposed_ms_seen = 0;  // GpuModel::exposed_comm_ms() at the last step's report (it accumulates)
+  double gather_ms_seen = 0, gather_exposed_ms_seen = 0;  // GpuModel::weight_gather_times(), the same way
   bool mtp = false;  // the MTP module trained (model.use_mtp and the config has it)
 
   State(const TrainConfig& c, const dsv4::ModelConfig& m, const Dsv4TrainOptions& opts, comm::Communicator& w)
@@ -400,6 +401,18 @@ EngineStep GpuMeshEngine::forward_backward(const std::vector<data::Batch>& mine,
     for (int c = 0; c < s.n_chunks(); ++c) total_ms += s.chunk(c).exposed_comm_ms();
     r.slowest.push_back({"exposed_comm_s", (total_ms - s.exposed_ms_seen) / 1e3});
     s.exposed_ms_seen = total_ms;
+  }
+  if (s.D > 1 && s.cfg.parallel.zero == 3) {
+    // ZeRO-3's weight gathers (weight_gather.h): their own time this step and the part the compute stream waited
+    // for (also inside exposed_comm_s); the rest ran under compute.
+    double gather = 0, exposed = 0;
+    for (int c = 0; c < s.n_chunks(); ++c) {
+      const dsv4gpu::GpuModel::GatherTimes t = s.chunk(c).weight_gather_times();
+      gather += t.total_ms, exposed += t.exposed_ms;
+    }
+    r.slowest.push_back({"zero3_gather_s", (gather - s.gather_ms_seen) / 1e3});
+    r.slowest.push_back({"zero3_gather_exposed_s", (exposed - s.gather_exposed_ms_seen) / 1e3});
+    s.gather_ms_seen = gather, s.gather_exposed_ms_seen = exposed;
   }
   return r;
 }
