@@ -233,9 +233,10 @@ double GpuPipeline::step(const int32_t* ids, const int32_t* labels, const dsv4::
     TREX_CUDA(cudaMemcpy(&h, d.as<double>(), sizeof(double), cudaMemcpyDeviceToHost));
     targets = int64_t(std::llround(h));
   }
-  // The MTP head's normaliser likewise (its targets are token t + 2 within t's document).
+  // The MTP head's normaliser likewise (its targets are token t + 2 within t's document), when this rank holds
+  // the MTP module: on its last chunk (interleaved: the last virtual stage is the last rank's last chunk).
   int64_t mtp_targets = -1;
-  if (mi.mtp()) {
+  if (p.ch.back()->impl().mtp()) {
     mtp_targets = 0;
     for (int64_t m = 0; m < p.M; ++m)
       for (int32_t t : dsv4::shifted_targets(labels + m * n_mb, layout.doc_start.data(), layout.B, layout.T, 2, V))
