@@ -213,7 +213,7 @@ TEST(RankPartition, InterleavedChunksAndTheirSlots) {
   EXPECT_EQ(m0.act_wrap->size(), 2);
   EXPECT_EQ(m0.embed->rank(), 0);
   EXPECT_EQ(m1.embed->rank(), 1);
-  EXPECT_EQ(m0.all().size(), 8u);
+  EXPECT_EQ(m0.all().size(), 7u);  // dp, ep, act, grad, the two wrap groups, embed (no tp)
   // Without MTP no embedding group; one stage never has one.
   EXPECT_FALSE(parallel::make_emulated_mesh(rank_partition(s, 0, tiny_with(8, 8), 8)).embed);
   EXPECT_FALSE(parallel::make_emulated_mesh(rank_partition(parse_mesh_spec("dp=2"), 0, cfg, 2)).embed);

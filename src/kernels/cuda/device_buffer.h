@@ -46,7 +46,8 @@ inline void* device_malloc_async(size_t bytes, cudaStream_t s, const char* what)
                                         what, bytes, double(bytes) / double(1ull << 30),
                                         double(free_b) / double(1ull << 30), double(total_b) / double(1ull << 30)));
   }
-  TREX_CUDA(err);
+  if (err != cudaSuccess)
+    fail("CUDA error {} ({}) in cudaMallocAsync of {} bytes ({})", int(err), cudaGetErrorString(err), bytes, what);
   return p;
 }
 
