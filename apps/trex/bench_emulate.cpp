@@ -1,13 +1,18 @@
-// `trex bench train --emulate-rank R --layout pp=P,dp=D,ep=E`: one rank of a large layout alone on this GPU
-// (train/cuda/emulated_rank.h), printed beside the planner's prediction for that rank (src/plan, the same layout
-// and the same stage layers). Refuses before allocating the model when the rank's weights, gradients and optimizer
-// state (GpuModel::footprint, from the parameter table) exceed the device's free memory.
+// `trex bench train --emulate-rank R --layout pp=P,vpp=V,dp=D,ep=E,tp=T`: one rank of a large layout alone on this
+// GPU (train/cuda/emulated_rank.h: its stage or interleaved chunks, the MTP module on the head's rank unless
+// --no-mtp), printed beside the planner's prediction for that rank (src/plan, the same layout and the same stage
+// layers). Refuses before allocating the model when the rank's count (GpuModel::footprint's parameter state, the
+// activation table per chunk and slot, the step's workspaces) exceeds the device's free memory, with the planner's
+// breakdown for its stage beside it (a warning when only the planner's exceeds it); an allocation that fails later exits with the pool's use by category
+// (EmulatedRank::memory_report) beside the same counts.
 #include <fmt/format.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
+#include <memory>
 
 #include <nlohmann/json.hpp>
 
@@ -26,6 +31,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/lm_head_ce.h"
 #include "model/cuda/activation_plan.h"
 #include "model/dsv4/recompute.h"
@@ -47,11 +53,11 @@ double r3(double x) { return std::round(x * 1000) / 1000; }
 nlohmann::json planner_prediction(const TrainBenchArgs& a, const dsv4::ModelConfig& cfg,
                                   const parallel::RankPartition& p, plan::MemoryBreakdown* mem_out) {
   plan::ModelSpec spec = plan::load_model_spec(a.config);
-  spec.n_mtp = 0;  // as the emulated rank (the emulation leaves the MTP module out)
+  spec.n_mtp = cfg.n_mtp;  // as the emulated rank (--no-mtp: without the MTP module)
   plan::Workload w;
   w.seq = a.seq, w.gbs = a.batch, w.mode = a.mode;
   w.frozen_router = false;  // the GPU model trains the router (freeze is not on the GPU yet)
-  w.mtp = false;
+  w.mtp = cfg.n_mtp > 0;
   // By default the T-Rex profile fitted to the recorded runs, these emulated ranks among them (trex plan-calibrate
   // --write configs/plan); --impl trex-prior or a file asks another.
   const std::string impl =
@@ -60,14 +66,18 @@ nlohmann::json planner_prediction(const TrainBenchArgs& a, const dsv4::ModelConf
           : a.impl;
   const plan::ImplProfile profile = plan::load_impl(impl);
   plan::Estimator est(spec, plan::load_hardware(a.hardware), profile, w);
+  // Every virtual stage's layers (the trainer's split, rank_partition's), the MTP block (the planner's block
+  // n_layers) with the last.
   std::vector<std::vector<int64_t>> chunks;
-  for (const dsv4::ModelPartition& part : dsv4::split_layers(cfg, p.spec.pp)) {
+  for (const dsv4::ModelPartition& part : dsv4::split_layers(cfg, int64_t(p.spec.pp) * p.spec.vpp)) {
     chunks.emplace_back();
     for (int64_t l = part.layer_begin; l < part.layer_end; ++l) chunks.back().push_back(l);
   }
-  est.set_partition(p.spec.pp, 1, chunks);
+  if (w.mtp) chunks.back().push_back(cfg.n_layers);
+  est.set_partition(p.spec.pp, p.spec.vpp, chunks);
   plan::Layout l;
-  l.pp = p.spec.pp, l.dp = p.spec.dp, l.ep = p.spec.ep, l.tp = p.spec.tp, l.mbs = p.micro_batch_seqs, l.zero = a.zero;
+  l.pp = p.spec.pp, l.vpp = p.spec.vpp, l.dp = p.spec.dp, l.ep = p.spec.ep, l.tp = p.spec.tp;
+  l.mbs = p.micro_batch_seqs, l.zero = a.zero;
   l.recompute = plan::parse_recompute(a.recompute);
   const plan::Estimate e = est.estimate(l, int64_t(p.world_size));
   nlohmann::json j;
@@ -104,45 +114,57 @@ nlohmann::json planner_prediction(const TrainBenchArgs& a, const dsv4::ModelConf
 
 #ifdef TREX_HAVE_CUDA
 namespace {
-// The rank's activation and workspace bytes before anything is allocated. Activations: the GPU model's activation
-// table (model/cuda/activation_plan.h, what its pools take request by request) per micro-batch slot, times the
-// micro-batches the 1F1B schedule holds at once on this stage, plus one block's recomputation scratch. Workspace
-// (the largest transient buffers, sized from the same shapes the code allocates): the backward's two fp32
-// gradient streams and the input gradient kept for the send, the pipeline's receive buffers and the emulation's
-// boundary tensors, the LM head's row-block logits (last stage), one MoE layer's backward temporaries.
+// The rank's activation and workspace bytes before anything is allocated. Activations, per model chunk (each its
+// own activation arena, activation_arena.h, whose regions keep their high-water mark for the step): the GPU
+// model's activation table (model/cuda/activation_plan.h, what its pools take request by request) per micro-batch
+// slot, times the micro-batches the schedule holds at once on that chunk, plus one block's recomputation scratch.
+// Workspace (the largest transient buffers, sized from the same shapes the code allocates): per chunk the
+// backward's two fp32 gradient streams and the input gradient kept for the send, and one MoE layer's backward
+// temporaries; once the pipeline's receive buffers and the emulation's boundary tensors; the LM head's row-block
+// logits on the head's chunk.
 struct RankMemory {
-  dsv4gpu::ActivationPlan plan;
-  int64_t slots = 0, activations = 0;
+  std::vector<dsv4gpu::ActivationPlan> plans;  // per chunk
+  std::vector<int64_t> held;                   // per chunk: micro-batches held at once
+  int64_t activations = 0;
   int64_t grad_streams = 0, boundary = 0, lm_head = 0, moe_bwd = 0;
   int64_t workspace() const { return grad_streams + boundary + lm_head + moe_bwd; }
+  int64_t kept_per_micro_batch() const {  // the rank's whole: every chunk's one micro-batch
+    int64_t n = 0;
+    for (const auto& pl : plans) n += pl.kept();
+    return n;
+  }
 };
 
 RankMemory rank_memory(const dsv4::ModelConfig& cfg, const parallel::RankPartition& p, int64_t seq,
                        const dsv4gpu::GpuModelOptions& o) {
   RankMemory r;
   const dsv4::SeqLayout mb = dsv4::SeqLayout::unpacked(p.micro_batch_seqs, seq);
-  dsv4gpu::ActivationPlanShape sh;
-  sh.layer_begin = p.layer_begin, sh.layer_end = p.layer_end, sh.mtp = false, sh.recompute = o.recompute;
-  sh.head_grad = true;
-  sh.tp = p.spec.tp;
-  r.plan = dsv4gpu::plan_activations(cfg, mb, sh);
-  r.slots = p.in_flight;
-  r.activations = r.slots * r.plan.kept() + r.plan.block_scratch;
   const int64_t N = mb.B * mb.T, stream = N * cfg.hc_mult * cfg.hidden;
-  r.grad_streams = 4 * stream * (p.embed ? 2 : 3);
+  // moe_bwd's temporaries with every routed row on this rank (the balanced exchange brings N K rows): bf16 rows of
+  // d (dye, the received and regrouped gradients, dxl) and of f / 2f (h, dh, dgu).
+  const int64_t rows = N * cfg.topk;
+  for (const parallel::RankChunk& c : p.chunks) {
+    dsv4gpu::ActivationPlanShape sh;
+    sh.layer_begin = c.layer_begin, sh.layer_end = c.layer_end, sh.mtp = c.head && p.mtp;
+    sh.recompute = o.recompute;
+    sh.head_grad = true;
+    sh.tp = p.spec.tp;
+    r.plans.push_back(dsv4gpu::plan_activations(cfg, mb, sh));
+    r.held.push_back(std::min<int64_t>(c.slots, p.micro_batches));
+    r.activations += r.held.back() * r.plans.back().kept() + r.plans.back().block_scratch;
+    r.grad_streams += 4 * stream * (c.embed ? 2 : 3);
+    r.moe_bwd += 2 * rows * (4 * cfg.hidden + 4 * cfg.moe_inter);
+  }
   if (p.spec.pp > 1) {
-    if (!p.embed) r.boundary += 2 * (2 * stream) + 2 * stream + 4 * stream;  // act receives + source, grad sink
-    if (!p.head) r.boundary += 2 * (4 * stream) + 4 * stream + 2 * stream;   // grad receives + source, act sink
+    const bool act_in = !p.embed || p.spec.vpp > 1, grad_in = !p.head || p.spec.vpp > 1;
+    if (act_in) r.boundary += 2 * (2 * stream) + 2 * stream + 4 * stream;   // act receives + source, grad sink
+    if (grad_in) r.boundary += 2 * (4 * stream) + 4 * stream + 2 * stream;  // grad receives + source, act sink
   }
   if (p.head) {
     cuda::LmHeadCeShape s{N, cfg.hidden, cfg.vocab_size, std::min(o.lm_chunk, cfg.vocab_size), o.lm_rows,
                           o.lm_grad_rows};
     r.lm_head = int64_t(cuda::lm_head_ce_fwd_grad_scratch_bytes(s));
   }
-  // moe_bwd's temporaries with every routed row on this rank (the balanced exchange brings N K rows): bf16 rows of
-  // d (dye, the received and regrouped gradients, dxl) and of f / 2f (h, dh, dgu).
-  const int64_t rows = N * cfg.topk;
-  r.moe_bwd = 2 * rows * (4 * cfg.hidden + 4 * cfg.moe_inter);
   return r;
 }
 }  // namespace
@@ -155,17 +177,18 @@ void bench_train_emulated(const TrainBenchArgs& a) {
              a.mesh);
   dsv4::ModelConfig cfg = dsv4::load_model_config(a.config);
   const bool had_mtp = cfg.n_mtp > 0;
-  cfg.n_mtp = 0;  // the emulation leaves the MTP module out (emulated_rank.h)
+  if (a.no_mtp) cfg.n_mtp = 0;  // the old measurement: the rank without the MTP module
   const parallel::MeshSpec spec = parallel::parse_mesh_spec(a.layout);
   const parallel::RankPartition p = parallel::rank_partition(spec, a.emulate_rank, cfg, a.batch, a.micro_batch_seqs);
-  std::fprintf(stderr, "emulating %s%s\n", p.describe().c_str(), had_mtp ? " (config's MTP module left out)" : "");
+  std::fprintf(stderr, "emulating %s%s\n", p.describe().c_str(),
+               had_mtp && a.no_mtp ? " (config's MTP module left out: --no-mtp)" : "");
   plan::MemoryBreakdown pm;
   const nlohmann::json pred = planner_prediction(a, cfg, p, &pm);
 #ifndef TREX_HAVE_CUDA
   (void)pred;
   fail("bench train --emulate-rank: this build has no CUDA backend (configure with -DTREX_CUDA=ON)");
 #else
-  // The bytes first: the rank's parameters, gradients and optimizer state, from the parameter table.
+  // The bytes first: every chunk's parameters, gradients and optimizer state, from the parameter table.
   parallel::EmulatedMesh sizing = parallel::make_emulated_mesh(p);
   dsv4gpu::GpuModelOptions base;
   base.timing = a.sections;
@@ -173,8 +196,14 @@ void bench_train_emulated(const TrainBenchArgs& a) {
   base.recompute = dsv4::parse_recompute(a.recompute, "bench train --recompute");
   base.zero = a.zero, base.grad_reduce_bf16 = a.grad_reduce == "bf16";
   if (a.moe_gemm != "default") base.moe_grouped_gemm = a.moe_gemm == "grouped";
-  const dsv4gpu::GpuModel::Footprint fp =
-      dsv4gpu::GpuModel::footprint(cfg, train::EmulatedRank::model_options(p, sizing, base));
+  dsv4gpu::GpuModel::Footprint fp;  // summed over the chunks
+  for (int c = 0; c < int(p.chunks.size()); ++c) {
+    const dsv4gpu::GpuModel::Footprint f =
+        dsv4gpu::GpuModel::footprint(cfg, train::EmulatedRank::model_options(p, sizing, base, c));
+    fp.weight_elems += f.weight_elems, fp.grad_elems += f.grad_elems, fp.shard_elems += f.shard_elems;
+    fp.n_params += f.n_params, fp.grad_buffer_bytes += f.grad_buffer_bytes;
+    fp.weight_buffer_bytes += f.weight_buffer_bytes;
+  }
   const double fixed = double(fp.compute_bytes() + fp.grad_bytes() + fp.master_bytes() + fp.adamw_bytes());
   const RankMemory rm = rank_memory(cfg, p, a.seq, base);
   // ZeRO-2's transient bucket buffers (and the bf16 reduction's copies) come from the pool during backward, ZeRO-3's
@@ -183,36 +212,73 @@ void bench_train_emulated(const TrainBenchArgs& a) {
                       double(fp.weight_buffer_bytes);
   size_t free_b = 0, total_b = 0;
   TREX_CUDA(cudaMemGetInfo(&free_b, &total_b));
-  std::string per_layer;
-  for (size_t i = 0; i < rm.plan.blocks.size(); ++i)
-    per_layer += fmt::format("{}{}: {:.2f}", i ? ", " : "", p.layer_begin + int64_t(i),
-                             double(rm.plan.blocks[i].kept) / kGiB);
+  std::string per_chunk;
+  for (size_t c = 0; c < rm.plans.size(); ++c) {
+    const dsv4gpu::ActivationPlan& pl = rm.plans[c];
+    std::string per_layer;
+    for (size_t i = 0; i < pl.blocks.size(); ++i)
+      per_layer += fmt::format("{}{}: {:.2f}", i ? ", " : "", p.chunks[c].layer_begin + int64_t(i),
+                               double(pl.blocks[i].kept) / kGiB);
+    per_chunk += fmt::format("{}layers [{}, {}): {} micro-batches x {:.2f} (streams {:.2f}, head {:.2f}, layers {}) "
+                             "+ recomputation scratch {:.2f}",
+                             c ? "; " : "", p.chunks[c].layer_begin, p.chunks[c].layer_end, rm.held[c],
+                             double(pl.kept()) / kGiB, double(pl.streams) / kGiB, double(pl.heads) / kGiB, per_layer,
+                             double(pl.block_scratch) / kGiB);
+  }
+  const std::string counted = fmt::format(
+      "the rank's count {:.2f} GiB: bf16 weights {:.2f}, fp32 gradients {:.2f}, fp32 master shard {:.2f}, AdamW "
+      "moments {:.2f} ({} parameters{}); activations {:.2f} ({}); workspace {:.2f} (gradient streams {:.2f}, pipeline "
+      "boundary {:.2f}, LM head {:.2f}, MoE backward {:.2f}); bucket buffers {:.2f} (ZeRO-2 gradients {:.2f}, ZeRO-3 "
+      "gathers {:.2f}). The planner's count for stage {} (plan/estimate.h, the same stage layers): {:.2f} GiB = "
+      "weights {:.2f}, grads {:.2f}, optimizer {:.2f}, activations {:.2f} ({} in flight), logits {:.2f}, comm buffers "
+      "{:.2f}, fixed {:.2f}",
+      need / kGiB, fp.compute_bytes() / kGiB, fp.grad_bytes() / kGiB, fp.master_bytes() / kGiB,
+      fp.adamw_bytes() / kGiB, fp.n_params, p.mtp ? ", the MTP module's among them" : "",
+      double(rm.activations) / kGiB, per_chunk, double(rm.workspace()) / kGiB, double(rm.grad_streams) / kGiB,
+      double(rm.boundary) / kGiB, double(rm.lm_head) / kGiB, double(rm.moe_bwd) / kGiB,
+      double(fp.grad_buffer_bytes + fp.weight_buffer_bytes) / kGiB, double(fp.grad_buffer_bytes) / kGiB,
+      double(fp.weight_buffer_bytes) / kGiB, p.pp_rank, pm.total, pm.weights, pm.grads, pm.optimizer,
+      pm.activations, pm.inflight, pm.logits, pm.comm_buffers, pm.fixed);
+  // Refused up front when the rank's count exceeds what the device has free. The planner's total (which counts what
+  // the rank's table does not: the expert exchange's buffers, its fitted activation scale and fixed reserve) is
+  // printed beside it; when only the planner's exceeds the free memory the run goes ahead with a warning, so the
+  // measured peak settles which count is right.
+  const double planner_need = pm.total * kGiB;
+  if (need < double(free_b) && planner_need >= double(free_b))
+    std::fprintf(stderr, "warning: the planner's count for this rank exceeds the device's %.2f GiB free, the rank's "
+                 "own does not (running it): %s\n", double(free_b) / kGiB, counted.c_str());
   TREX_CHECK(need < double(free_b),
-             "bench train --emulate-rank {} ({}, recompute {}): the rank needs {:.2f} GiB but the device has {:.2f} "
-             "GiB free of {:.2f}: bf16 weights {:.2f}, fp32 gradients {:.2f}, fp32 master shard {:.2f}, AdamW moments "
-             "{:.2f} ({} parameters); activations {:.2f} = {} micro-batches in flight x {:.2f} per micro-batch "
-             "(streams {:.2f}, head {:.2f}, layers {}) + recomputation scratch {:.2f}; workspace {:.2f} (gradient "
-             "streams {:.2f}, pipeline boundary {:.2f}, LM head {:.2f}, MoE backward {:.2f}). The planner predicts "
-             "{:.2f} GiB of activations ({} in flight) and {:.2f} GiB in all for this rank; --recompute full or "
-             "selective, a smaller --micro-batch-seqs or more pipeline stages shrink the activations",
-             a.emulate_rank, a.layout, a.recompute, need / kGiB, double(free_b) / kGiB, double(total_b) / kGiB,
-             fp.compute_bytes() / kGiB, fp.grad_bytes() / kGiB, fp.master_bytes() / kGiB, fp.adamw_bytes() / kGiB,
-             fp.n_params, double(rm.activations) / kGiB, rm.slots, double(rm.plan.kept()) / kGiB,
-             double(rm.plan.streams) / kGiB, double(rm.plan.heads) / kGiB, per_layer,
-             double(rm.plan.block_scratch) / kGiB, double(rm.workspace()) / kGiB, double(rm.grad_streams) / kGiB,
-             double(rm.boundary) / kGiB, double(rm.lm_head) / kGiB, double(rm.moe_bwd) / kGiB,
-             pm.activations + pm.logits, pm.inflight, pm.total);
+             "bench train --emulate-rank {} ({}, recompute {}, zero {}): does not fit: the device has {:.2f} GiB free "
+             "of {:.2f}; {}. --recompute full or selective, a smaller --micro-batch-seqs, more pipeline stages or a "
+             "larger ep shrink it",
+             a.emulate_rank, a.layout, a.recompute, a.zero, double(free_b) / kGiB, double(total_b) / kGiB, counted);
 
   const auto payload = a.emulate_comm == "none" ? comm::EmulatedGroup::Payload::CountOnly
                                                  : comm::EmulatedGroup::Payload::Copy;
-  train::EmulatedRank rank(cfg, p, a.seq, base, a.seed, payload);
+  // An allocation the device cannot serve exits with where the memory is (EmulatedRank::memory_report) beside what
+  // was counted before allocating.
+  auto out_of_memory = [&](const cuda::DeviceOutOfMemory& e) {
+    fail("bench train --emulate-rank {} ({}, recompute {}, zero {}): {} Counted before allocating: {}",
+         a.emulate_rank, a.layout, a.recompute, a.zero, e.what(), counted);
+  };
+  std::unique_ptr<train::EmulatedRank> owned;
+  try {
+    owned = std::make_unique<train::EmulatedRank>(cfg, p, a.seq, base, a.seed, payload);
+  } catch (const cuda::DeviceOutOfMemory& e) {
+    out_of_memory(e);
+  }
+  train::EmulatedRank& rank = *owned;
   cuda::AdamWStep opt;
   opt.lr = 1e-5, opt.eps = 1e-8, opt.weight_decay = 0.01;
   int64_t step = 0;
   double loss = 0;
   auto one = [&] {
     opt.step = ++step;
-    loss = rank.step(opt);
+    try {
+      loss = rank.step(opt);
+    } catch (const cuda::DeviceOutOfMemory& e) {
+      out_of_memory(e);
+    }
   };
   for (int i = 0; i < a.warmup; ++i) one();
   TREX_CUDA(cudaDeviceSynchronize());
@@ -222,7 +288,7 @@ void bench_train_emulated(const TrainBenchArgs& a) {
   TREX_CUDA(cudaDeviceGetDefaultMemPool(&pool, dev));
   uint64_t zero = 0;
   TREX_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
-  rank.model().reset_sections();
+  for (int c = 0; c < rank.chunks(); ++c) rank.model(c).reset_sections();
   const dsv4gpu::GpuModel::GatherTimes gathers_before = rank.model().weight_gather_times();
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < a.steps; ++i) one();
@@ -233,8 +299,14 @@ void bench_train_emulated(const TrainBenchArgs& a) {
   TREX_CUDA(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &used_high));
   TREX_CUDA(cudaMemGetInfo(&free_b, &total_b));
 
-  const double stage_flops =
-      train::dsv4_stage_flops_per_token(cfg, a.seq, p.layer_begin, p.layer_end, p.head);
+  // The rank's FLOPs per token (model_flops.py's convention, which does not count the MTP module): its chunks'
+  // layers and the head. With MTP the rank does more work than this counts, so its MFU reads low.
+  double stage_flops = 0;
+  nlohmann::json chunk_layers = nlohmann::json::array();
+  for (const parallel::RankChunk& c : p.chunks) {
+    stage_flops += train::dsv4_stage_flops_per_token(cfg, a.seq, c.layer_begin, c.layer_end, c.head);
+    chunk_layers.push_back(fmt::format("[{}, {})", c.layer_begin, c.layer_end));
+  }
   const double tok = double(rank.tokens_per_step()), tok_s = tok / dt;
   const double tflops = tok_s * stage_flops / 1e12;
   const double peak_flops = plan::load_hardware(a.hardware).peak_bf16;
@@ -245,15 +317,17 @@ void bench_train_emulated(const TrainBenchArgs& a) {
   j["layout"] = a.layout;
   j["rank"] = p.world_rank;
   j["ranks"] = p.world_size;
-  j["partition"] = {{"stage", p.pp_rank},           {"layers", fmt::format("[{}, {})", p.layer_begin, p.layer_end)},
+  std::vector<int> slots;
+  for (const parallel::RankChunk& c : p.chunks) slots.push_back(c.slots);
+  j["partition"] = {{"stage", p.pp_rank},           {"layers", p.spec.vpp == 1 ? chunk_layers[0] : chunk_layers},
                     {"embed", p.embed},             {"head", p.head},
                     {"dp_rank", p.dp_rank},         {"ep_rank", p.ep_rank},
                     {"edp_rank", p.edp_rank},       {"edp", p.edp_size},
                     {"tp_rank", p.tp_rank},
                     {"experts", fmt::format("[{}, {})", p.expert_begin, p.expert_end)},
                     {"micro_batches", p.micro_batches}, {"micro_batch_seqs", p.micro_batch_seqs},
-                    {"in_flight", p.in_flight}};
-  j["mtp"] = had_mtp ? "left out (the rank emulation runs without it)" : "none in config";
+                    {"in_flight", p.in_flight},     {"chunk_slots", slots}};
+  j["mtp"] = !had_mtp ? "none in config" : a.no_mtp ? "left out (--no-mtp)" : p.mtp ? "on this rank" : "on the last stage";
   j["seq"] = a.seq;
   j["recompute"] = a.recompute;
   j["zero"] = a.zero;
@@ -273,9 +347,10 @@ void bench_train_emulated(const TrainBenchArgs& a) {
                      {"optimizer", gib(opt_bytes)},  // fp32 master shard + AdamW moments (the planner's split)
                      {"activations_and_workspace", gib(double(used_high) - fixed)},
                      {"activations_planned", gib(double(rm.activations))},  // the table's, before allocating
-                     {"activations_per_micro_batch", gib(double(rm.plan.kept()))},
+                     {"activations_per_micro_batch", gib(double(rm.kept_per_micro_batch()))},
                      {"workspace_estimated", gib(double(rm.workspace()))},
                      {"grad_buckets_estimated", gib(double(fp.grad_buffer_bytes))},  // ZeRO-2 / bf16 reduction
+                     {"counted_before_allocating", gib(need)},
                      {"loopback_buffers", gib(double(rank.loopback_bytes()))},  // emulation only, outside the pool
                      {"pool_peak", gib(double(used_high))},
                      {"device_used", gib(double(total_b - free_b))}};
@@ -294,7 +369,10 @@ void bench_train_emulated(const TrainBenchArgs& a) {
   j["steps"] = a.steps;
   if (a.sections) {
     nlohmann::json s;
-    for (const auto& [name, ms] : rank.model().section_ms()) s[name] = std::round(ms / a.steps * 100) / 100;
+    std::map<std::string, double> ms;
+    for (int c = 0; c < rank.chunks(); ++c)
+      for (const auto& [name, v] : rank.model(c).section_ms()) ms[name] += v;
+    for (const auto& [name, v] : ms) s[name] = std::round(v / a.steps * 100) / 100;
     j["section_ms_per_step"] = s;
   }
   std::printf("%s\n", j.dump().c_str());

@@ -10,6 +10,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include <cstdio>
 #include <filesystem>
 
@@ -32,13 +34,17 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The stored bytes of rank p's tensors (its stage's layers, the embedding on the first stage, the head on the last,
+// The stored bytes of rank p's tensors (its stage's or chunks' layers, the embedding on the first stage, the head on the last,
 // its experts, 1 / tp of each TP-split tensor) in the released format.
 int64_t rank_stored_bytes(const dsv4::ModelConfig& cfg, const parallel::RankPartition& p, int64_t block) {
   int64_t n = 0;
   for (const dsv4::ParamSpec& s : dsv4::param_table(cfg)) {
     if (s.part == dsv4::ParamPart::Mtp) continue;
-    if (s.part == dsv4::ParamPart::Layer && (s.layer < p.layer_begin || s.layer >= p.layer_end)) continue;
+    if (s.part == dsv4::ParamPart::Layer &&
+        std::none_of(p.chunks.begin(), p.chunks.end(), [&s](const parallel::RankChunk& c) {
+          return s.layer >= c.layer_begin && s.layer < c.layer_end;
+        }))
+      continue;  // another stage's (with vpp: none of the rank's chunks)
     if (s.part == dsv4::ParamPart::Embed && !p.embed) continue;  // the first stage's
     if (s.part == dsv4::ParamPart::Head && !p.head) continue;    // the last stage's: head, final norm, hc_head
     if (s.expert >= 0 && (s.expert < p.expert_begin || s.expert >= p.expert_end)) continue;

@@ -35,11 +35,12 @@ struct TrainBenchArgs {
   // trains on its own `batch` sequences of a global batch of D x batch (the same tokens one GPU gets with
   // --batch D x batch, so the losses compare).
   std::string mesh;
-  // Rank emulation (bench_emulate.cpp): rank `emulate_rank` of `layout` ("pp=P,dp=D,ep=E", parallel/mesh.h) alone
+  // Rank emulation (bench_emulate.cpp): rank `emulate_rank` of `layout` ("pp=P,vpp=V,dp=D,ep=E,tp=T", mesh.h) alone
   // on this GPU, --batch the layout's global batch in micro-batches of micro_batch_seqs sequences per DP rank;
   // beside it the planner's prediction for that rank (hardware / impl profiles, `mode` cpt or sft).
   int emulate_rank = -1;
   std::string layout;
+  bool no_mtp = false;  // --no-mtp: the emulated rank and the planner's prediction without the MTP module
   int64_t micro_batch_seqs = 1;
   // What the emulated collectives do with their bytes: "copy" (local copies of the real sizes, queued on the
   // compute's stream: the step then pays their memory traffic serially) or "none" (counted only: the rank's own

@@ -152,9 +152,13 @@ const bool registered = trex::cli::register_command(
            ->check(CLI::IsMember({"default", "grouped", "per-expert"}))
            ->capture_default_str();
        t->add_option("--emulate-rank", targs->emulate_rank,
-                     "run rank R of --layout alone on this GPU: its partition, its 1F1B step, collectives as local "
+                     "run rank R of --layout alone on this GPU: its partition, its pipeline step, collectives as local "
                      "copies of the real sizes, balanced routing; --batch is the layout's global batch");
-       t->add_option("--layout", targs->layout, "the emulated layout, e.g. pp=4,dp=32,ep=32 (EP folded into DP)");
+       t->add_option("--layout", targs->layout, "the emulated layout, e.g. pp=4,dp=32,ep=32 or "
+                     "tp=2,pp=8,vpp=4,dp=32,ep=32 (EP folded into DP; vpp: interleaved stages)");
+       t->add_flag("--no-mtp", targs->no_mtp,
+                   "emulation: leave the config's MTP module out (by default the rank holding the head runs it, as "
+                   "the trainer does, and the planner's prediction counts it)");
        t->add_option("--micro-batch-seqs", targs->micro_batch_seqs, "sequences per micro-batch (emulation)")
            ->capture_default_str();
        t->add_option("--emulate-comm", targs->emulate_comm,

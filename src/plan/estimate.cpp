@@ -383,8 +383,12 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
     }
     mem.inflight = inflight;
     const double per_mb = (saved * elem_bytes * tokens_rank) * ip.act_scale + quad;
-    double working = 0;  // recomputation rebuilds one block's full activations during its backward
-    if (l.recompute != Recompute::None) working = max_block * elem_bytes * tokens_rank * ip.act_scale;
+    // Recomputation rebuilds one block's full activations during its backward. The GPU trainer builds one model
+    // per virtual stage (vpp chunks), each with its own activation arena whose recomputation region keeps its
+    // high-water mark for the whole step (model/cuda/activation_arena.h): vpp such buffers, not one.
+    double working = 0;
+    if (l.recompute != Recompute::None)
+      working = double(l.vpp) * max_block * elem_bytes * tokens_rank * ip.act_scale;
     mem.activations = (inflight * per_mb + working) / kGiB;
     if (s == l.pp - 1) mem.logits = tokens_rank * V * ip.logits_bytes / kGiB;  // the whole vocabulary per TP rank
     double comm = 0;

@@ -3,6 +3,7 @@
 // V4-Flash config; the refusals name the rule and the numbers.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "core/files.h"
 #include "model/dsv4/config.h"
 #include "model/dsv4/partition.h"
+#include "parallel/pipeline_schedule.h"
 #include "parallel/rank_partition.h"
 #include "train/tiny_gpu_config.h"
 
@@ -126,8 +128,12 @@ TEST(RankPartition, RefusalsNameTheRule) {
             std::string::npos);
   EXPECT_NE(error_of([&] { rank_partition(parse_mesh_spec("pp=1,dp=4"), 0, cfg, 6); }).find("global batch 6"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { rank_partition(parse_mesh_spec("pp=2,vpp=2"), 0, tiny_with(8, 4), 8); })
-                .find("not emulated yet"),
+  // Interleaved: the schedule needs M a multiple of pp (8 sequences over dp=4: 2 micro-batches on pp=4).
+  EXPECT_NE(error_of([&] { rank_partition(parse_mesh_spec("pp=4,vpp=2,dp=4"), 0, tiny_with(8, 8), 12); })
+                .find("micro-batches"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { rank_partition(parse_mesh_spec("pp=2,vpp=3"), 0, tiny_with(8, 4), 8); })
+                .find("for only 4 layers"),
             std::string::npos);
   EXPECT_THROW(parse_mesh_spec("pp=2,cp=2"), trex::Error);  // context parallelism: not a mesh dimension
 }
@@ -151,6 +157,66 @@ TEST(RankPartition, ReleasedFlashConfig) {
     EXPECT_EQ(p.stage_slots, 4 - st);
   }
   EXPECT_EQ(layers, 43);
+}
+
+// Interleaved stages (vpp 2) on 8 layers, pp=2: rank r holds virtual stages r and r + 2 (split_layers over 4
+// chunks: 2 layers each), the first rank embeds and the last holds the head; each chunk's slots are the most
+// micro-batches the interleaved schedule keeps live on it, and the rank's in-flight count sums them. The MTP
+// module goes with the head, and with pp > 1 the first and the last stage hold the tied embedding.
+TEST(RankPartition, InterleavedChunksAndTheirSlots) {
+  nlohmann::json j = trex::testing::tiny_gpu_config_json(1);
+  j["num_hidden_layers"] = 8;
+  j["compress_ratios"] = nlohmann::json::array();
+  for (int l = 0; l < 9; ++l) j["compress_ratios"].push_back(std::vector<int>{0, 4, 16, 0}[size_t(l % 4)]);  // MTP: sliding
+  const dsv4::ModelConfig cfg = dsv4::parse_model_config(j, "rank partition vpp test");
+  const parallel::MeshSpec s = parse_mesh_spec("pp=2,vpp=2,dp=2,ep=2");
+  const parallel::RankPartition p0 = rank_partition(s, 0, cfg, 8), p1 = rank_partition(s, 2, cfg, 8);
+  ASSERT_EQ(p0.chunks.size(), 2u);
+  ASSERT_EQ(p1.chunks.size(), 2u);
+  EXPECT_EQ(p0.micro_batches, 4);
+  EXPECT_EQ(p0.chunks[0].virtual_stage, 0);
+  EXPECT_EQ(p0.chunks[1].virtual_stage, 2);
+  EXPECT_EQ(p1.chunks[1].virtual_stage, 3);
+  EXPECT_EQ(p0.chunks[1].layer_begin, 4);
+  EXPECT_EQ(p0.chunks[1].layer_end, 6);
+  EXPECT_EQ(p1.chunks[0].layer_begin, 2);
+  EXPECT_EQ(p1.chunks[1].layer_end, 8);
+  EXPECT_TRUE(p0.embed && !p0.head && !p0.mtp);
+  EXPECT_TRUE(p1.head && !p1.embed && p1.mtp);
+  EXPECT_TRUE(p0.tied_embedding && p1.tied_embedding);
+  EXPECT_EQ(p0.layers(), 4);
+  // The schedule's live micro-batches per chunk: independent of the GPU code, by walking make_schedule here.
+  for (const parallel::RankPartition* p : {&p0, &p1}) {
+    parallel::ScheduleSpec ss;
+    ss.pp = 2, ss.vpp = 2, ss.micro_batches = 4, ss.kind = parallel::ScheduleKind::Interleaved;
+    const parallel::Schedule sch = parallel::make_schedule(ss);
+    int live[2] = {0, 0}, most[2] = {0, 0};
+    int64_t fwd = 0, bwd = 0;
+    for (const parallel::PipeAction& a : sch.ranks[size_t(p->pp_rank)]) {
+      if (a.op == parallel::PipeOp::Forward) most[a.chunk] = std::max(most[a.chunk], ++live[a.chunk]), ++fwd;
+      if (a.op == parallel::PipeOp::Backward) --live[a.chunk], ++bwd;
+    }
+    EXPECT_EQ(fwd, 8);  // every micro-batch through both chunks
+    EXPECT_EQ(bwd, 8);
+    for (int c = 0; c < 2; ++c) {
+      EXPECT_EQ(p->chunks[size_t(c)].slots, most[c]) << "rank " << p->pp_rank << " chunk " << c;
+      EXPECT_GE(most[c], 1);
+      EXPECT_LE(most[c], 4);
+    }
+    EXPECT_EQ(p->in_flight, most[0] + most[1]);
+  }
+  // The earlier rank holds more in flight (its first chunk's warm-up is the longest).
+  EXPECT_GE(p0.in_flight, p1.in_flight);
+  EXPECT_NE(p0.describe().find("virtual stage 2 [4, 6)"), std::string::npos) << p0.describe();
+  const parallel::EmulatedMesh m0 = parallel::make_emulated_mesh(p0), m1 = parallel::make_emulated_mesh(p1);
+  ASSERT_TRUE(m0.act_wrap && m0.grad_wrap && m0.embed && m1.embed);
+  EXPECT_EQ(m0.act_wrap->size(), 2);
+  EXPECT_EQ(m0.embed->rank(), 0);
+  EXPECT_EQ(m1.embed->rank(), 1);
+  EXPECT_EQ(m0.all().size(), 7u);  // dp, ep, act, grad, the two wrap groups, embed (no tp)
+  // Without MTP no embedding group; one stage never has one.
+  EXPECT_FALSE(parallel::make_emulated_mesh(rank_partition(s, 0, tiny_with(8, 8), 8)).embed);
+  EXPECT_FALSE(parallel::make_emulated_mesh(rank_partition(parse_mesh_spec("dp=2"), 0, cfg, 2)).embed);
 }
 
 }  // namespace

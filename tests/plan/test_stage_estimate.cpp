@@ -4,6 +4,9 @@
 // partition that does not cover the blocks in order is refused.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "core/error.h"
 #include "model/dsv4/config.h"
 #include "model/dsv4/param_table.h"
@@ -53,4 +56,39 @@ TEST(PlanStageEstimate, GivenPartitionCountsEachStagesTensors) {
   EXPECT_GE(e.mem.total, std::max(e.stage_mem[0].total, e.stage_mem[1].total) - 1e-12);
 }
 
+}  // namespace
+
+namespace {
+// Interleaved stages: the GPU trainer's chunks are models of their own, each keeping its own recomputation buffer
+// (one block's full activations) for the step, so a stage holding the same blocks in vpp chunks counts vpp of
+// them. With every layer a sliding one (the same activations per block), stage 0's four blocks in one chunk (vpp 1:
+// {0..3}) or two (vpp 2: virtual stages 0 and 2, {0, 1} and {4, 5}) save the same, with the same micro-batches in
+// flight (M = 2 caps both), so the activations differ by exactly one block's buffer.
+TEST(PlanStageEstimate, InterleavedChunksEachKeepARecomputationBuffer) {
+  nlohmann::json j = trex::testing::tiny_gpu_config_json();
+  j["num_hidden_layers"] = 8;
+  j["compress_ratios"] = nlohmann::json::array();
+  for (int l = 0; l < 8; ++l) j["compress_ratios"].push_back(0);
+  plan::Workload w;
+  w.seq = 64, w.gbs = 4, w.frozen_router = false, w.mtp = false;
+  const plan::ImplProfile ip = plan::load_impl("trex-prior");
+  plan::Estimator est(plan::parse_model_spec(j, "tiny8"), plan::load_hardware("nvidia-h200"), ip, w);
+  est.set_partition(2, 1, {{0, 1, 2, 3}, {4, 5, 6, 7}});
+  est.set_partition(2, 2, {{0, 1}, {2, 3}, {4, 5}, {6, 7}});  // virtual stage c on rank c % 2
+  for (plan::Recompute rc : {plan::Recompute::Full, plan::Recompute::Selective, plan::Recompute::None}) {
+    plan::Layout l;
+    l.pp = 2, l.dp = 2, l.recompute = rc;  // 4 sequences over dp 2: M = 2
+    const plan::Estimate one = est.estimate(l, 4);
+    l.vpp = 2;
+    const plan::Estimate two = est.estimate(l, 4);
+    ASSERT_TRUE(one.valid && two.valid) << one.reason << two.reason;
+    ASSERT_EQ(one.stage_mem[0].inflight, two.stage_mem[0].inflight);
+    double max_block = 0;
+    for (int64_t b : {0, 1, 4, 5}) max_block = std::max(max_block, est.activation_elems(b, plan::Recompute::None));
+    const double buffer = rc == plan::Recompute::None ? 0.0 : max_block * 2 * 64 * ip.act_scale / (1024.0 * 1024 * 1024);
+    EXPECT_NEAR(two.stage_mem[0].activations - one.stage_mem[0].activations, buffer, 1e-12)
+        << "recompute " << plan::to_string(rc);
+    if (rc != plan::Recompute::None) EXPECT_GT(buffer, 0);
+  }
+}
 }  // namespace

@@ -253,3 +253,81 @@ TEST(EmulatedRankGpu, ZeroTwoShardsTheRanksGradients) {
   }
 }
 }  // namespace
+
+namespace {
+// Interleaved stages emulated (`--layout pp=2,vpp=2,...`) with the MTP module on: 8 layers in 4 virtual stages of 2,
+// rank 0 holds virtual stages 0 and 2 (embedding on the first), rank 2 (stage 1) virtual stages 1 and 3 (the head
+// and the MTP module with its tied copy of embed.weight on the last). Each chunk is its own GpuModel with its own
+// layers only and the slots the interleaved schedule needs; both ranks run two finite steps; the wrap-around link
+// (the last rank's chunk 0 -> rank 0's chunk 1, and the gradients back) carries one boundary tensor per micro-batch;
+// the tied embedding's gradient sum runs once a step on both ends.
+TEST(EmulatedRankGpu, InterleavedChunksWithTheMtpModule) {
+  if (trex::testing::n_devices() < 1) GTEST_SKIP() << "needs a GPU";
+  nlohmann::json j = trex::testing::tiny_gpu_config_json(1);
+  j["num_hidden_layers"] = 8;
+  j["compress_ratios"] = nlohmann::json::array();
+  for (int l = 0; l < 9; ++l) j["compress_ratios"].push_back(std::vector<int>{0, 4, 16, 0}[size_t(l % 4)]);
+  const dsv4::ModelConfig cfg = dsv4::parse_model_config(j, "emulated vpp test");
+  const parallel::MeshSpec spec = parallel::parse_mesh_spec("pp=2,vpp=2,dp=2,ep=2");
+  const int64_t micro = 4;  // 8 sequences over dp=2, one per micro-batch: a multiple of pp
+  const int64_t stream = kSeq * cfg.hc_mult * cfg.hidden;
+  for (int rank : {0, 2}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const parallel::RankPartition p = parallel::rank_partition(spec, rank, cfg, kGlobalBatch);
+    ASSERT_EQ(p.micro_batches, micro);
+    ASSERT_EQ(p.chunks.size(), 2u);
+    train::EmulatedRank r(cfg, p, kSeq, {}, 7);
+    ASSERT_EQ(r.chunks(), 2);
+    int64_t params = 0;
+    for (int c = 0; c < 2; ++c) {
+      const parallel::RankChunk& k = p.chunks[size_t(c)];
+      const dsv4gpu::GpuModel::Impl& m = r.model(c).impl();
+      EXPECT_EQ(m.l0, k.layer_begin);
+      EXPECT_EQ(m.l1, k.layer_end);
+      EXPECT_EQ(int(m.slots.size()), k.slots);
+      EXPECT_EQ(m.mtp(), k.head);  // the MTP module on the last virtual stage only
+      bool embed = false;
+      for (const std::string& n : r.model(c).param_names()) {
+        if (n == "embed.weight") embed = true;
+        if (n.rfind("layers.", 0) == 0) {
+          const int64_t layer = std::stoll(n.substr(7));
+          EXPECT_TRUE(layer >= k.layer_begin && layer < k.layer_end) << n;
+        }
+      }
+      EXPECT_EQ(embed, k.embed || k.head) << "chunk " << c;  // the head's copy for the MTP input
+      params += r.model(c).n_params();
+    }
+    EXPECT_EQ(r.n_params(), params);
+    cuda::AdamWStep a;
+    a.lr = 1e-4;
+    double loss = 0;
+    for (int s = 1; s <= 2; ++s) {
+      a.step = s;
+      loss = r.step(a);
+    }
+    TREX_CUDA(cudaDeviceSynchronize());
+    if (p.head) {
+      EXPECT_TRUE(std::isfinite(loss) && loss > 0) << loss;
+    } else {
+      EXPECT_EQ(loss, 0.0);
+    }
+    for (int c = 0; c < 2; ++c)
+      for (const std::string& n : r.model(c).param_names())
+        for (float v : r.model(c).value(n)) ASSERT_TRUE(std::isfinite(v)) << n;
+    const auto stats = r.comm_stats();
+    // Two steps of 4 micro-batches; + the connection handshake (16 bytes) of each direction.
+    if (rank == 2) {  // the last rank: its chunk 0's output wraps to rank 0's chunk 1
+      ASSERT_TRUE(stats.count("pp.act_wrap") && stats.count("pp.grad_wrap"));
+      EXPECT_EQ(stats.at("pp.act_wrap").at("send").bytes, 2 * micro * stream * 2 + 16);
+      EXPECT_EQ(stats.at("pp.grad_wrap").at("recv").bytes, 2 * micro * stream * 4 + 16);
+    } else {
+      EXPECT_EQ(stats.at("pp.act_wrap").at("recv").bytes, 2 * micro * stream * 2 + 16);
+      EXPECT_EQ(stats.at("pp.grad_wrap").at("send").bytes, 2 * micro * stream * 4 + 16);
+    }
+    ASSERT_TRUE(stats.count("embed") && stats.at("embed").count("all_reduce"));
+    EXPECT_EQ(stats.at("embed").at("all_reduce").calls, 2);
+    EXPECT_GT(r.pipeline_buffer_bytes(), 0);
+    EXPECT_NE(r.memory_report().find("weights (bf16)"), std::string::npos);
+  }
+}
+}  // namespace

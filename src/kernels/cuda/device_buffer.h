@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -16,12 +17,46 @@
 
 namespace trex::cuda {
 
+// A device allocation the stream-ordered pool could not serve (cudaErrorMemoryAllocation): the bytes asked and what
+// for, so a caller can say where the memory went (`trex bench train --emulate-rank` prints the pool by category).
+// The CUDA error is cleared before the throw (a later launch check does not see it again).
+class DeviceOutOfMemory : public Error {
+ public:
+  DeviceOutOfMemory(size_t bytes, std::string what, const std::string& message)
+      : Error(message), bytes_(bytes), what_(std::move(what)) {}
+  size_t bytes() const { return bytes_; }
+  const std::string& purpose() const { return what_; }
+
+ private:
+  size_t bytes_;
+  std::string what_;
+};
+
+// cudaMallocAsync on stream s that throws DeviceOutOfMemory when the device is full (other errors: TREX_CUDA's).
+inline void* device_malloc_async(size_t bytes, cudaStream_t s, const char* what) {
+  void* p = nullptr;
+  const cudaError_t err = cudaMallocAsync(&p, bytes, s);
+  if (err == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    (void)cudaMemGetInfo(&free_b, &total_b);
+    throw DeviceOutOfMemory(bytes, what,
+                            fmt::format("out of device memory: {} of {} bytes ({:.3f} GiB) failed with {:.3f} GiB of "
+                                        "{:.3f} GiB free on the device",
+                                        what, bytes, double(bytes) / double(1ull << 30),
+                                        double(free_b) / double(1ull << 30), double(total_b) / double(1ull << 30)));
+  }
+  if (err != cudaSuccess)
+    fail("CUDA error {} ({}) in cudaMallocAsync of {} bytes ({})", int(err), cudaGetErrorString(err), bytes, what);
+  return p;
+}
+
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
     if (bytes) {
-      TREX_CUDA(cudaMallocAsync(&ptr_, bytes, nullptr));
+      ptr_ = device_malloc_async(bytes, nullptr, "a device buffer");
       counter().fetch_add(1, std::memory_order_relaxed);
     }
   }

@@ -510,17 +510,23 @@ void GpuModel::Impl::refresh_compute() {
 // mHC / hc_head mixing weights small so the Sinkhorn inputs stay moderate; ape small.
 void GpuModel::init_random(uint64_t seed) {
   Impl& m = *impl_;
-  // Every rank draws the full model (same seed, same values), then keeps its shard.
-  DevMem tmp(m.dp_size > 1 ? size_t(m.total) * 4 : 0);
-  float* full = m.dp_size > 1 ? tmp.as<float>() : m.master.as<float>();
-  if (m.dp_size > 1) TREX_CUDA(cudaMemsetAsync(full, 0, size_t(m.total) * 4, nullptr));
+  // Every rank draws the full model (same seed, same values), then keeps its shard. One GPU: straight into the
+  // master. Under DP each tensor is drawn into a scratch of the largest tensor and its own pieces placed
+  // (place_local: master shard and bf16 copy; the padding stays the constructor's zeros): never a fp32 copy of the
+  // whole arena, which at V4-Pro's pp=2 stage (18e9 elements, 70 GiB) would not fit beside the model.
+  const bool sharded = m.dp_size > 1;
+  int64_t largest = 0;
+  if (sharded)
+    for (const GpuParam& p : m.params) largest = std::max(largest, p.numel);
+  DevMem scratch(size_t(largest) * 4);
   for (const GpuParam& p : m.params) {
-    float* w = full + p.offset;
+    float* w = sharded ? scratch.as<float>() : m.master.as<float>() + p.offset;
     const std::string& n = p.name;
     const bool is_norm = n.find("norm.weight") != std::string::npos;
     if (is_norm) {
       std::vector<float> ones(size_t(p.numel), 1.f);
       TREX_CUDA(cudaMemcpy(w, ones.data(), ones.size() * sizeof(float), cudaMemcpyHostToDevice));
+      if (sharded) m.place_local(p, w, m.master.as<float>(), true);
       continue;
     }
     const bool tiny = n.find("hc_") != std::string::npos || n.find("attn_sink") != std::string::npos ||
@@ -537,6 +543,7 @@ void GpuModel::init_random(uint64_t seed) {
     } else {
       cuda::fill_uniform_f32(w, p.numel, stream, scale);
     }
+    if (sharded) m.place_local(p, w, m.master.as<float>(), true);
   }
   std::mt19937_64 g(seed);
   const int64_t E = m.cfg.n_routed_experts, K = m.cfg.topk, V = m.cfg.vocab_size;
@@ -562,7 +569,7 @@ void GpuModel::init_random(uint64_t seed) {
       TREX_CUDA(cudaMemcpy(it->second.as<int32_t>(), table.data(), table.size() * sizeof(int32_t),
                            cudaMemcpyHostToDevice));
   }
-  m.scatter_master(full);
+  if (!sharded) m.scatter_master(m.master.as<float>());
   TREX_CUDA(cudaDeviceSynchronize());
 }
 

@@ -58,7 +58,7 @@ bool GradBuckets::open(int bi) {
   if (layer) bound_in_flight(size_t(kGradBucketsInFlight - 1));
   float* p = nullptr;
   // Stream-ordered (the device pool): the freed buffers of landed buckets are reused.
-  TREX_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&p), size_t(n) * sizeof(float), nullptr));
+  p = static_cast<float*>(cuda::device_malloc_async(size_t(n) * sizeof(float), nullptr, "a ZeRO-2 gradient bucket buffer"));
   TREX_CUDA(cudaMemsetAsync(p, 0, size_t(n) * sizeof(float), nullptr));
   open_[size_t(bi)] = p;
   return true;
@@ -82,7 +82,8 @@ void GradBuckets::reduce(int bi) {
   comm::WorkPtr work;
   if (m.reduce_bf16) {
     if (!m.zero2() && is_layer(bi)) bound_in_flight(size_t(kGradBucketsInFlight - 1));  // the bf16 copies too
-    TREX_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&half), size_t(full) * sizeof(bf16), nullptr));
+    half = static_cast<bf16*>(cuda::device_malloc_async(size_t(full) * sizeof(bf16), nullptr,
+                                                         "a bf16 gradient bucket copy"));
     cuda::cast_f32_to_bf16(half, src, full, nullptr);
     work = m.dp->reduce_scatter(half, half + own, size_t(n), comm::ElemType::BF16, comm::ReduceOp::Sum);
   } else {

@@ -88,7 +88,8 @@ void WeightGather::issue(int bi) {
   const int64_t n = b.slice(m_.dp_size), full = b.end - b.begin;
   Unit& u = units_[size_t(bi)];
   // The buffer on the compute stream: a freed one (an older layer's) is reused only after the kernels that read it.
-  TREX_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&u.buf), size_t(full) * sizeof(bf16), nullptr));
+  u.buf = static_cast<bf16*>(cuda::device_malloc_async(size_t(full) * sizeof(bf16), nullptr,
+                                                        "a ZeRO-3 gathered weight bucket"));
   const bf16* own = m_.weight_at(b.begin + int64_t(m_.dp_rank) * n);
   const auto span = event_pair();
   if (stream_) {  // the span starts once the compute stream's work at the call, which the gather follows, is done

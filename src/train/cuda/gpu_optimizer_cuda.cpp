@@ -551,7 +551,8 @@ void GpuOptimizer::step(const optim::OptimizerConfig& c, double lr, int64_t step
       const GpuModel::Impl::Bucket& b = m.buckets[size_t(bi)];
       const int64_t n = b.slice(m.dp_size), own = b.begin + m.dp_rank * n;
       float* u = nullptr;
-      TREX_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&u), size_t(b.end - b.begin) * sizeof(float), nullptr));
+      u = static_cast<float*>(cuda::device_malloc_async(size_t(b.end - b.begin) * sizeof(float), nullptr,
+                                                         "a Muon bucket gather (ZeRO-2)"));
       auto work = m.dp->all_gather(g + m.grad_index(own), u, size_t(n), comm::ElemType::F32);
       m.stream_wait(*work);
       for (const auto& x : plan.muon)

@@ -272,7 +272,8 @@ double GpuPipeline::step(const int32_t* ids, const int32_t* labels, const dsv4::
   // The loss normaliser: labelled targets of the whole step (with a DP group: of every DP rank's micro-batches);
   // the MTP head's likewise (its targets are token t + 2 within t's document).
   const int64_t targets = step_targets(1);
-  const int64_t mtp_targets = mi.mtp() ? step_targets(2) : -1;
+  // The MTP module sits on this rank's last chunk (interleaved: the last virtual stage is the last rank's last chunk).
+  const int64_t mtp_targets = p.ch.back()->impl().mtp() ? step_targets(2) : -1;
   std::vector<MicroBatch> mbs(size_t(p.M));
   for (int64_t m = 0; m < p.M; ++m)
     mbs[size_t(m)] = {ids + m * n_mb, labels + m * n_mb, &layout, targets, mtp_targets};
