@@ -28,15 +28,14 @@ std::string gpu_layout_gaps(const GpuLayoutAsk& a) {
     if (missing) gaps.emplace_back(what);
   };
   // Tensor parallelism runs (GpuModelOptions::tp: attention heads and the shared expert split, the rest
-  // replicated), with AdamW or Muon (a TP-split matrix's Newton-Schulz input is gathered whole over TP).
+  // replicated), with AdamW or Muon (a TP-split matrix's Newton-Schulz input is gathered whole over TP, under
+  // ZeRO-2 / 3 from its bucket's transient DP gather).
   need(a.etp > 1, "expert tensor parallelism");
   need(a.cp > 1, "context parallelism");
   need(a.ep > 1 && a.dp % a.ep != 0, "expert parallelism whose degree does not divide dp (EP folds into DP)");
   need(a.optimizer_offload, "optimizer offload");
-  // ZeRO-3 (fully sharded dense weights, model/cuda/weight_gather.h) runs, with tp too.
-  const bool zero3 = a.fully_sharded || a.zero >= 3;
-  need(a.muon && a.tp > 1 && a.zero == 2, "Muon under tensor parallelism with sharded gradients (zero 2)");
-  need(zero3 && a.muon, "Muon with fully sharded weights (ZeRO-3 keeps no whole-matrix gradients)");
+  // ZeRO-2 and ZeRO-3 (fully sharded dense weights, model/cuda/weight_gather.h) run with AdamW or Muon, with tp
+  // too: Muon's Newton-Schulz inputs are all-gathered per bucket into a transient buffer (GpuOptimizer::step).
   std::string out;
   for (const auto& g : gaps) out += (out.empty() ? "" : "; ") + g;
   return out;
@@ -65,17 +64,9 @@ std::string check_gpu_mesh_config(const TrainConfig& cfg, int world_size) {
       const std::string pad = check_pad_layers(m, mc->n_layers, cfg.parallel.pad_layers);
       if (!pad.empty()) return pad;
     }
-  // Dense partitioning (parallel.zero): ZeRO-1, ZeRO-2 (AdamW or Muon: each bucket's Newton-Schulz inputs are
-  // all-gathered into a transient buffer) and ZeRO-3 (fully sharded dense weights, AdamW) run.
-  if (cfg.parallel.zero >= 3 && cfg.optimizer.kind == "muon")
-    return "parallel.zero 3 with optimizer.kind muon is not implemented on the GPU (Muon's Newton-Schulz reads "
-           "whole-matrix gradients, which ZeRO-3 does not keep); set zero: 1 or 2, or optimizer.kind: adamw";
-  // The TP Newton-Schulz gathers a split matrix's slices over TP from gradients held whole over DP (ZeRO-1);
-  // ZeRO-2's per-bucket gather does not cover the TP-split matrices.
-  if (m.tp > 1 && cfg.parallel.zero == 2 && cfg.optimizer.kind == "muon")
-    return fmt::format("Muon (optimizer.kind muon) under tensor parallelism (parallel.tp={}) with parallel.zero 2 "
-                       "is not implemented on the GPU; set zero: 1 or optimizer.kind adamw",
-                       m.tp);
+  // Dense partitioning (parallel.zero): ZeRO-1, ZeRO-2 and ZeRO-3 (fully sharded dense weights) run with AdamW
+  // or Muon, with tp too (each bucket's Newton-Schulz inputs all-gathered over DP into a transient buffer, a
+  // TP-split matrix's then gathered whole over TP from it).
   if (m.ep > 1 && m.dp % m.ep != 0)
     return fmt::format("parallel.ep={} does not divide parallel.dp={} (expert parallelism is folded into the "
                        "data-parallel ranks: each group of ep consecutive DP ranks holds all the experts)",

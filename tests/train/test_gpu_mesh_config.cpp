@@ -122,9 +122,9 @@ TEST(GpuMeshConfig, AcceptsAnyDataParallelDegree) {
 }
 
 TEST(GpuMeshConfig, RefusesWhatTheGpuMeshDoesNotRunNamingWhatIsMissing) {
-  // Muon under TP reads gradients held whole over DP: not with ZeRO-2.
-  expect_refused(config("parallel: {dp: 2, tp: 2, zero: 2}\n", "{kind: muon}"), 4,
-                 {"Muon", "parallel.tp=2", "zero: 1"});
+  // Muon under TP at every zero level (a split matrix gathered over TP from its bucket's DP gather under 2 / 3).
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 2, tp: 2, zero: 2}\n", "{kind: muon}"), 4), "");
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 2, tp: 2, zero: 3}\n", "{kind: muon}"), 4), "");
   expect_refused(config("parallel: {dp: 4, ep: 3}\n"), 4, {"parallel.ep=3", "parallel.dp=4", "does not divide"});
   expect_refused(config("parallel: {dp: 2}\n", "{kind: adamw}", "{type: toy}"), 2, {"dsv4 only", "toy"});
   expect_refused(config("", "{kind: adamw}", "{type: toy}"), 1, {"dsv4 only", "toy"});
@@ -156,6 +156,10 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
   };
   auto zero3 = [](GpuLayoutAsk a) {
     a.zero = 3, a.fully_sharded = true;
+    return a;
+  };
+  auto zero2 = [](GpuLayoutAsk a) {
+    a.zero = 2;
     return a;
   };
   const char* balance = "{type: dsv4, balance_alpha: 0.0001}";  // the trainer's default alpha
@@ -197,7 +201,7 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
       {"freeze: [router]\nparallel: {dp: 2, tp: 2}\n", "", mtp, 4, ask(1, 1, 1, 2, false, true, true, 2)},
       {"recompute: full\nparallel: {dp: 2, tp: 2}\n", "", "", 4, recompute(ask(1, 1, 1, 2, false, false, false, 2))},
       {"parallel: {dp: 2, tp: 2}\n", "{kind: muon}", "", 4, ask(1, 1, 1, 2, true, false, false, 2)},
-      // ZeRO-3 (fully sharded dense weights) with dp, dp x ep, pp x dp, tp, MTP, recomputation; not with Muon.
+      // ZeRO-3 (fully sharded dense weights) with dp, dp x ep, pp x dp, tp, MTP, recomputation; AdamW or Muon.
       {"parallel: {dp: 2, zero: 3}\n", "", "", 2, zero3(ask(1, 1, 1, 2, false, false))},
       {"parallel: {dp: 4, ep: 2, zero: 3}\n", "", "", 4, zero3(ask(1, 1, 2, 4, false, false))},
       {"parallel: {pp: 2, dp: 2, zero: 3}\n", "", "", 4, zero3(ask(2, 1, 1, 2, false, false))},
@@ -205,6 +209,10 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
       {"recompute: full\nparallel: {dp: 2, zero: 3}\n", "", "", 2, zero3(recompute(ask(1, 1, 1, 2, false, false)))},
       {"parallel: {dp: 2, zero: 3}\n", "{kind: muon}", "", 2, zero3(ask(1, 1, 1, 2, true, false))},
       {"parallel: {dp: 2, tp: 2, zero: 3}\n", "", "", 4, zero3(ask(1, 1, 1, 2, false, false, false, 2))},
+      {"parallel: {dp: 4, ep: 2, zero: 3}\n", "{kind: muon}", "", 4, zero3(ask(1, 1, 2, 4, true, false))},
+      {"parallel: {dp: 2, tp: 2, zero: 3}\n", "{kind: muon}", "", 4, zero3(ask(1, 1, 1, 2, true, false, false, 2))},
+      // Muon under tp with ZeRO-2: the bucket's DP gather, then the TP gather of its split matrices.
+      {"parallel: {dp: 2, tp: 2, zero: 2}\n", "{kind: muon}", "", 4, zero2(ask(1, 1, 1, 2, true, false, false, 2))},
   };
   for (const Case& c : cases) {
     const TrainConfig cfg = config(c.parallel, c.optimizer[0] ? c.optimizer : "{kind: adamw}",
@@ -220,14 +228,16 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
   tp.muon = true;
   EXPECT_EQ(gpu_layout_gaps(tp), "");  // Muon gathers a TP-split matrix whole for its Newton-Schulz
   tp.zero = 2;
-  EXPECT_EQ(gpu_layout_gaps(tp), "Muon under tensor parallelism with sharded gradients (zero 2)");
+  EXPECT_EQ(gpu_layout_gaps(tp), "");  // the TP gather reads the bucket's transient DP gather
   GpuLayoutAsk z3;
   z3.dp = 8, z3.ep = 8, z3.zero = 3, z3.fully_sharded = true, z3.recompute = true;
   EXPECT_EQ(gpu_layout_gaps(z3), "");  // fully sharded dense weights run on the GPU
   z3.tp = 2;
   EXPECT_EQ(gpu_layout_gaps(z3), "");  // with tensor parallelism too
   z3.muon = true;
-  EXPECT_EQ(gpu_layout_gaps(z3), "Muon with fully sharded weights (ZeRO-3 keeps no whole-matrix gradients)");
+  EXPECT_EQ(gpu_layout_gaps(z3), "");  // Muon over fully sharded weights, with tp
+  z3.etp = 2;
+  EXPECT_EQ(gpu_layout_gaps(z3), "expert tensor parallelism");  // what is still missing is still named
 }
 
 // Tensor parallelism is refused on the config when it cannot split the model, with the numbers; Muon runs with it.
@@ -252,8 +262,7 @@ TEST(GpuMeshConfig, RefusesTensorParallelSplitsThatDoNotDivide) {
 }
 
 // Dense partitioning (issue 17): parallel.zero 1 (default), 2 and 3 (fully sharded weights) run on the GPU with
-// fp32 or bf16 reduction; Muon runs with zero 1 and 2 (not with tp under zero 2), and with zero 3 it is refused
-// with the key to change; the planner's gaps say the same.
+// fp32 or bf16 reduction; Muon runs at every level, with tp too; the planner's gaps say the same.
 TEST(GpuMeshConfig, ZeroLevelsAndGradReduceDtype) {
   const TrainConfig def = config("parallel: {dp: 2}\n");
   EXPECT_EQ(def.parallel.zero, 1);
@@ -270,7 +279,9 @@ TEST(GpuMeshConfig, ZeroLevelsAndGradReduceDtype) {
   EXPECT_EQ(check_gpu_mesh_config(config("parallel: {pp: 2, dp: 2, ep: 2, zero: 3, grad_reduce_dtype: bf16}\n"), 4),
             "");
   EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 2, tp: 2, zero: 3}\n"), 4), "");
-  expect_refused(config("parallel: {dp: 2, zero: 3}\n", "{kind: muon}"), 2, {"parallel.zero 3", "muon", "adamw"});
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 2, zero: 3}\n", "{kind: muon}"), 2), "")
+      << "Muon under ZeRO-3 takes ZeRO-2's per-bucket gather, each rank writing its own bf16 slice";
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {pp: 2, dp: 2, ep: 2, zero: 3}\n", "{kind: muon}"), 4), "");
   EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 2, zero: 2}\n", "{kind: muon}"), 2), "")
       << "Muon under ZeRO-2 gathers each bucket's Newton-Schulz inputs";
   EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 4, ep: 2, zero: 2}\n", "{kind: muon}"), 4), "");
@@ -287,5 +298,5 @@ TEST(GpuMeshConfig, ZeroLevelsAndGradReduceDtype) {
   a.muon = false, a.zero = 3;
   EXPECT_EQ(gpu_layout_gaps(a), "");
   a.muon = true;
-  EXPECT_EQ(gpu_layout_gaps(a), "Muon with fully sharded weights (ZeRO-3 keeps no whole-matrix gradients)");
+  EXPECT_EQ(gpu_layout_gaps(a), "") << "Muon with ZeRO-3 runs";
 }

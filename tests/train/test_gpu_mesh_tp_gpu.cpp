@@ -6,7 +6,8 @@
 //   rel L2 2e-2 as the EP tests bound them, except where the TP rounding noise is amplified (the tiny-init mHC
 //   tensors, and the score-routed experts, whose top-k flips on near-ties; TensorClass below says how and why),
 //   printing the worst tensors by name;
-// - Muon under tp=2 x dp=2 against one rank's Muon run: the losses, norms and final weights (GpuMeshTpMuon);
+// - Muon under tp=2 x dp=2 against one rank's Muon run: the losses, norms and final weights (GpuMeshTpMuon), and
+//   with zero 2 / 3 (the bucket's DP gather, then the TP gather of its split matrices) against zero 1 Muon;
 // - the replicated tensors stay bit-identical on the TP ranks of a DP rank after the 6 steps (their gradients and
 //   the clipping norm are the same bits on the TP ranks, so AdamW moves them alike);
 // - a sharded checkpoint written under tp=2 x dp=2 holds the official (unsplit) tensors, written once, and resumes
@@ -87,9 +88,11 @@ TrainerOptions quiet(int64_t stop = -1) {
 }
 
 struct Layout {
-  int pp = 1, dp = 1, ep = 1, tp = 1;
+  int pp = 1, dp = 1, ep = 1, tp = 1, zero = 1;
   int world() const { return pp * dp * tp; }
-  std::string name() const { return fmt::format("pp{}_dp{}_ep{}_tp{}", pp, dp, ep, tp); }
+  std::string name() const {
+    return fmt::format("pp{}_dp{}_ep{}_tp{}", pp, dp, ep, tp) + (zero == 1 ? "" : fmt::format("_zero{}", zero));
+  }
 };
 
 struct LayoutRun {
@@ -99,8 +102,9 @@ struct LayoutRun {
 };
 
 LayoutRun run_layout(const Layout& l, const fs::path& out, int64_t stop = -1, const std::string& optimizer = kAdamW) {
-  const TrainConfig cfg =
-      run_config(fmt::format("parallel: {{pp: {}, dp: {}, ep: {}, tp: {}}}\n", l.pp, l.dp, l.ep, l.tp), optimizer);
+  const TrainConfig cfg = run_config(
+      fmt::format("parallel: {{pp: {}, dp: {}, ep: {}, tp: {}, zero: {}}}\n", l.pp, l.dp, l.ep, l.tp, l.zero),
+      optimizer);
   const int W = l.world();
   auto ranks = comm::make_thread_group(W, 300.0);
   LayoutRun run;
@@ -325,6 +329,69 @@ TEST(GpuMeshTpMuon, TpTimesDpMatchesOneRank) {
   for (size_t i = 0; i < std::min<size_t>(10, errs.size()); ++i)
     std::printf("  %-40s %-22s %.2e (bound %.0e)\n", errs[i].name.c_str(), class_name(errs[i].cls), errs[i].err,
                 errs[i].bound);
+}
+
+// Muon under tp=2 x dp=2 with sharded gradients (zero 2) and fully sharded weights (zero 3) against the same
+// layout's zero 1 Muon run: each bucket's Newton-Schulz inputs are all-gathered over DP into a transient buffer,
+// and the bucket's TP-split matrices then gathered whole over TP from it (GpuOptimizer::step), where zero 1
+// gathers over TP from the gradient arena. The gradients differ from zero 1's by the reduction order of region R
+// and the experts only (once per step instead of per micro-batch, test_gpu_zero_gpu.cpp), so the bounds are
+// GpuZeroMuon's for zero 2 Muon against zero 1 Muon: loss 5e-3, norm 5e-2, step 1's loss the same bits; the
+// final weights as TpTimesDpMatchesOneRank bounds them (split 3e-2: GpuZeroMuon's Muon-matrix bound, whose worst
+// was 2.4e-2 for dp2; the score-routed experts 0.1, whose top-k flips on the noise; the rest 5e-2). A TP-split
+// matrix gathered from a stale or wrong part of the transient (another bucket's, a DP slice left out) is
+// orthogonalised from another matrix and moves by its whole update. Zero 3 against zero 2 of the layout: the same
+// gradients, the same bits read forward (GpuZero3), so the same run to 1e-6.
+TEST(GpuMeshTpMuon, ShardedGradientsMatchZeroOne) {
+  const fs::path z1dir = dat().dir / "muon_tp2_dp2_zero1";
+  const LayoutRun z1 = run_layout(Layout{1, 2, 1, 2, 1}, z1dir, -1, kMuon);
+  if (HasFailure()) return;
+  const dsv4::ModelConfig mc = model_config();
+  LayoutRun z2;
+  for (int zero : {2, 3}) {
+    const Layout l{1, 2, 1, 2, zero};
+    const fs::path dir = dat().dir / ("muon_" + l.name());
+    const LayoutRun run = run_layout(l, dir, -1, kMuon);
+    if (HasFailure()) return;
+    const std::string what = "Muon " + l.name() + " vs zero 1";
+    expect_steps_match(dir, 0, what, z1dir);
+    const auto m1 = read_jsonl(z1dir / "metrics.jsonl"), m2 = read_jsonl(dir / "metrics.jsonl");
+    ASSERT_FALSE(m1.empty());
+    ASSERT_FALSE(m2.empty());
+    EXPECT_EQ(m1[0]["loss"], m2[0]["loss"]) << what << ": step 1 runs on the same weights";
+    std::vector<TensorErr> errs;
+    for (const auto& [name, w_ref] : z1.values) {
+      if (is_bias(name) || w_ref.size() < 64) continue;
+      ASSERT_TRUE(run.values.count(name)) << name;
+      const TensorClass k = tensor_class(name, mc);
+      const double e = rel_l2(run.values.at(name), w_ref);
+      const double lim = k == TensorClass::Split ? 3e-2 : k == TensorClass::ScoreRoutedExpert ? 0.1 : 5e-2;
+      errs.push_back({name, k, e, lim});
+      EXPECT_LT(e, lim) << what << ": " << name << " (" << class_name(k) << ")";
+    }
+    std::sort(errs.begin(), errs.end(), [](const TensorErr& x, const TensorErr& y) { return x.err > y.err; });
+    std::printf("%s: final weights, the worst rel L2 by tensor:\n", what.c_str());
+    for (size_t i = 0; i < std::min<size_t>(10, errs.size()); ++i)
+      std::printf("  %-40s %-22s %.2e (bound %.0e)\n", errs[i].name.c_str(), class_name(errs[i].cls), errs[i].err,
+                  errs[i].bound);
+    if (zero == 2) {
+      z2 = run;
+      continue;
+    }
+    const auto s2 = read_jsonl(dat().dir / ("muon_" + Layout{1, 2, 1, 2, 2}.name()) / "metrics.jsonl");
+    ASSERT_EQ(s2.size(), m2.size());
+    for (size_t i = 0; i < m2.size(); ++i) {
+      const double a = s2[i]["loss"].get<double>(), b = m2[i]["loss"].get<double>();
+      const double ga = s2[i]["grad_norm"].get<double>(), gb = m2[i]["grad_norm"].get<double>();
+      EXPECT_LE(std::abs(a - b) / a, 1e-6) << "Muon zero 3 vs zero 2 (tp=2 x dp=2) step " << i + 1;
+      EXPECT_LE(std::abs(ga - gb) / ga, 1e-6) << "Muon zero 3 vs zero 2 (tp=2 x dp=2) step " << i + 1;
+    }
+    for (const auto& [name, w2] : z2.values) {
+      ASSERT_TRUE(run.values.count(name)) << name;
+      EXPECT_LE(rel_l2(run.values.at(name), w2), 1e-6)
+          << "Muon zero 3 vs zero 2 (tp=2 x dp=2): final '" << name << "'";
+    }
+  }
 }
 
 TEST(GpuMeshTpCheckpoint, OfficialTensorsResumeAcrossTpLayouts) {

@@ -14,7 +14,7 @@
 //   GpuModel::footprint exactly; the gathered buffers' peak as the planner counts it; gradients, master and
 //   moments are ZeRO-2's;
 // - a zero 3 checkpoint (the sharded manifest) resumes under zero 1 and a zero 1 checkpoint under zero 3, both
-//   continuing the uninterrupted zero 1 run's losses.
+//   continuing the uninterrupted zero 1 run's losses; with Muon, a zero 3 checkpoint resumes under zero 3 and 1.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -39,6 +39,7 @@
 #include "train/cuda/gpu_optimizer.h"
 #include "train/metrics.h"
 #include "train/gpu_mesh_test_support.h"
+#include "train/sharded_checkpoint.h"
 #include "train/tiny_gpu_config.h"
 #include "train/trainer.h"
 #include "train/yaml.h"
@@ -68,11 +69,21 @@ dsv4::ModelConfig model_config() {
 // by summation order.
 Dsv4TrainOptions train_options() { return trex::testing::layout_train_options(true); }
 
-TrainConfig run_config(const std::string& parallel) {
-  trex::testing::LayoutRunYaml y;
-  y.seed = 7;
-  y.checkpoint = "{every: 3, keep_last: 2}";
-  return trex::testing::layout_run_config(y, parallel, "zero3.yaml");
+const char* kAdamW = "{kind: adamw, clip_grad_norm: 1.0, adamw: {eps: 1.0e-8, decay_vectors: true}}";
+// Muon with AdamW without decay on vectors, as the Muon dp tests (tests/train/test_gpu_mesh_engine_gpu.cpp).
+const char* kMuon = "{kind: muon, clip_grad_norm: 1.0, adamw: {eps: 1.0e-8, decay_vectors: false}}";
+
+TrainConfig run_config(const std::string& parallel, const std::string& optimizer = kAdamW) {
+  return parse_train_config(parse_yaml(R"(
+seed: 7
+model: {type: dsv4, balance_alpha: 0}
+data: {shards: x, tokenizer: y, seq_len: 64, batch_size: 2, grad_accum: 8}
+optimizer: )" + optimizer + R"(
+schedule: {lr: 0.003, min_lr: 0.0003, warmup_steps: 2}
+train: {max_steps: 6}
+checkpoint: {every: 3, keep_last: 2}
+logging: {plot: false}
+)" + parallel, "zero3.yaml"), "zero3.yaml");
 }
 
 struct Layout {
@@ -88,10 +99,12 @@ struct LayoutRun {
 };
 
 // The layout's run under the Trainer in `out` (kept when `fresh` is false: a resume), to step `stop` (-1: the end).
-LayoutRun run_layout(const Layout& l, const fs::path& out, bool fresh = true, int64_t stop = -1) {
+LayoutRun run_layout(const Layout& l, const fs::path& out, bool fresh = true, int64_t stop = -1,
+                     const std::string& optimizer = kAdamW) {
   if (fresh) fs::remove_all(out);
-  const TrainConfig cfg =
-      run_config(fmt::format("parallel: {{pp: {}, dp: {}, ep: {}, tp: {}, zero: {}}}\n", l.pp, l.dp, l.ep, l.tp, l.zero));
+  const TrainConfig cfg = run_config(
+      fmt::format("parallel: {{pp: {}, dp: {}, ep: {}, tp: {}, zero: {}}}\n", l.pp, l.dp, l.ep, l.tp, l.zero),
+      optimizer);
   auto ranks = comm::make_thread_group(l.world(), 300.0);
   TrainerOptions q;
   q.show_progress = false;
@@ -341,5 +354,67 @@ TEST(GpuZero3Checkpoint, ResumesAcrossZeroLevels) {
     EXPECT_TRUE(r.res.resumed);
     EXPECT_EQ(r.res.start_step, 3);
     expect_steps(ref.metrics, r.metrics, 3, 3e-4, 1e-2, "uninterrupted zero 1", "zero 1 -> zero 3");
+  }
+}
+
+// Muon's momentum (the checkpoint's .momentum tensors, gathered from the ZeRO-3 ranks' master-layout slices) and
+// weights resume across zero levels: a zero 3 Muon run's step-3 checkpoint continued under zero 3 and under zero
+// 1, each against the uninterrupted zero 1 Muon run, steps 4..6. The bounds are GpuZeroMuon's for zero 2 / 3 Muon
+// against zero 1 Muon (loss 5e-3, norm 5e-2: the reduction order's rounding, magnified by Newton-Schulz); a
+// momentum lost or restored into the wrong slice changes the direction of every Muon update from step 4 on.
+// The checkpoint's momentum itself is compared with the zero 1 run's at step 3 (every .momentum tensor, the same
+// names; rel L2 5e-2, the norm's bound: the momentum is the gradients' running sum), where a slice written from
+// the wrong rank or left zero is off by O(1). The final weights are compared too, at 5e-2 (the EP Muon test's
+// bound on every tensor: Newton-Schulz magnifies the reduction-order noise to 2.4e-2 in GpuZeroMuon's matrices,
+// and the AdamW tensors see the moved activations), the worst printed: a guard against a misplaced weight slice
+// (O(1)); Muon's own update over 3 steps is about 1e-2 of a matrix, below that bound.
+TEST(GpuZero3Checkpoint, MuonResumesAcrossZeroLevels) {
+  const Layout z1{1, 2, 1, 1}, z3{1, 2, 1, 3};
+  const LayoutRun ref = run_layout(z1, dat().dir / "muon_ckpt_ref_zero1", true, -1, kMuon);
+  if (HasFailure()) return;
+  const fs::path a = dat().dir / "muon_ckpt_zero3_step3";
+  run_layout(z3, a, true, 3, kMuon);
+  ASSERT_TRUE(fs::exists(a / "checkpoints" / "step_00000003" / "manifest.json"));
+  {
+    const CheckpointReader got(a / "checkpoints" / "step_00000003"),
+        want(dat().dir / "muon_ckpt_ref_zero1" / "checkpoints" / "step_00000003");
+    int momenta = 0;
+    double worst = 0;
+    for (const std::string& n : want.optim_names()) {
+      if (!n.ends_with(".momentum")) continue;
+      ASSERT_TRUE(got.has_optim(n)) << n << ": not in the zero 3 Muon checkpoint";
+      const Shape shape = want.optim_shape(n);
+      ASSERT_EQ(got.optim_shape(n), shape) << n;
+      std::vector<float> g(size_t(numel(shape))), w(g.size());
+      got.read_optim(n, shape, g.data());
+      want.read_optim(n, shape, w.data());
+      const double e = trex::gpu_test::rel_l2(g, w);
+      EXPECT_LE(e, 5e-2) << n << ": the zero 3 checkpoint's momentum vs zero 1's";
+      worst = std::max(worst, e), ++momenta;
+    }
+    EXPECT_GT(momenta, 0) << "no .momentum tensor in the zero 1 Muon checkpoint";
+    for (const std::string& n : got.optim_names())
+      EXPECT_TRUE(want.has_optim(n)) << n << ": in the zero 3 checkpoint only";
+    std::printf("Muon zero 3 step-3 checkpoint: %d momenta vs zero 1's, worst rel L2 %.2e\n", momenta, worst);
+  }
+  for (const Layout& to : {z3, z1}) {
+    const std::string what = fmt::format("Muon zero 3 -> zero {}", to.zero);
+    const fs::path d = dat().dir / fmt::format("muon_ckpt_zero3_to_zero{}", to.zero);
+    copy_run(a, d);
+    const LayoutRun r = run_layout(to, d, false, -1, kMuon);
+    EXPECT_TRUE(r.res.resumed) << what;
+    EXPECT_EQ(r.res.start_step, 3) << what;
+    expect_steps(ref.metrics, r.metrics, 3, 5e-3, 5e-2, what);
+    double worst = 0;
+    std::string worst_name;
+    for (const auto& [name, v1] : ref.values) {
+      if (name.ends_with("ffn.gate.bias") || v1.size() < 64) continue;
+      ASSERT_TRUE(r.values.count(name)) << what << ": " << name;
+      const double e = trex::gpu_test::rel_l2(r.values.at(name), v1);
+      EXPECT_LE(e, 5e-2) << what << ": final '" << name << "'";
+      if (e > worst) worst = e, worst_name = name;
+    }
+    std::printf("%s: final weights vs the uninterrupted zero 1 Muon run: worst rel L2 %.2e (%s)\n", what.c_str(),
+                worst, worst_name.c_str());
   }
 }

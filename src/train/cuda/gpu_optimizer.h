@@ -4,8 +4,10 @@
 // all-gathers the updated bf16 slices back, which the model's next forward waits for bucket by bucket; a Muon
 // matrix cut between ranks' slices is orthogonalised whole by every rank holding a part of it (its momentum
 // updated where it is held, the Newton-Schulz inputs all-gathered: in place under ZeRO-1, into a transient
-// buffer of one bucket at a time under ZeRO-2, whose persistent gradients are the slices), each writing its own
-// part. Frozen tensors (the run's freeze list) are not updated, and their moments stay as they are.
+// buffer of one bucket at a time under ZeRO-2 and ZeRO-3, whose persistent gradients are the slices; under tensor
+// parallelism a split matrix's inputs are then gathered whole over TP), each writing its own part (under ZeRO-3
+// into its persistent bf16 slice, which the next forward gathers). Frozen tensors (the run's freeze list) are not
+// updated, and their moments stay as they are.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -34,7 +36,7 @@ class GpuOptimizer {
   // "adamw" updates everything with AdamW (decay_vectors honoured). step is 1-based (AdamW bias corrections).
   // Gradient clipping is not part of it (as Optimizer::step). Under data parallelism the Muon matrices' gradients
   // are overwritten by their Newton-Schulz inputs (ZeRO-1: all-gathered where a matrix is cut between ranks;
-  // ZeRO-2: the rank's slices only); otherwise
+  // ZeRO-2 / 3: the rank's slices only); otherwise
   // gradients are left as they are. grad_scale multiplies every gradient as the update reads it (clipping and
   // 1 / micro-batches folded in; the gradients themselves stay unscaled).
   void step(const optim::OptimizerConfig& c, double lr, int64_t step, float grad_scale = 1.f);

@@ -22,9 +22,11 @@ namespace trex::dsv4gpu {
 // shard offset for w, m, v) per region (the local experts or this replica's slice of them, region R, each
 // bucket), the Muon elements it holds (momentum runs), the buckets whose Muon inputs are all-gathered, and the Muon
 // matrices it holds a part of, with that part (lo, hi, shard offset). Frozen tensors appear nowhere. ZeRO-1
-// gathers a bucket's inputs into the gradient arena itself; ZeRO-2 keeps only the rank's slices, so each bucket's
-// are gathered into a transient fp32 buffer of the bucket (GpuOptimizer::step) and its matrices are batched on
-// their own, addressed from the bucket's start.
+// gathers a bucket's inputs into the gradient arena itself; ZeRO-2 (and ZeRO-3, whose gradients are ZeRO-2's)
+// keeps only the rank's slices, so each bucket's are gathered into a transient fp32 buffer of the bucket
+// (GpuOptimizer::step) and its matrices are batched on their own, addressed from the bucket's start. Where the
+// updated bf16 element lands is planned apart from where its input is read (MuonBatch::wb_offsets): the arena
+// under ZeRO-1 / 2, the rank's own slices under ZeRO-3 (GpuModel::Impl::weight_at).
 struct OptPlan {
   std::string kind;
   bool decay_vectors = true;
@@ -42,6 +44,10 @@ struct OptPlan {
     int bucket = -1;
     DevMem offsets;  // int64 [count], element offsets of the matrices (arena, or from the bucket's begin)
     DevMem ranges;   // data parallel: int64 [count, 3], this rank's part of each (cuda::muon_apply_ranges)
+    // Data parallel: int64 [count], where each matrix's bf16 copy lies in `compute` less the element's index in
+    // the matrix (element i of this rank's part at wb_offsets + i; may be negative under ZeRO-3, where `compute`
+    // holds only the rank's slice of the bucket and a matrix can start before it).
+    DevMem wb_offsets;
   };
   std::vector<MuonBatch> muon;
   int64_t muon_matrices = 0;
@@ -71,14 +77,17 @@ struct OptPlan {
   // this rank's slice of the result (its DP piece of it) applied. Every TP rank runs the same Newton-Schulz on
   // the same bits, so the slices of one matrix are updated consistently.
   struct TpMatrix {
-    int64_t grad = 0, nl = 0;  // this rank's slice: its Newton-Schulz input's index in g, its elements
+    int64_t grad = 0, nl = 0;  // this rank's slice: its Newton-Schulz input's index (TpBatch::bucket), elements
     int axis = 0;              // 0: rows split (the slice is one block of the matrix), 1: columns split
   };
   struct TpBatch {
     int64_t rows = 0, cols = 0;  // the official matrix
+    // ZeRO-2 / 3: the bucket whose transient gathered inputs the batch reads (TpMatrix::grad then counts from the
+    // bucket's begin); -1: the gradient array (one GPU per TP rank, ZeRO-1).
+    int bucket = -1;
     std::vector<TpMatrix> mats;
     DevMem in_offsets;     // int64 [count]: k rows cols (the gathered whole matrices, tp_whole)
-    DevMem apply_offsets;  // int64 [count]: the slice's arena offset - tp_rank nl (muon_apply_ranges's bf16 index)
+    DevMem apply_offsets;  // int64 [count]: the slice's bf16 index in `compute` - tp_rank nl (muon_apply_ranges's)
     DevMem ranges;         // int64 [count, 3]: this rank's elements of the matrix with its slice made contiguous
   };
   std::vector<TpBatch> tp_muon;
@@ -93,12 +102,24 @@ constexpr int64_t kMuonBatchElems = int64_t(1) << 27;
 
 // A Muon matrix (or a part of it) of the plan: arena offset, then the data-parallel part.
 struct MuonEntry {
-  int64_t offset = 0, lo = 0, hi = 0, shard = 0;
+  int64_t offset = 0, lo = 0, hi = 0, shard = 0, wb = 0;  // wb: MuonBatch::wb_offsets
 };
 
 using MuonByShape = std::map<std::pair<int64_t, int64_t>, std::vector<MuonEntry>>;
 
 constexpr int kRegionR = -2;
+
+DevMem upload_i64(const std::vector<int64_t>& v) {
+  DevMem d(v.size() * sizeof(int64_t));
+  TREX_CUDA(cudaMemcpy(d.as<int64_t>(), v.data(), v.size() * sizeof(int64_t), cudaMemcpyHostToDevice));
+  return d;
+}
+
+// The index in `compute` of the bf16 copy of the arena element `arena` (a piece this rank holds), less `within`:
+// the bf16 offset muon_apply_ranges adds an element's index in its matrix to.
+int64_t bf16_base(const GpuModel::Impl& m, int64_t arena, int64_t within) {
+  return int64_t(m.weight_at(arena) - m.compute.as<bf16>()) - within;
+}
 
 void add_muon_batches(OptPlan& plan, const MuonByShape& by_shape, bool with_ranges, int bucket = -1) {
   for (const auto& [shape, list] : by_shape) {
@@ -107,20 +128,15 @@ void add_muon_batches(OptPlan& plan, const MuonByShape& by_shape, bool with_rang
       OptPlan::MuonBatch b;
       b.rows = shape.first, b.cols = shape.second, b.bucket = bucket;
       b.count = std::min<int64_t>(per, int64_t(list.size() - i));
-      std::vector<int64_t> offs, ranges;
+      std::vector<int64_t> offs, ranges, wbs;
       for (int64_t k = 0; k < b.count; ++k) {
         const MuonEntry& e = list[i + size_t(k)];
         offs.push_back(e.offset);
         ranges.insert(ranges.end(), {e.lo, e.hi, e.shard});
+        wbs.push_back(e.wb);
       }
-      b.offsets = DevMem(offs.size() * sizeof(int64_t));
-      TREX_CUDA(cudaMemcpy(b.offsets.as<int64_t>(), offs.data(), offs.size() * sizeof(int64_t),
-                           cudaMemcpyHostToDevice));
-      if (with_ranges) {
-        b.ranges = DevMem(ranges.size() * sizeof(int64_t));
-        TREX_CUDA(cudaMemcpy(b.ranges.as<int64_t>(), ranges.data(), ranges.size() * sizeof(int64_t),
-                             cudaMemcpyHostToDevice));
-      }
+      b.offsets = upload_i64(offs);
+      if (with_ranges) b.ranges = upload_i64(ranges), b.wb_offsets = upload_i64(wbs);
       plan.muon_matrices += b.count;
       plan.muon.push_back(std::move(b));
     }
@@ -141,30 +157,34 @@ struct TpEntry {
 bool tp_split_matrix(const GpuParam& p) { return p.tp_axis >= 0; }
 
 // A TP-split Muon matrix p (2-D: dsv4::tp_split_axis splits wq_b / wo_a / shared w1, w3 by rows, wo_b / shared w2
-// by columns); piece: the part of this rank's slice it updates (t, s, n as GpuModel::Impl::ShardPiece).
-TpEntry tp_entry(const GpuModel::Impl& m, const GpuParam& p, int64_t t, int64_t s, int64_t n) {
+// by columns); piece: the part of this rank's slice it updates (t, s, n as GpuModel::Impl::ShardPiece); input:
+// where its slice's Newton-Schulz input starts (TpMatrix::grad).
+TpEntry tp_entry(const GpuModel::Impl& m, const GpuParam& p, int64_t t, int64_t s, int64_t n, int64_t input) {
   TREX_CHECK(p.full.size() == 2 && (p.tp_axis == 0 || p.tp_axis == 1),
              "GPU optimizer: Muon under tensor parallelism orthogonalises 2-D matrices; '{}' is {} split on axis {}",
              p.name, shape_str(p.full), p.tp_axis);
   TpEntry e;
   e.rows = p.full[0], e.cols = p.full[1];
-  e.mat.grad = m.grad_index(p.offset), e.mat.nl = p.numel, e.mat.axis = p.tp_axis;
+  e.mat.grad = input, e.mat.nl = p.numel, e.mat.axis = p.tp_axis;
   // The slice made contiguous: rank r's block at [r nl, (r + 1) nl) of the matrix's buffer (after the column
   // split's re-striding of the result, step_tp_muon), so this rank's element i of its slice is r nl + i.
   const int64_t base = int64_t(m.tp_rank) * p.numel;
-  e.apply_offset = p.offset - base;
   e.lo = base + t, e.hi = base + t + n, e.shard = s;
+  e.apply_offset = bf16_base(m, p.offset + t, e.lo);
   return e;
 }
 
-void add_tp_batches(OptPlan& plan, const std::map<std::pair<int64_t, int64_t>, std::vector<TpEntry>>& by_shape) {
+using TpByShape = std::map<std::pair<int64_t, int64_t>, std::vector<TpEntry>>;
+
+// The batches of one key (TpBatch::bucket); returns the largest batch's elements (the staging it needs).
+size_t add_tp_batches(OptPlan& plan, const TpByShape& by_shape, int bucket) {
   size_t whole = 0;
   for (const auto& [shape, list] : by_shape) {
     const int64_t n = shape.first * shape.second;
     const int64_t per = std::max<int64_t>(1, std::min<int64_t>(65535, kTpMuonBatchElems / n));
     for (size_t i = 0; i < list.size(); i += size_t(per)) {
       OptPlan::TpBatch b;
-      b.rows = shape.first, b.cols = shape.second;
+      b.rows = shape.first, b.cols = shape.second, b.bucket = bucket;
       const int64_t count = std::min<int64_t>(per, int64_t(list.size() - i));
       std::vector<int64_t> in, apply, ranges;
       for (int64_t k = 0; k < count; ++k) {
@@ -174,17 +194,17 @@ void add_tp_batches(OptPlan& plan, const std::map<std::pair<int64_t, int64_t>, s
         apply.push_back(e.apply_offset);
         ranges.insert(ranges.end(), {e.lo, e.hi, e.shard});
       }
-      auto upload = [](const std::vector<int64_t>& v) {
-        DevMem d(v.size() * sizeof(int64_t));
-        TREX_CUDA(cudaMemcpy(d.as<int64_t>(), v.data(), v.size() * sizeof(int64_t), cudaMemcpyHostToDevice));
-        return d;
-      };
-      b.in_offsets = upload(in), b.apply_offsets = upload(apply), b.ranges = upload(ranges);
+      b.in_offsets = upload_i64(in), b.apply_offsets = upload_i64(apply), b.ranges = upload_i64(ranges);
       whole = std::max(whole, size_t(count * n));
       plan.muon_matrices += count;
       plan.tp_muon.push_back(std::move(b));
     }
   }
+  return whole;
+}
+
+// The gathered matrices' buffers, shared by every TP batch (one runs at a time).
+void alloc_tp_staging(OptPlan& plan, size_t whole) {
   if (whole == 0) return;
   // Zeroed once: an emulated TP group (comm/emulated_group.h) writes only its own rank's block of a gather.
   plan.tp_whole = DevMem(whole * sizeof(float)), plan.tp_stack = DevMem(whole * sizeof(float));
@@ -212,7 +232,7 @@ std::unique_ptr<OptPlan> one_gpu_plan(const GpuModel::Impl& m, const optim::Opti
   auto plan = std::make_unique<OptPlan>();
   plan->kind = c.kind, plan->decay_vectors = c.adamw.decay_vectors;
   std::map<std::pair<int64_t, int64_t>, std::vector<MuonEntry>> by_shape;
-  std::map<std::pair<int64_t, int64_t>, std::vector<TpEntry>> tp_by_shape;
+  TpByShape tp_by_shape;
   bool prev_adamw = false;
   int64_t end = 0;
   for (const GpuParam& p : m.params) {
@@ -227,7 +247,7 @@ std::unique_ptr<OptPlan> one_gpu_plan(const GpuModel::Impl& m, const optim::Opti
       check_muon_matrix(p);
       if (tp_split_matrix(p)) {  // this TP rank's slice: the momentum here, the Newton-Schulz on the whole
         plan->tp_momentum.push_back({p.offset, p.offset, p.numel, true, p.offset});
-        tp_by_shape[{p.full[0], p.full[1]}].push_back(tp_entry(m, p, 0, p.offset, p.numel));
+        tp_by_shape[{p.full[0], p.full[1]}].push_back(tp_entry(m, p, 0, p.offset, p.numel, p.offset));
         prev_adamw = false;
         continue;
       }
@@ -245,7 +265,7 @@ std::unique_ptr<OptPlan> one_gpu_plan(const GpuModel::Impl& m, const optim::Opti
     prev_adamw = true;
   }
   add_muon_batches(*plan, by_shape, false);
-  add_tp_batches(*plan, tp_by_shape);
+  alloc_tp_staging(*plan, add_tp_batches(*plan, tp_by_shape, -1));
   return plan;
 }
 
@@ -263,9 +283,9 @@ std::unique_ptr<OptPlan> sharded_plan(const GpuModel::Impl& m, const optim::Opti
       if (p.offset >= m.buckets[b].begin && p.offset < m.buckets[b].end) return int(b);
     fail("GPU optimizer: parameter '{}' (arena offset {}) is in no bucket", p.name, p.offset);
   };
-  // Keyed by the batch's bucket: -1 (arena offsets) except a bucket's matrices under ZeRO-2.
+  // Keyed by the batch's bucket: -1 (arena offsets) except a bucket's matrices under ZeRO-2 / 3.
   std::map<int, MuonByShape> by_bucket;
-  std::map<std::pair<int64_t, int64_t>, std::vector<TpEntry>> tp_by_shape;
+  std::map<int, TpByShape> tp_by_bucket;
   bool prev_adamw = false;
   int prev_region = -2;
   for (const GpuParam& p : m.params) {
@@ -282,7 +302,7 @@ std::unique_ptr<OptPlan> sharded_plan(const GpuModel::Impl& m, const optim::Opti
     const std::vector<GpuModel::Impl::ShardPiece> pieces = m.own_pieces(p);
     if (c.kind == "muon" && g == optim::ParamGroup::Muon) {
       check_muon_matrix(p);
-      // ZeRO-2: the bucket's matrices read its transient gathered inputs, from the bucket's begin.
+      // ZeRO-2 / 3: the bucket's matrices read its transient gathered inputs, from the bucket's begin.
       const int key = !m.zero2() ? -1 : bucket >= 0 ? bucket : p.offset >= m.region_a ? kRegionR : -1;
       const int64_t base = key >= 0 ? m.buckets[size_t(bucket)].begin : key == kRegionR ? m.region_a : 0;
       const int64_t rows = p.shape[p.shape.size() - 2], cols = p.shape.back(), rc = rows * cols;
@@ -299,16 +319,23 @@ std::unique_ptr<OptPlan> sharded_plan(const GpuModel::Impl& m, const optim::Opti
         if (r.n > 0) plan->momentum.push_back(r);
         if (tp_split_matrix(p)) {
           // The TP ranks of this DP rank hold the same pieces (the same arena layout, the same DP rank), so they
-          // gather the same matrices; a bucket's slice meets a tensor in one piece.
+          // gather the same matrices; a bucket's slice meets a tensor in one piece. ZeRO-2 / 3: the slice's
+          // inputs are whole only in its bucket's transient gather (the DP gather first, then the TP one).
           TREX_CHECK(pieces.size() == 1, "GPU optimizer: TP-split Muon matrix '{}' in {} pieces on DP rank {}",
                      p.name, pieces.size(), m.dp_rank);
-          tp_by_shape[{p.full[0], p.full[1]}].push_back(tp_entry(m, p, w.t, w.s, w.n));
+          TREX_CHECK(!m.zero2() || key >= 0,
+                     "GPU optimizer: TP-split Muon matrix '{}' (arena offset {}) is in no bucket under ZeRO-{} (the "
+                     "TP gather reads a bucket's gathered inputs)",
+                     p.name, p.offset, m.zero);
+          const int64_t input = key >= 0 ? p.offset - base : m.grad_index(p.offset);
+          tp_by_bucket[key][{p.full[0], p.full[1]}].push_back(tp_entry(m, p, w.t, w.s, w.n, input));
           continue;
         }
         // Every matrix this piece touches, with the part of it held here.
         for (int64_t k = w.t / rc; k * rc < w.t + w.n; ++k) {
           const int64_t a = std::max(w.t, k * rc), e = std::min(w.t + w.n, (k + 1) * rc);
-          by_bucket[key][{rows, cols}].push_back({p.offset + k * rc - base, a - k * rc, e - k * rc, w.s + (a - w.t)});
+          by_bucket[key][{rows, cols}].push_back({p.offset + k * rc - base, a - k * rc, e - k * rc, w.s + (a - w.t),
+                                                   bf16_base(m, p.offset + a, a - k * rc)});
         }
       }
       prev_adamw = false;
@@ -337,21 +364,26 @@ std::unique_ptr<OptPlan> sharded_plan(const GpuModel::Impl& m, const optim::Opti
   for (size_t b = 0; b < m.buckets.size(); ++b)
     if (muon_bucket[b]) plan->input_buckets.push_back(int(b));
   for (const auto& [key, by_shape] : by_bucket) add_muon_batches(*plan, by_shape, true, key);
-  add_tp_batches(*plan, tp_by_shape);
+  size_t whole = 0;
+  for (const auto& [key, by_shape] : tp_by_bucket) whole = std::max(whole, add_tp_batches(*plan, by_shape, key));
+  alloc_tp_staging(*plan, whole);
   return plan;
 }
 
-// Tensor parallel: the split Muon matrices, their Newton-Schulz inputs already in g (this rank's slices, whole
-// over DP): gathered whole over TP, orthogonalised, this rank's part updated (OptPlan::TpMatrix).
-void step_tp_muon(GpuModel::Impl& m, OptPlan& plan, const cuda::MuonStep& ms, float* g, float* w, bf16* wb) {
+// Tensor parallel: the split Muon matrices of the batches keyed `bucket` (OptPlan::TpBatch), their Newton-Schulz
+// inputs already whole over DP in `in` (the gradient array under ZeRO-1, the bucket's transient gather under
+// ZeRO-2 / 3): gathered whole over TP, orthogonalised, this rank's part updated (OptPlan::TpMatrix).
+void step_tp_muon(GpuModel::Impl& m, OptPlan& plan, const cuda::MuonStep& ms, const float* in, int bucket, float* w,
+                  bf16* wb) {
   const int T = m.tp_size, t = m.tp_rank;
   float *whole = plan.tp_whole.as<float>(), *stack = plan.tp_stack.as<float>();
   for (OptPlan::TpBatch& b : plan.tp_muon) {
+    if (b.bucket != bucket) continue;
     const int64_t n = b.rows * b.cols, count = int64_t(b.mats.size());
     for (int64_t k = 0; k < count; ++k) {
       const OptPlan::TpMatrix& q = b.mats[size_t(k)];
       float* dst = q.axis == 0 ? whole + k * n : stack + k * n;  // a row split's rank order is the matrix's
-      comm::WorkPtr work = m.tp->all_gather(g + q.grad, dst, size_t(q.nl), comm::ElemType::F32);
+      comm::WorkPtr work = m.tp->all_gather(in + q.grad, dst, size_t(q.nl), comm::ElemType::F32);
       m.stream_wait(*work);
       if (q.axis == 1) {  // rank r's [rows, cols / T] block -> columns [r cols / T, (r + 1) cols / T)
         const int64_t cl = b.cols / T;
@@ -479,10 +511,6 @@ void GpuOptimizer::step(const optim::OptimizerConfig& c, double lr, int64_t step
   GpuModel::Impl& m = model_.impl();
   TREX_CHECK(c.kind == "muon" || c.kind == "adamw", "GPU optimizer: kind '{}' (expected muon or adamw)", c.kind);
   TREX_CHECK(step >= 1, "GPU optimizer: step {} must be >= 1", step);
-  TREX_CHECK(!(c.kind == "muon" && m.tp_size > 1 && m.zero2()),
-             "GPU optimizer: Muon under tensor parallelism (tp={}) with ZeRO-2 is not implemented (the TP "
-             "Newton-Schulz reads gradients held whole over DP); use zero 1",
-             m.tp_size);
   cuda::AdamWStep a;
   a.lr = lr, a.beta1 = c.adamw.beta1, a.beta2 = c.adamw.beta2, a.eps = c.adamw.eps;
   a.weight_decay = c.adamw.weight_decay, a.step = step, a.grad_scale = grad_scale;
@@ -509,7 +537,7 @@ void GpuOptimizer::step(const optim::OptimizerConfig& c, double lr, int64_t step
       cuda::muon_step_batched(m.gemm, plan.scratch, b.offsets.as<int64_t>(), b.count, b.rows, b.cols, w, g, mom, wb,
                               ms);
     for (const auto& r : plan.tp_momentum) cuda::muon_momentum_range(g + r.grad, mom + r.shard, r.n, ms);
-    step_tp_muon(m, plan, ms, g, w, wb);
+    step_tp_muon(m, plan, ms, g, -1, w, wb);
     m.section("optimizer", false);
     return;
   }
@@ -531,22 +559,33 @@ void GpuOptimizer::step(const optim::OptimizerConfig& c, double lr, int64_t step
     auto work = m.edp->all_gather(g + m.x_own, g, size_t(m.x_shard), comm::ElemType::F32);
     m.stream_wait(*work);
   }
-  auto orthogonalise = [&](const OptPlan::MuonBatch& b, const float* u, bf16* w_bf16) {
+  // The inputs read at b.offsets from u; the bf16 copies written at b.wb_offsets in `compute`.
+  auto orthogonalise = [&](const OptPlan::MuonBatch& b, const float* u) {
     cuda::muon_orthogonalise_batched(m.gemm, plan.scratch, b.offsets.as<int64_t>(), b.count, b.rows, b.cols, u, ms);
-    cuda::muon_apply_ranges(plan.scratch, b.offsets.as<int64_t>(), b.ranges.as<int64_t>(), b.count, b.rows, b.cols, w,
-                            w_bf16, ms);
+    cuda::muon_apply_ranges(plan.scratch, b.wb_offsets.as<int64_t>(), b.ranges.as<int64_t>(), b.count, b.rows, b.cols,
+                            w, wb, ms);
   };
   for (const auto& b : plan.muon)
     if (b.bucket == -1)
-      orthogonalise(b, g, wb);
+      orthogonalise(b, g);
     else if (b.bucket == kRegionR)
-      orthogonalise(b, g + m.grad_index(m.region_a), wb + m.region_a);
+      orthogonalise(b, g + m.grad_index(m.region_a));
+  if (!m.zero2()) step_tp_muon(m, plan, ms, g, -1, w, wb);
   if (m.zero2())
     // Each bucket's Newton-Schulz inputs (its ranks' slices, momentum applied) all-gathered into a transient fp32
     // buffer of the bucket, its matrices orthogonalised from there, the buffer freed (stream-ordered, so the next
     // bucket reuses it): the persistent gradients stay the rank's slices, and the transient is at most one bucket,
     // no more than the backward's own bucket buffers (GradBuckets::transient_bytes). Every rank gathers the same
-    // buckets in the same order (input_buckets), holding a part of their matrices or not.
+    // buckets in the same order (input_buckets), holding a part of their matrices or not. Under tensor
+    // parallelism the bucket's TP-split matrices are then gathered whole over TP from that buffer (the DP gather
+    // first, then the TP one), while it is live, so the TP staging (tp_whole) adds at most one TP batch.
+    //
+    // ZeRO-3 takes the same path: its gradients are ZeRO-2's, and only where the updated bf16 element lands
+    // differs (the rank's persistent slice, MuonBatch::wb_offsets), which the next forward's gather spreads.
+    // Every rank holding a part of a matrix orthogonalises it whole and writes its own part, as under ZeRO-1 / 2,
+    // rather than one owner per matrix: an owner would have to send the other holders their parts of the update
+    // (one more collective per bucket) and would take the Newton-Schulz of every matrix it owns alone (the
+    // buckets' slices cut few matrices, so the duplicated work is those few).
     for (int bi : plan.input_buckets) {
       const GpuModel::Impl::Bucket& b = m.buckets[size_t(bi)];
       const int64_t n = b.slice(m.dp_size), own = b.begin + m.dp_rank * n;
@@ -556,10 +595,10 @@ void GpuOptimizer::step(const optim::OptimizerConfig& c, double lr, int64_t step
       auto work = m.dp->all_gather(g + m.grad_index(own), u, size_t(n), comm::ElemType::F32);
       m.stream_wait(*work);
       for (const auto& x : plan.muon)
-        if (x.bucket == bi) orthogonalise(x, u, wb + b.begin);
+        if (x.bucket == bi) orthogonalise(x, u);
+      step_tp_muon(m, plan, ms, u, bi, w, wb);
       TREX_CUDA(cudaFreeAsync(u, nullptr));
     }
-  step_tp_muon(m, plan, ms, g, w, wb);
   // AdamW: region X and R, then each bucket's runs with the all-gather of its updated bf16 slice.
   for (const auto& r : plan.local_adamw)
     cuda::adamw_step(w + r.shard, g + r.grad, mom + r.shard, v + r.shard, m.weight_at(r.arena), r.n,
