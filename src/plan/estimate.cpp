@@ -320,15 +320,21 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
       // ZeRO-2 as the GPU trainer runs it (model/cuda/grad_buckets.h): the dense gradients persist as this
       // rank's 1/DP slice, and so do the experts' without expert parallelism (they sit in their layer's bucket);
       // with it they stay whole (their replicas reduce-scatter in place). On top, transient
-      // fp32 bucket buffers: two layers' (one written, one being reduced) and the root group's (embedding and
-      // head: the head's is written from the training forward on, the embedding's with MTP from the MTP input's
-      // backward on).
-      double biggest = 0;
+      // fp32 bucket buffers (GradBuckets::transient_bytes): two of the largest layer's (one written, one being
+      // reduced) and every root bucket the stage holds, alive together: the embedding's, the head's (written
+      // from the training forward on) and the MTP module's (its block's dense part, and on a later stage than
+      // the first its copy of the embedding).
+      double biggest = 0, mtp_root = 0;
       for (int64_t b : stages[size_t(s)]) {
         const BlockParams& p = math_->block_params(b);
-        biggest = std::max(biggest, p.sharded / tp + p.replicated);
+        const double own = p.sharded / tp + p.replicated;
+        if (b == m_.n_layers) {
+          mtp_root = own + (l.pp > 1 ? pc.embed : 0.0);
+        } else {
+          biggest = std::max(biggest, own);
+        }
       }
-      const double root = (s == 0 ? pc.embed : 0) + (s == l.pp - 1 ? pc.head : 0);
+      const double root = (s == 0 ? pc.embed : 0) + (s == l.pp - 1 ? pc.head : 0) + mtp_root;
       const double expert_grads = l.ep * l.etp == 1 ? experts / double(dense_dp) : experts;
       mem.grads = (dense - frozen) * ip.grad_bytes / double(dense_dp) + expert_grads * ip.grad_bytes +
                   (2 * biggest + root) * ip.grad_bytes;

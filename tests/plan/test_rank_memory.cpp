@@ -170,6 +170,53 @@ TEST(PlanRankMemory, ZeroTwoShardsTheDenseGradients) {
   std::printf("flash EP8 dp64: grads per rank ZeRO-1 %.2f GiB, ZeRO-2 %.2f GiB\n", e1.mem.grads, e2.mem.grads);
 }
 
+// ZeRO-2 on the last of two stages with MTP: the MTP module's gradients are a root bucket of their own
+// (GradBuckets::transient_bytes: two of the largest layer's buffers plus every root bucket), so turning MTP on adds
+// the module's persistent share (its dense tensors and its embedding copy at 1/dp, its experts at 1/ep, whole per
+// owner) and its whole fp32 bucket buffer (dense tensors + embedding copy), never a third layer buffer. Counted
+// here from the parameter table; the emulated V4-Pro last stage (pp 2, dp 256, ep 128) allocates this buffer.
+TEST(PlanRankMemory, ZeroTwoLastStageKeepsTheMtpModulesBucketBuffer) {
+  dsv4::ModelConfig flash = model_config(model_preset("flash"));
+  ASSERT_EQ(flash.n_mtp, 1);
+  double mtp_dense = 0, mtp_experts = 0, embed = 0;
+  for (const dsv4::ParamSpec& s : dsv4::param_table(flash)) {
+    if (!s.trained()) continue;
+    const double n = double(numel(s.shape));
+    if (s.name == "embed.weight") embed = n;
+    if (s.part != dsv4::ParamPart::Mtp) continue;
+    (s.expert >= 0 ? mtp_experts : mtp_dense) += n;
+  }
+  ASSERT_GT(mtp_dense, 0);
+  ASSERT_GT(mtp_experts, 0);
+  Workload w;
+  w.seq = 4096, w.gbs = 64, w.mode = "cpt", w.frozen_router = false;
+  const ModelSpec spec = model_preset("flash");
+  const Layout l = parse_layout("TP1,PP2,EP8,MBS1,ZERO=2");
+  // The same layers on each stage both ways (the balanced split would move one): 22 + 21, the MTP block last.
+  std::vector<int64_t> first, last;
+  for (int64_t b = 0; b < flash.n_layers; ++b) (b < 22 ? first : last).push_back(b);
+  auto estimate = [&](bool mtp) {
+    w.mtp = mtp;
+    Estimator est(spec, load_hardware("nvidia-h200"), ImplProfile{}, w);
+    std::vector<int64_t> tail = last;
+    if (mtp) tail.push_back(flash.n_layers);
+    est.set_partition(2, 1, {first, tail});
+    return est.estimate(l, 64);
+  };
+  const Estimate with = estimate(true), without = estimate(false);
+  ASSERT_TRUE(with.valid && without.valid) << with.reason << " / " << without.reason;
+  ASSERT_EQ(with.stage_mem.size(), size_t(2));
+  const double dp = double(with.layout.dp), ep = double(with.layout.ep);
+  ASSERT_EQ(dp, 32);
+  const double want = 4.0 * ((mtp_dense + embed) / dp + mtp_experts / ep + mtp_dense + embed);
+  const double got = (with.stage_mem[1].grads - without.stage_mem[1].grads) * double(1ull << 30);
+  EXPECT_NEAR(got, want, 1e-3 * want);
+  // The first stage neither holds the module nor its buffer.
+  EXPECT_NEAR(with.stage_mem[0].grads, without.stage_mem[0].grads, 1e-9);
+  std::printf("flash PP2 EP8 dp32 ZeRO-2, last stage: MTP adds %.3f GiB of gradients (buffer %.3f GiB)\n",
+              got / double(1ull << 30), 4.0 * (mtp_dense + embed) / double(1ull << 30));
+}
+
 // The tiny GPU config's ZeRO-2 gradient count, pinned by hand from its shapes (tests/train/tiny_gpu_config.h:
 // d 64, 3 layers, 8 routed experts of f 32, one shared expert, vocabulary 256, hc 4): each routed expert is
 // 3 x 32 x 64 = 6144 elements, 8 x 3 x 6144 = 147456 in all. Without expert parallelism they are in the layer
