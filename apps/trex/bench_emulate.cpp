@@ -92,7 +92,7 @@ nlohmann::json planner_prediction(const TrainBenchArgs& a, const dsv4::ModelConf
   j["memory_gib"] = {{"weights", r3(m.weights)},         {"grads", r3(m.grads)},
                      {"optimizer", r3(m.optimizer)},     {"activations", r3(m.activations)},
                      {"logits", r3(m.logits)},           {"comm_buffers", r3(m.comm_buffers)},
-                     {"fixed", r3(m.fixed)},             {"total", r3(m.total)},
+                     {"workspace", r3(m.workspace)},     {"fixed", r3(m.fixed)},             {"total", r3(m.total)},
                      {"in_flight", m.inflight},          {"capacity", r3(m.capacity)}};
   const size_t st = size_t(p.pp_rank);
   j["rank_compute_s"] = r3(e.stage_compute[st]);  // the stage's micro-batches, exposed TP/EP (the real layout)
@@ -231,14 +231,14 @@ void bench_train_emulated(const TrainBenchArgs& a) {
       "boundary {:.2f}, LM head {:.2f}, MoE backward {:.2f}); bucket buffers {:.2f} (ZeRO-2 gradients {:.2f}, ZeRO-3 "
       "gathers {:.2f}). The planner's count for stage {} (plan/estimate.h, the same stage layers): {:.2f} GiB = "
       "weights {:.2f}, grads {:.2f}, optimizer {:.2f}, activations {:.2f} ({} in flight), logits {:.2f}, comm buffers "
-      "{:.2f}, fixed {:.2f}",
+      "{:.2f}, workspace {:.2f}, fixed {:.2f}",
       need / kGiB, fp.compute_bytes() / kGiB, fp.grad_bytes() / kGiB, fp.master_bytes() / kGiB,
       fp.adamw_bytes() / kGiB, fp.n_params, p.mtp ? ", the MTP module's among them" : "",
       double(rm.activations) / kGiB, per_chunk, double(rm.workspace()) / kGiB, double(rm.grad_streams) / kGiB,
       double(rm.boundary) / kGiB, double(rm.lm_head) / kGiB, double(rm.moe_bwd) / kGiB,
       double(fp.grad_buffer_bytes + fp.weight_buffer_bytes) / kGiB, double(fp.grad_buffer_bytes) / kGiB,
       double(fp.weight_buffer_bytes) / kGiB, p.pp_rank, pm.total, pm.weights, pm.grads, pm.optimizer,
-      pm.activations, pm.inflight, pm.logits, pm.comm_buffers, pm.fixed);
+      pm.activations, pm.inflight, pm.logits, pm.comm_buffers, pm.workspace, pm.fixed);
   // Refused up front when the rank's count exceeds what the device has free. The planner's total (which counts what
   // the rank's table does not: the expert exchange's buffers, its fitted activation scale and fixed reserve) is
   // printed beside it; when only the planner's exceeds the free memory the run goes ahead with a warning, so the

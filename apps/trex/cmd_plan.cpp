@@ -89,10 +89,10 @@ void run_plan(const PlanOptions& o) {
     for (const auto& e : rows)
       if (e.valid)
         std::printf("%s: memory on stage %ld: weights %.1f, grads %.1f, optimizer %.1f, activations %.1f (%.1f "
-                    "micro-batches in flight), logits %.1f, buffers %.1f, swap %.1f, fixed %.1f GiB; exposed comm "
+                    "micro-batches in flight), logits %.1f, buffers %.1f, workspace %.1f, swap %.1f, fixed %.1f GiB; exposed comm "
                     "TP %.2f EP %.2f PP %.2f DP %.2f s; blocks per stage %s\n",
                     to_string(e.layout).c_str(), long(e.mem.stage), e.mem.weights, e.mem.grads, e.mem.optimizer,
-                    e.mem.activations, e.mem.inflight, e.mem.logits, e.mem.comm_buffers, e.mem.swap_buffers,
+                    e.mem.activations, e.mem.inflight, e.mem.logits, e.mem.comm_buffers, e.mem.workspace, e.mem.swap_buffers,
                     e.mem.fixed, e.time.tp + e.time.cp, e.time.ep, e.time.pp, e.time.dp,
                     nlohmann::json(e.stage_blocks).dump().c_str());
     // Communication per step by kind (comm_volume.h), per stage, for both targets.

@@ -316,28 +316,33 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
     } else {
       opt = state_dense / double(dense_dp) + state_experts / double(edp);
     }
-    if (l.zero == 2) {
-      // ZeRO-2 as the GPU trainer runs it (model/cuda/grad_buckets.h): the dense gradients persist as this
-      // rank's 1/DP slice, and so do the experts' without expert parallelism (they sit in their layer's bucket);
-      // with it they stay whole (their replicas reduce-scatter in place). On top, transient
-      // fp32 bucket buffers (GradBuckets::transient_bytes): two of the largest layer's (one written, one being
-      // reduced) and every root bucket the stage holds, alive together: the embedding's, the head's (written
-      // from the training forward on) and the MTP module's (its block's dense part, and on a later stage than
-      // the first its copy of the embedding).
+    // ZeRO-2 and ZeRO-3 reduce the dense gradients as the GPU trainer does (model/cuda/grad_buckets.h; ZeRO-3's
+    // gradients are ZeRO-2's): transient fp32 bucket buffers, alive together, of two of the largest layer bucket
+    // (one written, one being reduced; without expert parallelism the layer's experts are in its bucket) and of
+    // every root bucket the stage holds (GradBuckets::transient_bytes): the embedding's, the head's (written from
+    // the training forward on) and the MTP module's (its block's dense part, and on a later stage than the first
+    // its copy of the embedding).
+    double grad_buffers = 0;
+    if (l.zero >= 2) {
+      const bool experts_in_layer_bucket = l.ep * l.etp == 1;
       double biggest = 0, mtp_root = 0;
       for (int64_t b : stages[size_t(s)]) {
         const BlockParams& p = math_->block_params(b);
-        const double own = p.sharded / tp + p.replicated;
+        const double bucket = p.sharded / tp + p.replicated + (experts_in_layer_bucket ? p.experts : 0.0);
         if (b == m_.n_layers) {
-          mtp_root = own + (l.pp > 1 ? pc.embed : 0.0);
+          mtp_root = bucket + (l.pp > 1 ? pc.embed : 0.0);
         } else {
-          biggest = std::max(biggest, own);
+          biggest = std::max(biggest, bucket);
         }
       }
       const double root = (s == 0 ? pc.embed : 0) + (s == l.pp - 1 ? pc.head : 0) + mtp_root;
+      grad_buffers = (2 * biggest + root) * ip.grad_bytes;
+    }
+    if (l.zero == 2) {
+      // The dense gradients persist as this rank's 1/DP slice, and so do the experts' without expert parallelism
+      // (they sit in their layer's bucket); with it they stay whole (their replicas reduce-scatter in place).
       const double expert_grads = l.ep * l.etp == 1 ? experts / double(dense_dp) : experts;
-      mem.grads = (dense - frozen) * ip.grad_bytes / double(dense_dp) + expert_grads * ip.grad_bytes +
-                  (2 * biggest + root) * ip.grad_bytes;
+      mem.grads = (dense - frozen) * ip.grad_bytes / double(dense_dp) + expert_grads * ip.grad_bytes + grad_buffers;
     }
     if (l.zero == 3) {  // FSDP: parameters and gradients sharded too, plus gathered working copies
       const double n = double(dense_dp);
@@ -356,8 +361,7 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
                           (s == l.pp - 1 && with_mtp && l.pp > 1 ? pc.embed : 0.0);
       const double held = ep_owned ? dense / n + experts : params / n;
       mem.weights = held * ip.weight_bytes + (2 * biggest + root) * ip.weight_bytes;
-      mem.grads = (ep_owned ? (dense - frozen) / n + experts : (params - frozen) / n) * ip.grad_bytes +
-                  root * ip.grad_bytes;
+      mem.grads = (ep_owned ? (dense - frozen) / n + experts : (params - frozen) / n) * ip.grad_bytes + grad_buffers;
     }
     if (l.offload == Offload::Swap) {
       mem.host_gib = opt / kGiB;
@@ -401,9 +405,24 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
     if (l.ep > 1) comm += 2 * tokens_rank * K * d * 2.0 * 2;  // dispatch and combine receive buffers, fwd + bwd
     if (l.zero == 1 || l.zero == 0) comm += 2 * std::min(params, 40e6) * ip.grad_bytes;  // grad buckets
     mem.comm_buffers = comm / kGiB;
+    // Workspace, as the GPU model takes it from the pool (and `trex bench train --emulate-rank` counts it before
+    // allocating): each of the rank's vpp model chunks keeps the backward's fp32 gradient streams ([tokens, hc, d]:
+    // two, and the input gradient kept for the send unless the chunk embeds) and one MoE layer's backward
+    // temporaries (bf16 rows of d and f for every routed row: dye, the received and regrouped gradients, dxl; h,
+    // dh and the two halves of dgu); with stages, the boundary's receive buffers and sources once per rank.
+    const double stream = tokens_rank * hc * d;
+    const int64_t embedding_chunks = s == 0 ? 1 : 0;
+    double work = 0;
+    work += 4.0 * stream * double(3 * l.vpp - embedding_chunks);
+    work += double(l.vpp) * 2.0 * tokens_rank * K * (4.0 * d + 4.0 * double(m_.moe_inter));
+    if (l.pp > 1) {
+      if (s > 0 || l.vpp > 1) work += 10.0 * stream;        // activations in: two bf16 receives, source, fp32 grad sink
+      if (s < l.pp - 1 || l.vpp > 1) work += 14.0 * stream;  // gradients in: two fp32 receives, source, bf16 sink
+    }
+    mem.workspace = work / kGiB;
     mem.fixed = ip.fixed_gib;
     mem.total = mem.weights + mem.grads + mem.optimizer + mem.activations + mem.logits + mem.comm_buffers +
-                mem.swap_buffers + mem.fixed;
+                mem.workspace + mem.swap_buffers + mem.fixed;
     mem.capacity = hw_.hbm_gib - hw_.reserved_gib;
     est.stage_mem.push_back(mem);
     if (s == 0 || mem.total > worst.total) {

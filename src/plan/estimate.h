@@ -17,6 +17,9 @@ struct MemoryBreakdown {  // GiB per rank on the stage with the highest total
   int64_t stage = 0;
   double weights = 0, grads = 0, optimizer = 0, activations = 0, logits = 0, comm_buffers = 0, swap_buffers = 0,
          fixed = 0;
+  // The backward's transient buffers per model chunk (vpp of them on a rank) and the pipeline's boundary buffers,
+  // sized as the GPU model allocates them (see Estimator::estimate).
+  double workspace = 0;
   double total = 0;
   double capacity = 0;   // hbm_gib - reserved_gib
   double host_gib = 0;   // optimizer state held on the host (swap)

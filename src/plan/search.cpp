@@ -124,7 +124,7 @@ nlohmann::json estimate_to_json(const Estimate& e) {
   const auto& m = e.mem;
   j["memory_gib"] = {{"stage", m.stage},          {"weights", m.weights},     {"grads", m.grads},
                      {"optimizer", m.optimizer},  {"activations", m.activations}, {"logits", m.logits},
-                     {"comm_buffers", m.comm_buffers}, {"swap_buffers", m.swap_buffers}, {"fixed", m.fixed},
+                     {"comm_buffers", m.comm_buffers}, {"workspace", m.workspace}, {"swap_buffers", m.swap_buffers}, {"fixed", m.fixed},
                      {"total", m.total},          {"capacity", m.capacity},   {"host", m.host_gib},
                      {"inflight_micro_batches", m.inflight}};
   return j;
@@ -157,7 +157,7 @@ std::string estimates_html(const std::vector<Estimate>& rows, const std::string&
              e->time.optimizer, e->time.overhead};
       } else {
         v = {e->mem.weights, e->mem.grads, e->mem.optimizer, e->mem.activations, e->mem.logits,
-             e->mem.comm_buffers + e->mem.swap_buffers + e->mem.fixed};
+             e->mem.comm_buffers + e->mem.workspace + e->mem.swap_buffers + e->mem.fixed};
       }
       const double scale = bar_w / (time ? tmax : mmax);
       svg += fmt::format("<text x='0' y='{}'>{}</text>", y + 16, to_string(e->layout));

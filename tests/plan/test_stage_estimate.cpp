@@ -92,3 +92,27 @@ TEST(PlanStageEstimate, InterleavedChunksEachKeepARecomputationBuffer) {
   }
 }
 }  // namespace
+
+namespace {
+// The workspace term (MemoryBreakdown::workspace) against the shapes the GPU model allocates, as the emulated V4-Pro
+// ranks of TP2,PP2,VPP2,EP128,DP128 counted them before allocating on the H200 (`trex bench train --emulate-rank 0`
+// and `256`, docs/performance.md): gradient streams 2.19 GiB on the first stage (its first chunk embeds: 5 fp32
+// [4096, 4, 7168] streams) and 2.62 on the second (6), the pipeline boundary 2.62 on both (interleaved: every
+// chunk sends and receives), one MoE backward's temporaries 3.75 GiB per chunk pair (2 chunks x 4096 tokens x 6
+// routed rows x (4 d + 4 f) bf16). The LM head's row-block scratch is counted under logits, not here.
+TEST(PlanStageEstimate, WorkspaceIsWhatTheGpuModelAllocatesPerChunk) {
+  plan::Workload w;
+  w.seq = 4096, w.gbs = 256, w.mode = "sft";
+  plan::Estimator est(plan::model_preset("pro"), plan::load_hardware("nvidia-h200"), plan::load_impl("trex-prior"),
+                      w);
+  const plan::Estimate e = est.estimate(plan::parse_layout("TP2,PP2,VPP2,EP128,DP128,MBS1,RC=full,ZERO=3"), 512);
+  ASSERT_TRUE(e.valid) << e.reason;
+  ASSERT_EQ(e.stage_mem.size(), 2u);
+  EXPECT_NEAR(e.stage_mem[0].workspace, 2.1875 + 2.625 + 3.75, 1e-3);
+  EXPECT_NEAR(e.stage_mem[1].workspace, 2.625 + 2.625 + 3.75, 1e-3);
+  // One stage, no pipeline: two streams on the embedding (and only) chunk, one MoE backward, no boundary.
+  const plan::Estimate one = est.estimate(plan::parse_layout("TP1,PP1,EP128,DP256,MBS1,RC=full,ZERO=2"), 256);
+  ASSERT_TRUE(one.valid) << one.reason;
+  EXPECT_NEAR(one.stage_mem[0].workspace, 2 * 0.4375 + 3.75 / 2, 1e-3);
+}
+}  // namespace
