@@ -35,7 +35,7 @@ using Clock = std::chrono::steady_clock;
 
 struct BenchServeArgs {
   std::string config, model, device = "cuda", levels = "1,16,64", speculative = "off";
-  int64_t prompt_tokens = 512, gen_tokens = 64, max_context = 0;
+  int64_t prompt_tokens = 512, gen_tokens = 64, max_context = 0, step_prompt_tokens = 0;
   uint64_t seed = 1;
   bool moe_grouped = false;
   bool profile = false;
@@ -164,6 +164,7 @@ void run(const BenchServeArgs& a) {
   infer::SchedulerOptions so;
   so.max_queue = 4 * slots;
   so.prefill_chunk = a.prompt_tokens;
+  so.step_prompt_tokens = a.step_prompt_tokens;
   infer::SpeculativeEngine* se = spec ? infer::speculative_engine(*engine) : nullptr;
   infer::Scheduler sched(std::move(engine), so);
   std::mt19937 rng(uint32_t(a.seed));
@@ -229,7 +230,7 @@ void run(const BenchServeArgs& a) {
     std::printf(
         "BENCH_SERVE {\"config\": \"%s\", \"engine\": \"cuda\", \"speculative\": \"%s\", \"drafts\": %lld, "
         "\"accepted\": %lld, \"decode_steps\": %lld, \"moe_grouped\": %s, \"concurrency\": %lld, "
-        "\"prompt_tokens\": %lld, \"gen_tokens\": %lld, \"prefill_tok_s\": %.1f, \"prefill_round_s\": %.3f, "
+        "\"prompt_tokens\": %lld, \"step_prompt_tokens\": %lld, \"gen_tokens\": %lld, \"prefill_tok_s\": %.1f, \"prefill_round_s\": %.3f, "
         "\"decode_tok_s\": %.1f, \"decode_round_s\": %.3f, \"completion_tokens\": %lld, \"ttft_ms_p50\": %.1f, "
         "\"ttft_ms_p90\": %.1f, \"ttft_ms_p99\": %.1f, \"itl_ms_p50\": %.2f, \"itl_ms_p90\": %.2f, "
         "\"itl_ms_p99\": %.2f, \"ttft_queue_ms_p50\": %.1f, \"ttft_wait_ms_p50\": %.1f, "
@@ -237,7 +238,7 @@ void run(const BenchServeArgs& a) {
         "\"admission_rounds\": [%s], \"first_token_step_tokens\": [%s]}\n",
         source.c_str(), a.speculative.c_str(), (long long)sd.drafted, (long long)sd.accepted, (long long)dec_steps,
         a.moe_grouped ? "true" : "false", (long long)C, (long long)a.prompt_tokens,
-        (long long)a.gen_tokens, pre_tps, wall_p, dec_tps, wall_d, (long long)ntok, pct(ttft, 50), pct(ttft, 90),
+        (long long)a.step_prompt_tokens, (long long)a.gen_tokens, pre_tps, wall_p, dec_tps, wall_d, (long long)ntok, pct(ttft, 50), pct(ttft, 90),
         pct(ttft, 99), pct(itl, 50), pct(itl, 90), pct(itl, 99), tp.queue, tp.wait, tp.prefill, tp.publish,
         tp.deliver, tp.rounds.c_str(), tp.first_steps.c_str());
     std::fflush(stdout);
@@ -262,6 +263,9 @@ const bool registered = trex::cli::register_command(
        app.add_option("--concurrency", a->levels, "comma-separated concurrency levels")->capture_default_str();
        app.add_option("--prompt-tokens", a->prompt_tokens, "prompt tokens per request")->capture_default_str();
        app.add_option("--gen-tokens", a->gen_tokens, "generated tokens per request")->capture_default_str();
+       app.add_option("--step-prompt-tokens", a->step_prompt_tokens,
+                      "prompt tokens per step over all requests (0: no bound), as trex serve's option")
+           ->capture_default_str();
        app.add_option("--max-context", a->max_context, "engine context (default prompt + gen + 64)");
        app.add_option("--seed", a->seed, "weights and prompts seed")->capture_default_str();
        app.add_flag("--moe-grouped", a->moe_grouped,

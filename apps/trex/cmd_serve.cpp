@@ -24,7 +24,8 @@ struct ServeArgs {
   std::string model, config, tokenizer, host = "127.0.0.1", name, device = "cpu", speculative = "off";
   uint64_t seed = 0;
   int port = 8000;
-  int64_t max_batch = 8, max_context = 0, max_queue = 256, prefill_chunk = 512, default_max_tokens = 256;
+  int64_t max_batch = 8, max_context = 0, max_queue = 256, prefill_chunk = 512, step_prompt_tokens = 0,
+          default_max_tokens = 256;
   infer::ServerLimits limits;
 };
 
@@ -72,6 +73,7 @@ void run(const ServeArgs& a) {
   infer::SchedulerOptions so;
   so.max_queue = a.max_queue;
   so.prefill_chunk = a.prefill_chunk;
+  so.step_prompt_tokens = a.step_prompt_tokens;
   infer::Scheduler sched(std::move(engine), so);
   infer::ServerOptions o;
   o.host = a.host;
@@ -121,6 +123,10 @@ const bool registered = trex::cli::register_command(
        app.add_option("--max-context", a->max_context, "context limit (default: the config's max_position)");
        app.add_option("--max-queue", a->max_queue, "waiting requests before 503")->capture_default_str();
        app.add_option("--prefill-chunk", a->prefill_chunk, "prompt tokens per step per request")
+           ->capture_default_str();
+       app.add_option("--step-prompt-tokens", a->step_prompt_tokens,
+                      "prompt tokens per step over all requests (0: no bound; a bound spreads a burst's prefill "
+                      "over several steps, so its first requests start sooner)")
            ->capture_default_str();
        app.add_option("--default-max-tokens", a->default_max_tokens, "max_tokens when a request gives none")
            ->capture_default_str();

@@ -1,6 +1,7 @@
 #include "infer/scheduler.h"
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 #include <numeric>
 
@@ -86,6 +87,8 @@ Scheduler::Scheduler(std::unique_ptr<Engine> engine, SchedulerOptions opts)
     : engine_(std::move(engine)), opts_(opts) {
   TREX_CHECK(engine_ != nullptr, "scheduler: no engine");
   TREX_CHECK(opts_.prefill_chunk >= 1, "scheduler: prefill_chunk must be >= 1");
+  TREX_CHECK(opts_.step_prompt_tokens >= 0, "scheduler: step_prompt_tokens must be >= 0 (0: no bound), got {}",
+             opts_.step_prompt_tokens);
   slots_.resize(size_t(engine_->slots()));
   thread_ = std::thread([this] { loop(); });
 }
@@ -232,18 +235,25 @@ void Scheduler::loop() {
 }
 
 void Scheduler::step_once(std::vector<std::shared_ptr<Request>>& active) {
-  // Followers wait (no feed) until their leader's prompt is in; every other request gets a feed.
+  // Followers wait (no feed) until their leader's prompt is in, and so does a prompt beyond the step's prompt
+  // token budget (the first prompt always gets at least one token, so every step makes progress); every other
+  // request gets a feed.
   std::vector<EngineFeed> feeds;
   std::vector<int64_t> feed_of(active.size(), -1);
+  int64_t prompt_budget =
+      opts_.step_prompt_tokens > 0 ? opts_.step_prompt_tokens : std::numeric_limits<int64_t>::max();
   for (size_t k = 0; k < active.size(); ++k) {
     Request& r = *active[k];
     if (r.leader_ && !r.forked_) continue;
     const int64_t n = int64_t(r.spec_.prompt.size());
-    feed_of[k] = int64_t(feeds.size());
     if (r.fed_ < n) {
-      const int64_t c = std::min(opts_.prefill_chunk, n - r.fed_);
+      if (prompt_budget <= 0) continue;
+      const int64_t c = std::min({opts_.prefill_chunk, n - r.fed_, prompt_budget});
+      prompt_budget -= c;
+      feed_of[k] = int64_t(feeds.size());
       feeds.push_back({r.slot_, r.spec_.prompt.data() + r.fed_, c});
     } else {
+      feed_of[k] = int64_t(feeds.size());
       feeds.push_back({r.slot_, &r.last_, 1});
     }
   }

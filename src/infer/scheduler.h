@@ -112,6 +112,11 @@ class Request {
 struct SchedulerOptions {
   int64_t max_queue = 256;      // waiting requests beyond this are refused
   int64_t prefill_chunk = 512;  // prompt tokens per step for one request (bounds step latency)
+  // Prompt tokens per step over all requests (0: no bound). A burst of requests admitted together is otherwise
+  // prefilled in one step, so even the first of them waits for the whole burst's prefill before its first
+  // token; with a bound the prompts go in over several steps, in slot order, and the early ones start decoding
+  // while the rest prefill (a lower median time to first token, smaller and so less efficient prefill steps).
+  int64_t step_prompt_tokens = 0;
 };
 
 struct SchedulerMetrics {

@@ -2,6 +2,7 @@
 // and finishes first; batching does not change a greedy completion; cancellation frees the slot; limits.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "infer/engine.h"
@@ -118,6 +119,42 @@ TEST_F(SchedulerTest, TimelineOrdersTheTimeToFirstTokenAndCountsItsSteps) {
     EXPECT_EQ(t.admitted_with, 1);
   }
   EXPECT_GE(b->timeline().admitted, a->timeline().first_token) << "b took the slot before a finished";
+}
+
+// A per-step prompt token budget (SchedulerOptions::step_prompt_tokens): four 10-token prompts under a budget of 10
+// finish their prefill in four different steps whatever rounds they were admitted in (no step feeds more than the
+// budget's prompt tokens beside one decode token per other slot), and batching them so changes no greedy
+// completion.
+TEST_F(SchedulerTest, StepPromptBudgetSpreadsABurstsPrefillOverSteps) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 4; ++i)
+    prompts.push_back({0, int32_t(5 + i), 6, 7, 8, 9, 10, 11, int32_t(40 + i), 13});
+  Decoder dec(*model_);
+  GenerateOptions go;
+  go.max_new_tokens = 4;
+  go.min_new_tokens = 4;
+  go.stop_ids = {-1};
+  SchedulerOptions so;
+  so.step_prompt_tokens = 10;
+  Scheduler s(make_cpu_engine(model_, 4, 256), so);
+  std::vector<std::shared_ptr<Request>> rs;
+  for (const auto& p : prompts) {
+    RequestSpec r;
+    r.prompt = p;
+    r.max_tokens = 4;
+    r.stop_ids = {-1};
+    rs.push_back(s.submit(r));
+  }
+  std::vector<RequestTimeline::Time> done;
+  for (size_t i = 0; i < rs.size(); ++i) {
+    EXPECT_EQ(drain(*rs[i]), generate(dec, {prompts[i]}, go)[0].tokens) << "request " << i;
+    const RequestTimeline& t = rs[i]->timeline();
+    EXPECT_LE(t.first_token_step_tokens, 10 + 3) << "request " << i << ": a step fed more than the budget";
+    done.push_back(t.prompt_done);
+  }
+  std::sort(done.begin(), done.end());
+  EXPECT_EQ(std::adjacent_find(done.begin(), done.end()), done.end()) << "two prompts went in within one step";
+  EXPECT_THROW(Scheduler(make_cpu_engine(model_, 1, 64), SchedulerOptions{256, 512, -1}), Error);
 }
 
 // copy_slot: a slot forked after the prompt continues exactly as a fresh prefill of the same prompt would.
