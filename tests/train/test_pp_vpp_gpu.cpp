@@ -200,9 +200,10 @@ TEST_P(PpVppGpu, MatchesOneRankOnTheGlobalBatch) {
     // lr x sign(g) per element, and the one-rank reference itself is not reproducible at that level (its step-2
     // loss moved by 1e-3 between H200 runs: the default backward's atomics), so their updates are sign noise (rel
     // L2 up to 2.4 measured on hc_head_scale); they are checked by their gradients above, not their updates.
-    // Other tensors' update noise reaches 0.25 on the padded layout (a few elements of near-zero gradient flip sign);
-    // 0.35 keeps a margin over that and stays far below the 1 or more of a tensor updated on the wrong stage.
-    if (name.find("hc_") == std::string::npos) EXPECT_LT(uerr, w0.size() < 64 ? 0.5 : 0.35) << "update of " << name;
+    // Other tensors' update noise reaches 0.25 on the padded layout and 0.62 on a tensor of fewer than 64 elements
+    // (a few elements of near-zero gradient flip sign, and in a small tensor each weighs much). A missing update
+    // is exactly 1 and one on the wrong stage 1 or more, so 0.35 and, for small tensors, 0.8 still catch both.
+    if (name.find("hc_") == std::string::npos) EXPECT_LT(uerr, w0.size() < 64 ? 0.8 : 0.35) << "update of " << name;
     if (uerr > worst_update) worst_update = uerr, worst_update_name = name;
   }
   std::printf("%s: %zu tensors compared, worst rel L2: gradient %.2e (%s), update %.2e (%s)\n", L.name,
