@@ -38,7 +38,8 @@ ShardPlan plan_shards(const std::vector<int64_t>& numels, int ranks, int64_t buc
   for (size_t t = 0; t < numels.size(); ++t) {
     TREX_CHECK(numels[t] >= 0, "ZeRO-1 layout: tensor {} has {} elements", t, numels[t]);
     // The least-loaded owner overall: owners never differ by more than the largest tensor.
-    const int j = int(std::min_element(plan.owned_elems.begin(), plan.owned_elems.end()) - plan.owned_elems.begin());
+    const int j =
+        int(std::min_element(plan.owned_elems.begin(), plan.owned_elems.end()) - plan.owned_elems.begin());
     cur.slots.push_back({int(t), j, part[size_t(j)], numels[t]});
     part[size_t(j)] += numels[t];
     plan.owned_elems[size_t(j)] += numels[t];
@@ -51,19 +52,21 @@ ShardPlan plan_shards(const std::vector<int64_t>& numels, int ranks, int64_t buc
   return plan;
 }
 
-GradReducer::GradReducer(comm::Communicator& group, std::vector<optim::ParamRef> tensors, int64_t bucket_elems)
-    : comm_(group), tensors_(std::move(tensors)) {
+GradReducer::GradReducer(comm::Communicator& group, std::vector<optim::ParamRef> tensors,
+                         int64_t bucket_elems)
+    : tensors_(std::move(tensors)) {
   std::vector<int64_t> numels;
   for (const auto& p : tensors_) {
     TREX_CHECK(p.trains() && p.grad != nullptr && p.value != nullptr,
                "ZeRO-1: tensor {} is not a trainable parameter with a gradient buffer", p.name);
     numels.push_back(p.numel());
   }
-  plan_ = plan_shards(numels, comm_.size(), bucket_elems);
+  plan_ = plan_shards(numels, group.size(), bucket_elems);
   bucket_of_.assign(tensors_.size(), -1);
   slot_of_.assign(tensors_.size(), -1);
   ready_.assign(tensors_.size(), 0);
   buf_.resize(plan_.buckets.size());
+  std::vector<comm::SyncBucket> sync;
   for (size_t b = 0; b < plan_.buckets.size(); ++b) {
     const auto& bp = plan_.buckets[b];
     for (size_t s = 0; s < bp.slots.size(); ++s) {
@@ -74,8 +77,10 @@ GradReducer::GradReducer(comm::Communicator& group, std::vector<optim::ParamRef>
     buf_[b].full.assign(size_t(bp.part_elems) * size_t(plan_.ranks), 0.0f);
     buf_[b].shard.assign(size_t(bp.part_elems), 0.0f);
     buf_[b].send.assign(size_t(bp.part_elems), 0.0f);
+    sync.push_back({bp.part_elems, int(bp.slots.size())});
   }
   for (size_t t = 0; t < tensors_.size(); ++t) TREX_ASSERT(bucket_of_[t] >= 0);
+  sync_ = std::make_unique<comm::BucketSync>(group, static_cast<comm::BucketMemory&>(*this), std::move(sync));
 }
 
 int GradReducer::owner_of(int tensor) const {
@@ -84,55 +89,38 @@ int GradReducer::owner_of(int tensor) const {
 }
 
 void GradReducer::begin(float scale) {
-  TREX_CHECK(!armed_, "ZeRO-1: gradient sync begun twice without finish()");
-  for (size_t b = 0; b < buf_.size(); ++b) {
-    TREX_CHECK(buf_[b].work == nullptr, "ZeRO-1: gradient sync begun while bucket {} is still in flight", b);
-    buf_[b].pending = int(plan_.buckets[b].slots.size());
-  }
+  sync_->begin(scale);
   std::fill(ready_.begin(), ready_.end(), 0);
-  next_to_start_ = 0;
-  scale_ = scale;
-  armed_ = true;
 }
 
-void GradReducer::start_reduce(int b) {
+comm::BucketTransfer GradReducer::reduce_args(int b, float scale) {
   const auto& bp = plan_.buckets[size_t(b)];
   Buffers& B = buf_[size_t(b)];
   const int64_t P = bp.part_elems;
   for (const auto& s : bp.slots) {
     float* dst = B.full.data() + int64_t(s.owner) * P + s.offset;
     const float* g = tensors_[size_t(s.tensor)].grad;
-    const float sc = scale_;
-    for (int64_t i = 0; i < s.numel; ++i) dst[i] = g[i] * sc;
+    for (int64_t i = 0; i < s.numel; ++i) dst[i] = g[i] * scale;
   }
-  B.work = comm_.reduce_scatter(B.full.data(), B.shard.data(), size_t(P), comm::ElemType::F32, comm::ReduceOp::Sum);
+  return {B.full.data(), B.shard.data(), size_t(P), comm::ElemType::F32};
 }
 
 void GradReducer::mark_ready(int t) {
-  if (!armed_) return;  // hooks fire on every micro-batch; only the step's last backward counts
+  if (!armed()) return;  // hooks fire on every micro-batch; only the step's last backward counts
   TREX_CHECK(t >= 0 && size_t(t) < tensors_.size(), "ZeRO-1: tensor index {} out of range", t);
-  TREX_CHECK(!ready_[size_t(t)], "ZeRO-1: gradient of {} reported ready twice in one step", tensors_[size_t(t)].name);
+  TREX_CHECK(!ready_[size_t(t)], "ZeRO-1: gradient of {} reported ready twice in one step",
+             tensors_[size_t(t)].name);
   ready_[size_t(t)] = 1;
-  --buf_[size_t(bucket_of_[size_t(t)])].pending;
-  while (next_to_start_ < n_buckets() && buf_[size_t(next_to_start_)].pending == 0) start_reduce(next_to_start_++);
-  // Drive the buckets in flight (MPI progresses non-blocking collectives inside its calls).
-  for (int b = 0; b < next_to_start_; ++b)
-    if (buf_[size_t(b)].work) buf_[size_t(b)].work->test();
+  sync_->mark_ready(bucket_of_[size_t(t)]);
 }
 
 void GradReducer::finish() {
-  TREX_CHECK(armed_, "ZeRO-1: finish() without begin()");
-  while (next_to_start_ < n_buckets()) start_reduce(next_to_start_++);
-  for (auto& B : buf_) {
-    if (B.work) B.work->wait();
-    B.work.reset();
-  }
-  armed_ = false;
+  sync_->finish();
 }
 
 std::vector<optim::ParamRef> GradReducer::owned(int b) const {
   std::vector<optim::ParamRef> out;
-  const int me = comm_.rank();
+  const int me = rank();
   for (const auto& s : plan_.buckets[size_t(b)].slots) {
     if (s.owner != me) continue;
     optim::ParamRef p = tensors_[size_t(s.tensor)];
@@ -144,31 +132,29 @@ std::vector<optim::ParamRef> GradReducer::owned(int b) const {
 
 const float* GradReducer::reduced_grad(int t) const {
   const auto& s = plan_.buckets[size_t(bucket_of_[size_t(t)])].slots[size_t(slot_of_[size_t(t)])];
-  return s.owner == comm_.rank() ? buf_[size_t(bucket_of_[size_t(t)])].shard.data() + s.offset : nullptr;
+  return s.owner == rank() ? buf_[size_t(bucket_of_[size_t(t)])].shard.data() + s.offset : nullptr;
 }
 
-void GradReducer::start_gather(int b) {
-  TREX_CHECK(!armed_, "ZeRO-1: parameter gather while a gradient sync is open");
+comm::BucketTransfer GradReducer::gather_args(int b) {
   const auto& bp = plan_.buckets[size_t(b)];
   Buffers& B = buf_[size_t(b)];
-  TREX_CHECK(B.work == nullptr, "ZeRO-1: bucket {} gathered while still in flight", b);
-  const int me = comm_.rank();
+  const int me = rank();
   for (const auto& s : bp.slots)
     if (s.owner == me)
-      std::memcpy(B.send.data() + s.offset, tensors_[size_t(s.tensor)].value, size_t(s.numel) * sizeof(float));
-  B.work = comm_.all_gather(B.send.data(), B.full.data(), size_t(bp.part_elems), comm::ElemType::F32);
+      std::memcpy(B.send.data() + s.offset, tensors_[size_t(s.tensor)].value,
+                  size_t(s.numel) * sizeof(float));
+  return {B.send.data(), B.full.data(), size_t(bp.part_elems), comm::ElemType::F32};
 }
 
-void GradReducer::wait_gather(int b) {
+void GradReducer::gather_done(int b, comm::WorkPtr w) {
+  w->wait();
   const auto& bp = plan_.buckets[size_t(b)];
-  Buffers& B = buf_[size_t(b)];
-  TREX_CHECK(B.work != nullptr, "ZeRO-1: bucket {} waited without a gather in flight", b);
-  B.work->wait();
-  B.work.reset();
-  const int me = comm_.rank();
+  const Buffers& B = buf_[size_t(b)];
+  const int me = rank();
   for (const auto& s : bp.slots)
     if (s.owner != me)
-      std::memcpy(tensors_[size_t(s.tensor)].value, B.full.data() + int64_t(s.owner) * bp.part_elems + s.offset,
+      std::memcpy(tensors_[size_t(s.tensor)].value,
+                  B.full.data() + int64_t(s.owner) * bp.part_elems + s.offset,
                   size_t(s.numel) * sizeof(float));
 }
 

@@ -7,15 +7,19 @@
 // hands each owner the summed gradients of its tensors, and one all_gather with the same layout hands
 // every rank the owners' updated values.
 //
-// Step protocol: begin(scale) arms the reducer; mark_ready(t) as backward produces tensor t's final
-// gradient starts each bucket's reduce_scatter as soon as all of its tensors are ready (buckets start in
-// bucket order on every rank, whatever order the marks come in, so collectives match across ranks);
-// finish() starts what is left and waits. Then owned(b) are the owner's tensors with their reduced
-// gradients, and start_gather(b) / wait_gather(b) all-gather the updated values back into the model.
+// Step protocol (comm/bucket_sync.h, the one the GPU model's buckets run too): begin(scale) arms the reducer;
+// mark_ready(t) as backward produces tensor t's final gradient starts each bucket's reduce_scatter as soon
+// as all of its tensors are ready (buckets start in bucket order on every rank, whatever order the marks
+// come in, so collectives match across ranks); finish() starts what is left and waits. Then owned(b) are
+// the owner's tensors with their reduced gradients, and start_gather(b) / wait_gather(b) all-gather the
+// updated values back into the model. This class is the protocol's host memory: packing into the bucket
+// buffers, unpacking after the gather.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "comm/bucket_sync.h"
 #include "comm/communicator.h"
 #include "optim/param.h"
 
@@ -48,7 +52,7 @@ struct ShardPlan {
 // padding), or once it has grown to 4 x bucket_elems; the last bucket takes what remains.
 ShardPlan plan_shards(const std::vector<int64_t>& numels, int ranks, int64_t bucket_elems);
 
-class GradReducer {
+class GradReducer final : private comm::BucketMemory {
  public:
   // tensors: trainable, with gradient buffers, in ready order. The group must outlive the reducer.
   GradReducer(comm::Communicator& group, std::vector<optim::ParamRef> tensors, int64_t bucket_elems);
@@ -58,19 +62,19 @@ class GradReducer {
   const ShardPlan& plan() const { return plan_; }
   const std::vector<optim::ParamRef>& tensors() const { return tensors_; }
   int n_buckets() const { return int(plan_.buckets.size()); }
-  int rank() const { return comm_.rank(); }
+  int rank() const { return sync_->rank(); }
   int owner_of(int tensor) const;
   int bucket_of(int tensor) const { return bucket_of_[size_t(tensor)]; }
 
   // Arms the reducer for one step: each packed gradient is multiplied by `scale` (fold 1/dp and
   // 1/grad_accum in here).
   void begin(float scale);
-  bool armed() const { return armed_; }
+  bool armed() const { return sync_->armed(); }
   // Tensor t's gradient is final for this step; starts every full bucket whose predecessors started.
   void mark_ready(int tensor);
   // Starts the buckets not started yet (tensors never marked, e.g. no hook), waits for all; disarms.
   void finish();
-  int buckets_started() const { return next_to_start_; }
+  int buckets_started() const { return sync_->buckets_started(); }
 
   // This rank's tensors in bucket b, their grad pointing at the reduced gradient (valid after finish()
   // until the next begin()).
@@ -79,27 +83,26 @@ class GradReducer {
   const float* reduced_grad(int tensor) const;
   // All-gather of bucket b's values: start packs the owned values and launches it; wait completes it
   // and copies the other owners' values into the model's tensors.
-  void start_gather(int bucket);
-  void wait_gather(int bucket);
+  void start_gather(int bucket) { sync_->start_gather(bucket); }
+  void wait_gather(int bucket) { sync_->wait_gather(bucket); }
 
  private:
-  void start_reduce(int bucket);
+  // comm::BucketMemory: the packed host buffers of each bucket.
+  comm::BucketTransfer reduce_args(int bucket, float scale) override;
+  void reduce_done(int bucket, comm::WorkPtr w) override { w->wait(); }
+  comm::BucketTransfer gather_args(int bucket) override;
+  void gather_done(int bucket, comm::WorkPtr w) override;
   struct Buffers {
     std::vector<float> full;   // ranks x part: packed gradients, then the gathered values
     std::vector<float> shard;  // part: this rank's reduced gradients
     std::vector<float> send;   // part: this rank's updated values
-    int pending = 0;           // tensors not yet marked ready this step
-    comm::WorkPtr work;
   };
-  comm::Communicator& comm_;
   std::vector<optim::ParamRef> tensors_;
   ShardPlan plan_;
   std::vector<int> bucket_of_, slot_of_;
   std::vector<uint8_t> ready_;
   std::vector<Buffers> buf_;
-  int next_to_start_ = 0;
-  bool armed_ = false;
-  float scale_ = 1.0f;
+  std::unique_ptr<comm::BucketSync> sync_;  // one mark per tensor, buckets in ready order
 };
 
 }  // namespace trex::parallel

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "model/cuda/checkpoint_stager.h"
 #include "model/cuda/gpu_impl.h"
+#include "model/cuda/grad_buckets.h"
 #include "model/dsv4/checkpoint.h"
 
 namespace trex::dsv4gpu {
@@ -62,11 +63,8 @@ GpuModel::LoadStats GpuModel::load_checkpoint(const dsv4::CheckpointReader& ckpt
                p.name, shape_str(ckpt.shape(p.name)), shape_str(p.full), shape_str(p.shape));
     largest = std::max(largest, p.numel);
   }
-  for (auto& w : m.gather_work)  // an all-gather of updated bf16 slices still in flight would overwrite the load
-    if (w) {
-      w->wait();
-      w.reset();
-    }
+  // An all-gather of updated bf16 slices still in flight would overwrite the load.
+  if (m.gbuckets) m.gbuckets->wait_gathers();
   {
     CheckpointStager stager(ckpt, staging_bytes);
     DevMem local(size_t(std::max<int64_t>(largest, 1)) * sizeof(float));  // one tensor's slice, fp32

@@ -191,7 +191,8 @@ struct GpuModel::Impl {
   int64_t grad_elems() const {
     return zero2() ? region_x + (region_a - region_x) / dp_size + (total - region_a) : total;
   }
-  // The transient bucket buffers and the bucket reductions of ZeRO-2 and of the bf16 reduction (grad_buckets.h).
+  // The buckets' reductions and gathers (grad_buckets.h: the bucket protocol over the arena, ZeRO-2's transient
+  // buffers, the bf16 reduction): data parallel with gradients only.
   std::unique_ptr<GradBuckets> gbuckets;
   int bucket_of(int64_t arena_offset) const;  // -1 outside region A
   void open_bucket(int b);                     // ZeRO-2: b's buffer ready (zeroed) and its blocks rebound to it
@@ -238,8 +239,7 @@ struct GpuModel::Impl {
     }
     return e;
   }
-  std::vector<comm::WorkPtr> grad_work;    // pending reduce-scatters / the region-R all-reduce
-  std::vector<comm::WorkPtr> gather_work;  // per bucket: the all-gather of the updated bf16 slices
+  std::vector<comm::WorkPtr> grad_work;  // pending in-place reduce-scatters / the region-R and region-X reductions
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> stalls;  // compute-stream waits on communication
   double exposed_ms = 0;
   // The loss normalisers: labelled targets of the whole DP batch or step (main head; MTP head: its own targets).
@@ -267,7 +267,7 @@ struct GpuModel::Impl {
   void place_local(const GpuParam& p, const float* local, float* base, bool compute_copy);
   void pad_to(int64_t multiple);
   void scatter_master(const float* full);  // full fp32 arena -> master shard + bf16 compute copy
-  void reduce_bucket(int b);               // start the gradient reduce-scatter of bucket b
+  void reduce_bucket(int b);               // bucket b's gradients complete in this backward (grad_buckets.h)
   void wait_gather(int b);                 // the compute stream waits for bucket b's all-gather
   void stream_wait(comm::Work& w);         // the compute stream waits for w, stall time recorded
   void wait_grad_work();                   // the compute stream waits for every pending gradient reduction

@@ -206,7 +206,7 @@ GpuModel::GpuModel(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts)
     const size_t ng = size_t(m.grad_elems());  // n, or under ZeRO-2 the shard's
     m.grads = DevMem(ng * 4);
     TREX_CUDA(cudaMemsetAsync(m.grads.as<float>(), 0, ng * 4, nullptr));
-    if (m.zero2() || (m.dp_size > 1 && m.reduce_bf16)) m.gbuckets = std::make_unique<GradBuckets>(m);
+    if (m.dp_size > 1) m.gbuckets = std::make_unique<GradBuckets>(m);
   }
   m.bind_all();
   m.backend = std::make_unique<CudaBackend>(m);
@@ -366,8 +366,11 @@ void GpuModel::backward_impl(const float* dx_out) {
   // A stage step accumulating micro-batches under DP reduces only in the step's last backward (begin_step's
   // reduce_micro): an earlier reduce-scatter would leave the arena unable to take the next micro-batch's sum.
   // ZeRO-2 reduces every bucket in every backward (into the shard) and defers region R alone.
-  const dsv4::BlocksReady hooks = m.reduce_this_backward || z2 ? dsv4::BlocksReady(ready) : dsv4::BlocksReady{};
+  const bool reduces = m.gbuckets && (m.reduce_this_backward || z2);
+  const dsv4::BlocksReady hooks = reduces ? dsv4::BlocksReady(ready) : dsv4::BlocksReady{};
+  if (reduces) m.gbuckets->begin();
   m.program->backward(m.program_slot, dx_out, dx_in, hooks);
+  if (reduces) m.gbuckets->finish();
   m.backend->end_backward();
   // ZeRO-3: nothing gathered outlives the backward (the optimiser step changes the slices; the next forward
   // gathers again).

@@ -290,18 +290,8 @@ void GpuModel::Impl::stream_wait(comm::Work& w) {
 }
 
 void GpuModel::Impl::reduce_bucket(int bi) {
-  if (dp_size == 1) return;
-  const Bucket& b = buckets[size_t(bi)];
-  const int64_t n = b.slice(dp_size);
-  if (n == 0) return;  // another pipeline stage's bucket (declared empty here)
-  if (gbuckets) {  // ZeRO-2 or the bf16 reduction (grad_buckets.h)
-    gbuckets->reduce(bi);
-    return;
-  }
-  float* g = grads.as<float>();
-  // In place: this rank's slice of the sum lands where its own slice is.
-  grad_work.push_back(dp->reduce_scatter(g + b.begin, g + b.begin + dp_rank * n, size_t(n), comm::ElemType::F32,
-                                         comm::ReduceOp::Sum));
+  if (!gbuckets || buckets[size_t(bi)].slice(dp_size) == 0) return;  // one GPU, or another pipeline stage's bucket
+  gbuckets->ready(bi);
 }
 
 void GpuModel::Impl::reduce_expert_grads() {
@@ -317,9 +307,7 @@ void GpuModel::Impl::wait_gather(int bi) {
     wgather->need(bi);
     return;
   }
-  if (dp_size == 1 || gather_work.empty() || !gather_work[size_t(bi)]) return;
-  stream_wait(*gather_work[size_t(bi)]);
-  gather_work[size_t(bi)].reset();
+  if (gbuckets) gbuckets->wait_gather(bi);
 }
 
 // One block's parameter and gradient pointers: main layer l ("layers.l.") or, l == cfg.n_layers, the MTP block

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "kernels/cuda/tensor_ops.h"
 #include "model/cuda/gpu_impl.h"
+#include "model/cuda/grad_buckets.h"
 
 namespace trex::dsv4gpu {
 
@@ -166,12 +167,8 @@ namespace {
 void set_local(GpuModel::Impl& m, const GpuParam& p, const float* full, float* shard) {
   const int64_t n = p.numel;
   float* base = shard ? shard : m.master.as<float>();
-  if (!shard)  // an all-gather of updated bf16 slices still in flight would overwrite the new compute copy
-    for (auto& w : m.gather_work)
-      if (w) {
-        w->wait();
-        w.reset();
-      }
+  if (!shard && m.gbuckets)  // an all-gather of updated bf16 slices still in flight would overwrite the new copy
+    m.gbuckets->wait_gathers();
   DevMem stage(size_t(p.numel) * sizeof(float));
   TREX_CUDA(cudaMemcpy(stage.as<float>(), full, size_t(n) * sizeof(float), cudaMemcpyHostToDevice));
   m.place_local(p, stage.as<float>(), base, !shard);

@@ -1,23 +1,40 @@
-// GradBuckets (grad_buckets.h): ZeRO-2's transient bucket buffers and the bf16 bucket reduction.
-#include "model/cuda/grad_buckets.h"
-
+// GradBuckets (grad_buckets.h): the bucket protocol's device memory: in-place fp32 reductions, ZeRO-2's
+// transient bucket buffers, the bf16 bucket reduction and the gathers of the updated bf16 slices.
 #include <algorithm>
 
 #include "comm/nccl_communicator.h"
 #include "kernels/cuda/tensor_ops.h"
 #include "model/cuda/gpu_impl.h"
+#include "model/cuda/grad_buckets.h"
 
 namespace trex::dsv4gpu {
 
 GradBuckets::GradBuckets(GpuModel::Impl& m) : m_(m) {
+  TREX_CHECK(m.dp_size > 1 && m.dp, "GPU model: gradient buckets need a data-parallel group (size {})",
+             m.dp_size);
   TREX_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   open_.assign(m_.buckets.size(), nullptr);
+  half_.assign(m_.buckets.size(), nullptr);
+  // One mark per bucket; a bucket empty here (another pipeline stage's) is skipped on every rank of the
+  // group, which all hold the same stage.
+  std::vector<comm::SyncBucket> plan;
+  for (const GpuModel::Impl::Bucket& b : m.buckets)
+    plan.push_back({b.slice(m.dp_size), b.slice(m.dp_size) > 0 ? 1 : 0});
+  std::vector<int> order;  // the backward's: the MTP module, the head, the layers from the top, the embedding
+  if (m.cfg.n_mtp > 0) order.push_back(m.mtp_bucket);
+  order.push_back(m.head_bucket);
+  for (int64_t l = m.cfg.n_layers - 1; l >= 0; --l) order.push_back(m.layer_bucket[size_t(l)]);
+  order.push_back(m.embed_bucket);
+  sync_ = std::make_unique<comm::BucketSync>(*m.dp, static_cast<comm::BucketMemory&>(*this), std::move(plan),
+                                             std::move(order));
 }
 
 GradBuckets::~GradBuckets() {
   cudaStreamSynchronize(stream_);
   for (cudaEvent_t e : inflight_) cudaEventDestroy(e);
   for (float* p : open_)
+    if (p) cudaFreeAsync(p, nullptr);
+  for (void* p : half_)
     if (p) cudaFreeAsync(p, nullptr);
   cudaStreamDestroy(stream_);
 }
@@ -58,39 +75,52 @@ bool GradBuckets::open(int bi) {
   if (layer) bound_in_flight(size_t(kGradBucketsInFlight - 1));
   float* p = nullptr;
   // Stream-ordered (the device pool): the freed buffers of landed buckets are reused.
-  p = static_cast<float*>(cuda::device_malloc_async(size_t(n) * sizeof(float), nullptr, "a ZeRO-2 gradient bucket buffer"));
+  p = static_cast<float*>(
+      cuda::device_malloc_async(size_t(n) * sizeof(float), nullptr, "a ZeRO-2 gradient bucket buffer"));
   TREX_CUDA(cudaMemsetAsync(p, 0, size_t(n) * sizeof(float), nullptr));
   open_[size_t(bi)] = p;
   return true;
 }
 
-void GradBuckets::reduce(int bi) {
+bool GradBuckets::transient() const {
+  return m_.zero2() || m_.reduce_bf16;
+}
+
+void GradBuckets::begin() {
+  sync_
+      ->wait_gathers();  // the forward waited for each; one it did not read is complete before gradients land
+  sync_->begin();
+}
+
+comm::BucketTransfer GradBuckets::reduce_args(int bi, float) {
   GpuModel::Impl& m = m_;
   const GpuModel::Impl::Bucket& b = m.buckets[size_t(bi)];
   const int64_t n = b.slice(m.dp_size), own = int64_t(m.dp_rank) * n, full = b.end - b.begin;
-  if (n == 0) return;  // another pipeline stage's bucket
-  float* g = m.grads.as<float>();
   float* src = nullptr;  // the bucket's whole fp32 gradient
   if (m.zero2()) {
     open(bi);  // nothing wrote it (all frozen): reduced as zeros, so every rank's collectives match
     src = open_[size_t(bi)];
   } else {
-    src = g + b.begin;
+    src = m.grads.as<float>() + b.begin;
   }
-  float* dst = g + m.grad_index(b.begin + own);  // this rank's slice of the reduced gradient
-  bf16* half = nullptr;
-  comm::WorkPtr work;
-  if (m.reduce_bf16) {
-    if (!m.zero2() && is_layer(bi)) bound_in_flight(size_t(kGradBucketsInFlight - 1));  // the bf16 copies too
-    half = static_cast<bf16*>(cuda::device_malloc_async(size_t(full) * sizeof(bf16), nullptr,
-                                                         "a bf16 gradient bucket copy"));
-    cuda::cast_f32_to_bf16(half, src, full, nullptr);
-    work = m.dp->reduce_scatter(half, half + own, size_t(n), comm::ElemType::BF16, comm::ReduceOp::Sum);
-  } else {
-    // In place: this rank's slice of the sum lands where its own slice is (ZeRO-1: where it is read).
-    work = m.dp->reduce_scatter(src, src + own, size_t(n), comm::ElemType::F32, comm::ReduceOp::Sum);
-  }
-  comm::stream_wait(*work, stream_);
+  if (!m.reduce_bf16)  // in place: this rank's slice of the sum lands where its own slice is
+    return {src, src + own, size_t(n), comm::ElemType::F32};
+  if (!m.zero2() && is_layer(bi)) bound_in_flight(size_t(kGradBucketsInFlight - 1));  // the bf16 copies too
+  bf16* half = static_cast<bf16*>(
+      cuda::device_malloc_async(size_t(full) * sizeof(bf16), nullptr, "a bf16 gradient bucket copy"));
+  cuda::cast_f32_to_bf16(half, src, full, nullptr);
+  half_[size_t(bi)] = half;
+  return {half, half + own, size_t(n), comm::ElemType::BF16};
+}
+
+void GradBuckets::reduce_posted(int bi, comm::Work& work) {
+  if (!transient()) return;  // in place: the gradient consumers wait (reduce_done)
+  GpuModel::Impl& m = m_;
+  const GpuModel::Impl::Bucket& b = m.buckets[size_t(bi)];
+  const int64_t n = b.slice(m.dp_size), own = int64_t(m.dp_rank) * n;
+  float* dst =
+      m.grads.as<float>() + m.grad_index(b.begin + own);  // this rank's slice of the reduced gradient
+  comm::stream_wait(work, stream_);
   // And after the compute stream as of now: a communicator whose operations are copies on that stream (the
   // emulated group of `--emulate-rank`) completes its Work at once on the host, which orders nothing here.
   cudaEvent_t queued;
@@ -99,16 +129,19 @@ void GradBuckets::reduce(int bi) {
   TREX_CUDA(cudaStreamWaitEvent(stream_, queued, 0));
   TREX_CUDA(cudaEventDestroy(queued));
   if (m.reduce_bf16) {
+    bf16* half = static_cast<bf16*>(half_[size_t(bi)]);
     if (m.zero2())
       cuda::add_bf16_to_f32(dst, half + own, n, stream_);
     else
       cuda::cast_bf16_to_f32(dst, half + own, n, stream_);
     TREX_CUDA(cudaFreeAsync(half, stream_));
-  } else if (m.zero2()) {
+    half_[size_t(bi)] = nullptr;
+  } else {
+    float* src = open_[size_t(bi)];
     cuda::add_f32(dst, src + own, n, stream_);  // 0 + x on the first micro-batch: exactly ZeRO-1's value
   }
   if (m.zero2()) {
-    TREX_CUDA(cudaFreeAsync(src, stream_));
+    TREX_CUDA(cudaFreeAsync(open_[size_t(bi)], stream_));
     open_[size_t(bi)] = nullptr;
   }
   cudaEvent_t e;
@@ -116,6 +149,23 @@ void GradBuckets::reduce(int bi) {
   TREX_CUDA(cudaEventRecord(e, stream_));
   inflight_.push_back(e);
   pending_ = true;
+}
+
+void GradBuckets::reduce_done(int, comm::WorkPtr w) {
+  // In place: the gradient consumers' stream waits for it (wait_grad_work); through the private stream, that
+  // stream already waits (reduce_posted) and wait_all orders the consumers after it.
+  if (!transient()) m_.grad_work.push_back(std::move(w));
+}
+
+comm::BucketTransfer GradBuckets::gather_args(int bi) {
+  const GpuModel::Impl::Bucket& b = m_.buckets[size_t(bi)];
+  const int64_t n = b.slice(m_.dp_size), own = b.begin + m_.dp_rank * n;
+  bf16* c = m_.compute.as<bf16>();  // in place: the owner's slice is where the optimiser wrote it
+  return {c + own, c + b.begin, size_t(n), comm::ElemType::BF16};
+}
+
+void GradBuckets::gather_done(int, comm::WorkPtr w) {
+  m_.stream_wait(*w);
 }
 
 void GradBuckets::wait_all() {

@@ -11,6 +11,7 @@
 #include "comm/nccl_communicator.h"
 #include "kernels/cuda/muon.h"
 #include "model/cuda/gpu_impl.h"
+#include "model/cuda/grad_buckets.h"
 #include "optim/param_groups.h"
 
 namespace trex::dsv4gpu {
@@ -475,6 +476,7 @@ void GpuOptimizer::adamw_step(const cuda::AdamWStep& a_in) {
   // region-X reduce-scatter must have landed.
   m.reduce_expert_grads();
   m.wait_grad_work();
+  m.gbuckets->wait_gathers();  // the last step's, should a forward not have read every bucket: the slices change now
   float* g = m.grads.as<float>();
   bf16* c = m.compute.as<bf16>();
   // Region X (expert parallel): this rank's slice of its experts (all of them without replicas); with replicas
@@ -491,8 +493,6 @@ void GpuOptimizer::adamw_step(const cuda::AdamWStep& a_in) {
   const int64_t nr = m.total - m.region_a;
   cuda::adamw_step(m.master.as<float>() + m.shard_a, g + m.grad_index(m.region_a), adam_m.as<float>() + m.shard_a,
                    adam_v.as<float>() + m.shard_a, m.weight_at(m.region_a), nr, a);
-  m.gather_work.clear();
-  m.gather_work.resize(m.buckets.size());
   for (size_t bi = 0; bi < m.buckets.size(); ++bi) {
     const GpuModel::Impl::Bucket& b = m.buckets[bi];
     const int64_t n = b.slice(m.dp_size), own = b.begin + m.dp_rank * n;
@@ -500,7 +500,7 @@ void GpuOptimizer::adamw_step(const cuda::AdamWStep& a_in) {
     cuda::adamw_step(m.master.as<float>() + b.shard_off, g + m.grad_index(own), adam_m.as<float>() + b.shard_off,
                      adam_v.as<float>() + b.shard_off, m.weight_at(own), n, a);
     // ZeRO-3 keeps the slice: the next forward gathers each bucket ahead of use (model/cuda/weight_gather.h).
-    if (!m.zero3()) m.gather_work[bi] = m.dp->all_gather(c + own, c + b.begin, size_t(n), comm::ElemType::BF16);
+    if (!m.zero3()) m.gbuckets->start_gather(int(bi));
   }
   m.weights_changed();
   if (expert_gather) m.stream_wait(*expert_gather);
@@ -544,6 +544,7 @@ void GpuOptimizer::step(const optim::OptimizerConfig& c, double lr, int64_t step
   // Data parallel: the reduced gradients (and the local experts' over their replicas) first.
   m.reduce_expert_grads();
   m.wait_grad_work();
+  m.gbuckets->wait_gathers();
   // Muon: the momentum of the elements held here, their Newton-Schulz inputs left in the gradient arena; the
   // buckets' inputs all-gathered (each rank holds a slice), so every matrix this rank holds a part of is whole
   // here; orthogonalised, and the own part of it updated.
@@ -606,16 +607,12 @@ void GpuOptimizer::step(const optim::OptimizerConfig& c, double lr, int64_t step
   comm::WorkPtr expert_gather;  // the updated bf16 slice of the local experts, over their replicas
   if (plan.experts_trained && m.experts_sharded())
     expert_gather = m.edp->all_gather(wb + m.x_own, wb, size_t(m.x_shard), comm::ElemType::BF16);
-  m.gather_work.clear();
-  m.gather_work.resize(m.buckets.size());
   for (size_t bi = 0; bi < m.buckets.size(); ++bi) {
     for (const auto& r : plan.bucket_adamw[bi])
       cuda::adamw_step(w + r.shard, g + r.grad, mom + r.shard, v + r.shard, m.weight_at(r.arena), r.n,
                        without_decay(a, r.decay));
     if (!plan.bucket_trained[bi] || m.zero3()) continue;  // all frozen / ZeRO-3: gathered ahead of the next use
-    const GpuModel::Impl::Bucket& b = m.buckets[bi];
-    const int64_t n = b.slice(m.dp_size), own = b.begin + m.dp_rank * n;
-    m.gather_work[bi] = m.dp->all_gather(wb + own, wb + b.begin, size_t(n), comm::ElemType::BF16);
+    m.gbuckets->start_gather(int(bi));
   }
   m.weights_changed();
   if (expert_gather) m.stream_wait(*expert_gather);
