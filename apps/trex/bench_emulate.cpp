@@ -118,10 +118,8 @@ namespace {
 // own activation arena, activation_arena.h, whose regions keep their high-water mark for the step): the GPU
 // model's activation table (model/cuda/activation_plan.h, what its pools take request by request) per micro-batch
 // slot, times the micro-batches the schedule holds at once on that chunk, plus one block's recomputation scratch.
-// Workspace (the largest transient buffers, sized from the same shapes the code allocates): per chunk the
-// backward's two fp32 gradient streams and the input gradient kept for the send, and one MoE layer's backward
-// temporaries; once the pipeline's receive buffers and the emulation's boundary tensors; the LM head's row-block
-// logits on the head's chunk.
+// Workspace: the GPU model's (dsv4gpu::plan_workspace, the planner's workspace term too) and the LM head's
+// row-block logits on the head's chunk.
 struct RankMemory {
   std::vector<dsv4gpu::ActivationPlan> plans;  // per chunk
   std::vector<int64_t> held;                   // per chunk: micro-batches held at once
@@ -139,10 +137,7 @@ RankMemory rank_memory(const dsv4::ModelConfig& cfg, const parallel::RankPartiti
                        const dsv4gpu::GpuModelOptions& o) {
   RankMemory r;
   const dsv4::SeqLayout mb = dsv4::SeqLayout::unpacked(p.micro_batch_seqs, seq);
-  const int64_t N = mb.B * mb.T, stream = N * cfg.hc_mult * cfg.hidden;
-  // moe_bwd's temporaries with every routed row on this rank (the balanced exchange brings N K rows): bf16 rows of
-  // d (dye, the received and regrouped gradients, dxl) and of f / 2f (h, dh, dgu).
-  const int64_t rows = N * cfg.topk;
+  const int64_t N = mb.B * mb.T;
   for (const parallel::RankChunk& c : p.chunks) {
     dsv4gpu::ActivationPlanShape sh;
     sh.layer_begin = c.layer_begin, sh.layer_end = c.layer_end, sh.mtp = c.head && p.mtp;
@@ -152,14 +147,12 @@ RankMemory rank_memory(const dsv4::ModelConfig& cfg, const parallel::RankPartiti
     r.plans.push_back(dsv4gpu::plan_activations(cfg, mb, sh));
     r.held.push_back(std::min<int64_t>(c.slots, p.micro_batches));
     r.activations += r.held.back() * r.plans.back().kept() + r.plans.back().block_scratch;
-    r.grad_streams += 4 * stream * (c.embed ? 2 : 3);
-    r.moe_bwd += 2 * rows * (4 * cfg.hidden + 4 * cfg.moe_inter);
   }
-  if (p.spec.pp > 1) {
-    const bool act_in = !p.embed || p.spec.vpp > 1, grad_in = !p.head || p.spec.vpp > 1;
-    if (act_in) r.boundary += 2 * (2 * stream) + 2 * stream + 4 * stream;   // act receives + source, grad sink
-    if (grad_in) r.boundary += 2 * (4 * stream) + 4 * stream + 2 * stream;  // grad receives + source, act sink
-  }
+  dsv4gpu::WorkspaceShape ws;
+  ws.tokens = N, ws.chunks = int64_t(p.chunks.size()), ws.embeds = p.embed, ws.stages = p.spec.pp > 1;
+  ws.act_in = !p.embed || p.spec.vpp > 1, ws.grad_in = !p.head || p.spec.vpp > 1;
+  const dsv4gpu::Workspace w = dsv4gpu::plan_workspace(cfg, ws);
+  r.grad_streams = w.grad_streams, r.moe_bwd = w.moe_bwd, r.boundary = w.boundary;
   if (p.head) {
     cuda::LmHeadCeShape s{N, cfg.hidden, cfg.vocab_size, std::min(o.lm_chunk, cfg.vocab_size), o.lm_rows,
                           o.lm_grad_rows};

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "model/cuda/activation_plan.h"
 
 namespace trex::plan {
 
@@ -21,7 +22,7 @@ double ring_time(double bytes, int64_t n, double bw, double latency) {
 }  // namespace
 
 Estimator::Estimator(ModelSpec model, HardwareProfile hw, ImplProfile impl, Workload w)
-    : m_(std::move(model)), hw_(std::move(hw)), impl_(std::move(impl)), w_(std::move(w)) {
+    : m_(std::move(model)), cfg_(model_config(m_)), hw_(std::move(hw)), impl_(std::move(impl)), w_(std::move(w)) {
   TREX_CHECK(w_.seq > 0 && w_.gbs > 0, "sequence length and global batch must be positive");
   math_ = std::make_unique<ModelMath>(m_, w_.seq, AttnCompute::Sparse);
   impl_math_ = std::make_unique<ModelMath>(m_, w_.seq, impl_.attn_compute);
@@ -406,19 +407,12 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
     if (l.zero == 1 || l.zero == 0) comm += 2 * std::min(params, 40e6) * ip.grad_bytes;  // grad buckets
     mem.comm_buffers = comm / kGiB;
     // Workspace, as the GPU model takes it from the pool (and `trex bench train --emulate-rank` counts it before
-    // allocating): each of the rank's vpp model chunks keeps the backward's fp32 gradient streams ([tokens, hc, d]:
-    // two, and the input gradient kept for the send unless the chunk embeds) and one MoE layer's backward
-    // temporaries (bf16 rows of d and f for every routed row: dye, the received and regrouped gradients, dxl; h,
-    // dh and the two halves of dgu); with stages, the boundary's receive buffers and sources once per rank.
-    const double stream = tokens_rank * hc * d;
-    const int64_t embedding_chunks = s == 0 ? 1 : 0;
-    double work = 0;
-    work += 4.0 * stream * double(3 * l.vpp - embedding_chunks);
-    work += double(l.vpp) * 2.0 * tokens_rank * K * (4.0 * d + 4.0 * double(m_.moe_inter));
-    if (l.pp > 1) {
-      if (s > 0 || l.vpp > 1) work += 10.0 * stream;        // activations in: two bf16 receives, source, fp32 grad sink
-      if (s < l.pp - 1 || l.vpp > 1) work += 14.0 * stream;  // gradients in: two fp32 receives, source, bf16 sink
-    }
+    // allocating): the gradient streams and MoE backward temporaries of each of the rank's vpp chunks, and with
+    // stages the boundary's buffers (dsv4gpu::plan_workspace).
+    dsv4gpu::WorkspaceShape ws;
+    ws.tokens = int64_t(std::llround(tokens_rank)), ws.chunks = l.vpp, ws.embeds = s == 0, ws.stages = l.pp > 1;
+    ws.act_in = s > 0 || l.vpp > 1, ws.grad_in = s < l.pp - 1 || l.vpp > 1;
+    const double work = double(dsv4gpu::plan_workspace(cfg_, ws).total());
     mem.workspace = work / kGiB;
     mem.fixed = ip.fixed_gib;
     mem.total = mem.weights + mem.grads + mem.optimizer + mem.activations + mem.logits + mem.comm_buffers +

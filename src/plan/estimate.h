@@ -98,6 +98,7 @@ class Estimator {
 
  private:
   ModelSpec m_;
+  dsv4::ModelConfig cfg_;  // m_ as the model's config (the GPU model's workspace shapes read it)
   HardwareProfile hw_;
   ImplProfile impl_;
   Workload w_;

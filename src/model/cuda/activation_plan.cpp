@@ -122,4 +122,16 @@ ActivationPlan plan_activations(const dsv4::ModelConfig& cfg, const dsv4::SeqLay
   return plan;
 }
 
+Workspace plan_workspace(const dsv4::ModelConfig& cfg, const WorkspaceShape& sh) {
+  Workspace w;
+  const int64_t stream = sh.tokens * cfg.hc_mult * cfg.hidden, rows = sh.tokens * cfg.topk;
+  w.grad_streams = 4 * stream * (3 * sh.chunks - (sh.embeds ? 1 : 0));
+  w.moe_bwd = sh.chunks * 2 * rows * (4 * cfg.hidden + 4 * cfg.moe_inter);
+  if (sh.stages) {
+    if (sh.act_in) w.boundary += 2 * (2 * stream) + 2 * stream + 4 * stream;   // bf16 receives, source, fp32 sink
+    if (sh.grad_in) w.boundary += 2 * (4 * stream) + 4 * stream + 2 * stream;  // fp32 receives, source, bf16 sink
+  }
+  return w;
+}
+
 }  // namespace trex::dsv4gpu

@@ -51,4 +51,24 @@ struct ActivationPlan {
 ActivationPlan plan_activations(const dsv4::ModelConfig& cfg, const dsv4::SeqLayout& layout,
                                 const ActivationPlanShape& shape);
 
+// The GPU model's largest transient buffers beside the activations, sized from the shapes the code allocates
+// (what `trex bench train --emulate-rank` counts before allocating, and the planner's workspace term): per model
+// chunk the backward's fp32 gradient streams ([tokens, hc, d]: two, and the input gradient kept for the send
+// unless the chunk embeds) and one MoE layer's backward temporaries (bf16 rows of d and f for every routed row,
+// the balanced exchange bringing tokens x topk of them: dye, the received and regrouped gradients, dxl; h, dh and
+// the two halves of dgu); with pipeline stages the boundary's receive buffers and sources once per rank.
+struct WorkspaceShape {
+  int64_t tokens = 0;    // one micro-batch's tokens on the rank
+  int64_t chunks = 1;    // model chunks on the rank (virtual stages)
+  bool embeds = false;   // one of them holds the embedding
+  bool stages = false;   // pipeline parallel
+  bool act_in = false;   // activations arrive from a previous stage (some chunk does not embed)
+  bool grad_in = false;  // gradients arrive from a later stage (some chunk has no head)
+};
+struct Workspace {
+  int64_t grad_streams = 0, moe_bwd = 0, boundary = 0;
+  int64_t total() const { return grad_streams + moe_bwd + boundary; }
+};
+Workspace plan_workspace(const dsv4::ModelConfig& cfg, const WorkspaceShape& shape);
+
 }  // namespace trex::dsv4gpu
