@@ -36,7 +36,7 @@ void BucketSync::begin(float scale) {
                "bucket sync: gradient sync begun while bucket {} is still in flight", b);
     pending_[size_t(b)] = buckets_[size_t(b)].marks;
   }
-  next_ = 0;
+  next_ = landed_ = 0;
   scale_ = scale;
   armed_ = true;
 }
@@ -59,9 +59,9 @@ void BucketSync::mark_ready(int b) {
   --pending_[size_t(b)];
   while (next_ < int(order_.size()) && pending_[size_t(order_[size_t(next_)])] == 0)
     start(order_[size_t(next_++)]);
-  // Drive the reductions in flight (MPI progresses non-blocking collectives inside its calls).
-  for (int k = 0; k < next_; ++k)
-    if (reduce_[size_t(order_[size_t(k)])]) reduce_[size_t(order_[size_t(k)])]->test();
+  // Drive the reductions in flight (MPI progresses non-blocking collectives inside its calls): the oldest
+  // incomplete one, so a mark costs one test rather than one per bucket started.
+  while (landed_ < next_ && reduce_[size_t(order_[size_t(landed_)])]->test()) ++landed_;
 }
 
 void BucketSync::finish() {

@@ -94,7 +94,8 @@ class BucketSync {
   std::vector<int> order_;    // the non-empty buckets' ids in start order
   std::vector<int> pending_;  // marks still missing this step
   std::vector<WorkPtr> reduce_, gather_;
-  int next_ = 0;  // into order_
+  int next_ = 0;    // into order_: the next bucket to start
+  int landed_ = 0;  // into order_: the started buckets before it tested complete
   bool armed_ = false;
   float scale_ = 1.0f;
 };
