@@ -168,6 +168,7 @@ void bench_train_emulated(const TrainBenchArgs& a) {
              a.emulate_rank);
   TREX_CHECK(a.mesh.empty(), "bench train: --emulate-rank runs on one GPU; --mesh ({}) is for launched multi-GPU runs",
              a.mesh);
+  check_warmup_covers_arena_layout(a);
   dsv4::ModelConfig cfg = dsv4::load_model_config(a.config);
   const bool had_mtp = cfg.n_mtp > 0;
   if (a.no_mtp) cfg.n_mtp = 0;  // the old measurement: the rank without the MTP module

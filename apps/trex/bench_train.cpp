@@ -177,6 +177,12 @@ double model_flops_per_token(const std::string& path, int64_t seq) {
   return trex::train::dsv4_flops_per_token(trex::dsv4::load_model_config(path), seq);
 }
 
+void check_warmup_covers_arena_layout(const TrainBenchArgs& a) {
+  TREX_CHECK(a.warmup >= kArenaLayoutSteps,
+             "bench train: --warmup {} would time the GPU model's one-time activation-arena layout (step 1 traces the "
+             "activations' requests, step 2 maps the arena): give --warmup {} or more", a.warmup, kArenaLayoutSteps);
+}
+
 void bench_train(const TrainBenchArgs& a) {
 #ifndef TREX_HAVE_CUDA
   (void)a;
@@ -184,6 +190,7 @@ void bench_train(const TrainBenchArgs& a) {
 #else
   TREX_CHECK(a.seq > 0 && a.batch > 0 && a.steps > 0 && a.warmup >= 0, "bench train: seq {}, batch {}, steps {}, "
              "warmup {} must be positive", a.seq, a.batch, a.steps, a.warmup);
+  check_warmup_covers_arena_layout(a);
   const dsv4::ModelConfig cfg = dsv4::load_model_config(a.config);
   const double flops_tok = model_flops_per_token(a.config, a.seq);
   dsv4gpu::GpuModelOptions mo;

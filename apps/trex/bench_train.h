@@ -49,6 +49,12 @@ struct TrainBenchArgs {
   std::string mode = "sft", hardware = "nvidia-h200", impl = "calibrated";  // calibrated: configs/plan/calibration-trex-<hardware>.json
 };
 
+// The GPU model's activation arena (activation_arena.h) is laid out once: the first step traces its requests and the
+// second maps the arena. A timed window holding either measures that one-time layout (about 0.2 s of device idle on
+// a V4-Flash rank), not the step, so both benchmarks refuse fewer warm-up steps than this.
+inline constexpr int kArenaLayoutSteps = 2;
+void check_warmup_covers_arena_layout(const TrainBenchArgs& a);
+
 void bench_train(const TrainBenchArgs& a);
 void bench_train_emulated(const TrainBenchArgs& a);
 

@@ -20,7 +20,7 @@ if [ "${1:-}" != x2 ]; then
   one 120 $B bench train --config .devdeps/small-s6.json --seq 4096 --batch 1 --warmup 2 --steps 5 --device cuda
   for z in 2 3; do
     one 240 $B bench train --config .devdeps/v4-flash.json --seq 4096 --batch 128 --mode cpt --emulate-rank 0 \
-      --layout pp=4,dp=32,ep=32 --recompute selective --zero $z --warmup 1 --steps 2
+      --layout pp=4,dp=32,ep=32 --recompute selective --zero $z --warmup 2 --steps 2
   done
   exit 0
 fi

@@ -72,8 +72,8 @@ PY
 BEST=2+2; BEST_TPS=0; PPFAIL=0
 for SPLIT in 2+2 3+1; do
   MESH="pp=2,micro_batches=8,stage_layers=$SPLIT"
-  echo "== PP=2: ${L[*]} trex bench train --config $CFG --seq $SEQ --batch 8 --steps 2 --warmup 1 --mesh $MESH"
-  timeout 50 "${L[@]}" $B/trex bench train --config $CFG --seq $SEQ --batch 8 --steps 2 --warmup 1 --mesh $MESH \
+  echo "== PP=2: ${L[*]} trex bench train --config $CFG --seq $SEQ --batch 8 --steps 2 --warmup 2 --mesh $MESH"
+  timeout 50 "${L[@]}" $B/trex bench train --config $CFG --seq $SEQ --batch 8 --steps 2 --warmup 2 --mesh $MESH \
     >/tmp/gpupp_pp.log 2>&1
   PP=$(json </tmp/gpupp_pp.log)
   echo "$PP"
@@ -85,8 +85,8 @@ for SPLIT in 2+2 3+1; do
 done
 if [ $PPFAIL = 0 ] && [ $(( $(date +%s) - T0 )) -lt 75 ]; then
   MESH="pp=2,micro_batches=16,stage_layers=$BEST"
-  echo "== PP=2, 16 micro-batches: ${L[*]} trex bench train --config $CFG --seq $SEQ --batch 16 --steps 2 --warmup 1 --mesh $MESH"
-  timeout 40 "${L[@]}" $B/trex bench train --config $CFG --seq $SEQ --batch 16 --steps 2 --warmup 1 --mesh $MESH \
+  echo "== PP=2, 16 micro-batches: ${L[*]} trex bench train --config $CFG --seq $SEQ --batch 16 --steps 2 --warmup 2 --mesh $MESH"
+  timeout 40 "${L[@]}" $B/trex bench train --config $CFG --seq $SEQ --batch 16 --steps 2 --warmup 2 --mesh $MESH \
     >/tmp/gpupp_pp16.log 2>&1
   PP=$(json </tmp/gpupp_pp16.log)
   echo "$PP"
@@ -98,9 +98,9 @@ fi
 echo "[$(el)]"
 if [ $PPFAIL = 0 ] && command -v torchrun >/dev/null && [ $(( $(date +%s) - T0 )) -lt 90 ]; then
   MESH="pp=2,micro_batches=8,stage_layers=$BEST"
-  echo "== PP=2 via torchrun --no-python: trex bench train --config $CFG --seq $SEQ --batch 8 --steps 1 --warmup 1 --mesh $MESH"
+  echo "== PP=2 via torchrun --no-python: trex bench train --config $CFG --seq $SEQ --batch 8 --steps 1 --warmup 2 --mesh $MESH"
   timeout 28 torchrun --no-python --standalone --nproc-per-node 2 $B/trex bench train --config $CFG --seq $SEQ \
-    --batch 8 --steps 1 --warmup 1 --mesh $MESH >/tmp/gpupp_tr.log 2>&1
+    --batch 8 --steps 1 --warmup 2 --mesh $MESH >/tmp/gpupp_tr.log 2>&1
   TR=$(json </tmp/gpupp_tr.log)
   echo "$TR"
   [ "$(field "$TR" launcher)" = torchrun ] && echo "PASS PP=2 torchrun launch: tokens/s per GPU $(field "$TR" tokens_per_s_per_gpu)" \

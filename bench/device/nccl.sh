@@ -89,8 +89,8 @@ echo "[$(el)]"
 if [ $(( $(date +%s) - T0 )) -lt 170 ]; then
   echo "== loss parity on .devdeps/small-s6.json seq 4096: one GPU --batch 2 vs DP=2 --batch 1 (same global batch)"
   CUDA_VISIBLE_DEVICES=0 timeout 40 $B/trex bench train --config .devdeps/small-s6.json --seq 4096 --batch 2 --steps 2 \
-    --warmup 1 >/tmp/nccl_p1.log 2>&1
-  timeout 40 "${L[@]}" $B/trex bench train --config .devdeps/small-s6.json --seq 4096 --batch 1 --steps 2 --warmup 1 \
+    --warmup 2 >/tmp/nccl_p1.log 2>&1
+  timeout 40 "${L[@]}" $B/trex bench train --config .devdeps/small-s6.json --seq 4096 --batch 1 --steps 2 --warmup 2 \
     --mesh dp=2 >/tmp/nccl_p2.log 2>&1
   P1=$(json </tmp/nccl_p1.log); P2=$(json </tmp/nccl_p2.log)
   echo "$P1"; echo "$P2"

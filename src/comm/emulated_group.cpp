@@ -129,9 +129,19 @@ WorkPtr EmulatedGroup::all_to_all_v(const void* send, const std::vector<size_t>&
     if (int(p) != rank_) out += send_bytes[p];
     total += send_bytes[p];
   }
-  for (size_t p = 0; p < n; ++p)
-    copy_payload(static_cast<char*>(recv) + recv_offsets[p], static_cast<const char*>(send) + send_offsets[p],
-                 std::min(send_bytes[p], recv_bytes[p]), total);
+  // Peer blocks that follow each other on both sides move as one copy: an expert exchange's blocks are contiguous,
+  // and one copy per peer (128 at ep=128) would cost the host far more than the one collective it stands for.
+  size_t run_send = 0, run_recv = 0, run_bytes = 0;
+  for (size_t p = 0; p < n; ++p) {
+    const size_t b = std::min(send_bytes[p], recv_bytes[p]);
+    if (run_bytes > 0 && send_offsets[p] == run_send + run_bytes && recv_offsets[p] == run_recv + run_bytes) {
+      run_bytes += b;
+      continue;
+    }
+    copy_payload(static_cast<char*>(recv) + run_recv, static_cast<const char*>(send) + run_send, run_bytes, total);
+    run_send = send_offsets[p], run_recv = recv_offsets[p], run_bytes = b;
+  }
+  copy_payload(static_cast<char*>(recv) + run_recv, static_cast<const char*>(send) + run_send, run_bytes, total);
   count("all_to_all_v", out);
   return done();
 }

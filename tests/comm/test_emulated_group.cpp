@@ -56,6 +56,11 @@ TEST(EmulatedGroup, CollectivesMoveTheRanksOwnDataAtTheRealSizes) {
   const std::vector<size_t> sb = {1, 2, 3, 4}, so = {0, 1, 3, 6}, rb = {1, 2, 3, 4}, ro = {7, 8, 0, 3};
   g.all_to_all_v(s8.data(), sb, so, r8.data(), rb, ro)->wait();
   EXPECT_EQ(r8, (std::vector<uint8_t>{4, 5, 6, 7, 8, 9, 10, 1, 2, 3}));
+  // Blocks that follow each other on both sides move together, but a block cut short by its receive size ends the
+  // run: the next block starts at its own send offset.
+  std::vector<uint8_t> r4(4, 0xff);
+  g.all_to_all_v(s8.data(), {2, 2, 1, 1}, {0, 2, 4, 5}, r4.data(), {1, 2, 1, 0}, {0, 1, 3, 4})->wait();
+  EXPECT_EQ(r4, (std::vector<uint8_t>{1, 3, 4, 5}));
 
   const auto& st = g.stats();
   EXPECT_EQ(st.at("all_reduce").calls, 1);
@@ -63,7 +68,7 @@ TEST(EmulatedGroup, CollectivesMoveTheRanksOwnDataAtTheRealSizes) {
   EXPECT_EQ(st.at("all_gather").bytes, 12);         // the send chunk
   EXPECT_EQ(st.at("reduce_scatter").calls, 2);
   EXPECT_EQ(st.at("reduce_scatter").bytes, 2 * 48);  // the whole send buffer, each call
-  EXPECT_EQ(st.at("all_to_all_v").bytes, 1 + 2 + 4);  // to the peers other than rank 2
+  EXPECT_EQ(st.at("all_to_all_v").bytes, 1 + 2 + 4 + 2 + 2 + 1);  // to the peers other than rank 2, both calls
   EXPECT_EQ(g.loopback_bytes(), 0);
 }
 

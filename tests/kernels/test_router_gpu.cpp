@@ -239,4 +239,18 @@ TEST(GpuRouter, RowsGatherAndScatterPermuteWholeRows) {
       ASSERT_EQ(hs[from], src.bits[to]) << "scatter row " << i;
     }
 }
+
+TEST(GpuRouter, ExpertCountsAreTheOffsetsDifferences) {
+  // 300 experts: more than one block of the kernel; some experts empty (the poison, -1, would show).
+  const int64_t E = 300;
+  std::mt19937 g(17);
+  std::vector<int32_t> off(size_t(E + 1), 0);
+  for (int64_t e = 0; e < E; ++e) off[size_t(e + 1)] = off[size_t(e)] + int32_t(g() % 4 == 0 ? 0 : g() % 50);
+  auto d_off = DeviceBuffer::from_host(off);
+  auto counts = poisoned<int32_t>(E);
+  trex::cuda::moe_expert_counts(d_off.as<int32_t>(), E, counts.as<int32_t>());
+  TREX_CUDA(cudaDeviceSynchronize());
+  const std::vector<int32_t> h = counts.to_host<int32_t>();
+  for (int64_t e = 0; e < E; ++e) ASSERT_EQ(h[size_t(e)], off[size_t(e + 1)] - off[size_t(e)]) << "expert " << e;
+}
 }  // namespace

@@ -174,6 +174,11 @@ __global__ void plan_scatter_kernel(const int32_t* sel, int64_t nk, int E, const
   }
 }
 
+__global__ void expert_counts_kernel(const int32_t* offsets, int E, int32_t* counts) {
+  const int e = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (e < E) counts[e] = offsets[e + 1] - offsets[e];
+}
+
 __global__ void gather_kernel(bf16* xe, const bf16* u, const int32_t* order, int K, int64_t d) {
   const int64_t p = blockIdx.x;
   const uint4* src = reinterpret_cast<const uint4*>(u + int64_t(order[p] / K) * d);
@@ -321,6 +326,12 @@ void moe_route_plan(const int32_t* sel, int64_t n_tok, int64_t topk, int64_t n_e
   TREX_CUDA_LAUNCHED();
   plan_scatter_kernel<<<unsigned(n_chunks), 32, smem, stream>>>(sel, nk, E, scratch, offsets, order,
                                                                 slot_pos);
+  TREX_CUDA_LAUNCHED();
+}
+
+void moe_expert_counts(const int32_t* offsets, int64_t n_experts, int32_t* counts, cudaStream_t stream) {
+  TREX_CHECK(n_experts >= 1 && n_experts <= 8192, "moe_expert_counts: {} experts out of range", n_experts);
+  expert_counts_kernel<<<unsigned((n_experts + 255) / 256), 256, 0, stream>>>(offsets, int(n_experts), counts);
   TREX_CUDA_LAUNCHED();
 }
 

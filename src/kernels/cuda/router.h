@@ -45,6 +45,10 @@ int64_t moe_route_plan_scratch(int64_t n_tok, int64_t topk, int64_t n_experts);
 void moe_route_plan(const int32_t* sel, int64_t n_tok, int64_t topk, int64_t n_experts, int32_t* order,
                     int32_t* slot_pos, int32_t* offsets, int32_t* scratch, cudaStream_t stream = nullptr);
 
+// counts [E] (written) = offsets[e + 1] - offsets[e]: the rows each expert gets, for the expert exchange's count
+// all-to-all (the counts stay on the device until the exchange has moved them).
+void moe_expert_counts(const int32_t* offsets, int64_t n_experts, int32_t* counts, cudaStream_t stream = nullptr);
+
 // xe [N*K, d] (written): xe[p] = u[order[p] / K]. d % 8 == 0.
 void moe_gather(bf16* xe, const bf16* u, const int32_t* order, int64_t n_tok, int64_t topk, int64_t d,
                 cudaStream_t stream = nullptr);

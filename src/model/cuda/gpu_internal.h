@@ -193,6 +193,7 @@ struct MoeW {
 };
 
 struct MoeEpState;  // the expert-parallel exchange of one forward (gpu_moe_cuda.cpp)
+struct EpStaging;   // a block's pinned host staging and copy stream of that exchange (gpu_moe_cuda.cpp)
 
 struct MoeActs {
   float *logits, *scores, *weight;
@@ -203,6 +204,7 @@ struct MoeActs {
   std::shared_ptr<int32_t> status_host;      // pinned: the router's range status of the last forward
   std::shared_ptr<CUevent_st> status_ready;  // recorded after the asynchronous copy into status_host
   std::shared_ptr<MoeEpState> ep;            // set when the last forward ran expert-parallel
+  std::shared_ptr<EpStaging> ep_staging;     // allocated by the first expert-parallel forward, then kept
 };
 
 struct GpuBlock {

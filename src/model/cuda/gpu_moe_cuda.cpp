@@ -10,11 +10,15 @@
 // Expert parallel (Ctx::ep, P ranks > 1, a device-memory communicator: NCCL or the thread group): rank r computes experts [r E/P, (r+1) E/P) for the
 // tokens of every rank. The expert-grouped rows are already contiguous per owner, so they go out as they are
 // (all_to_all_v); the per-expert counts are exchanged first and read on the host to size the transfer (the one
-// host synchronisation of this path). Received rows arrive ordered (source rank, local expert) and are regrouped
-// to (local expert, source rank) for the grouped GEMMs, then sent back the same way. The shared expert runs on
-// the compute stream while the rows are in flight (the communicator works on its own stream). A rank holds the
-// weights of its own experts only (MoeW points at its first local expert, gpu_impl.h region X); their gradients
-// are complete on it (summed over every rank's tokens), so no reduction over the group is needed for them.
+// host wait of this path: the counts come down to pinned memory on a stream of their own while the compute stream
+// runs the shared expert's first half, so the device does not drain). Received rows arrive ordered (source rank,
+// local expert) and are regrouped to (local expert, source rank) for the grouped GEMMs, then sent back the same
+// way. The shared expert's second half runs while the rows are in flight (the communicator works on its own
+// stream). A rank holds the weights of its own experts only (MoeW points at its first local expert, gpu_impl.h
+// region X); their gradients are complete on it (summed over every rank's tokens), so no reduction over the group
+// is needed for them.
+#include <algorithm>
+
 #include "comm/nccl_communicator.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/grouped_gemm.h"
@@ -152,46 +156,111 @@ void experts_dw(const Ctx& c, const ExpertRows& x, float* dW, const bf16* dy, co
 
 bool expert_parallel(const Ctx& c) { return c.ep && c.ep->size() > 1; }
 
-// Exchanges the per-expert counts (device all_to_all, then read on the host) and derives the row plan.
-std::shared_ptr<MoeEpState> ep_plan(const Ctx& c, const GpuBlock& b, const int32_t* offsets) {
+// The count exchange runs ahead of the row plan: its results come back to pinned host memory on the staging's own
+// stream while the compute stream gathers the rows and runs the shared expert, so the host's one wait per layer sits
+// under that work instead of draining the device (a synchronous copy would wait for everything queued before it).
+struct EpCountsInFlight {
+  EpStaging* st = nullptr;
+};
+
+}  // namespace
+
+struct EpStaging {
+  int64_t E = 0;
+  DevMem d_send, d_recv;  // int32 [E]: this rank's per-expert counts; the counts it receives [source][local expert]
+  int32_t* host = nullptr;  // pinned: offsets [E + 1] and received counts [E] coming down, then the row plan going up
+  size_t host_elems = 0;
+  cudaStream_t copy = nullptr;
+  cudaEvent_t issued = nullptr, arrived = nullptr, uploaded = nullptr;
+
+  explicit EpStaging(int64_t n_experts) : E(n_experts), d_send(size_t(n_experts) * 4), d_recv(size_t(n_experts) * 4) {
+    TREX_CUDA(cudaStreamCreateWithFlags(&copy, cudaStreamNonBlocking));
+    for (cudaEvent_t* e : {&issued, &arrived, &uploaded}) TREX_CUDA(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+    TREX_CUDA(cudaEventRecord(uploaded, nullptr));
+  }
+  ~EpStaging() {
+    cudaEventSynchronize(uploaded);
+    if (host) cudaFreeHost(host);
+    for (cudaEvent_t e : {issued, arrived, uploaded}) cudaEventDestroy(e);
+    cudaStreamDestroy(copy);
+  }
+  EpStaging(const EpStaging&) = delete;
+  EpStaging& operator=(const EpStaging&) = delete;
+
+  // Room for `elems` int32 in the pinned buffer, once the previous upload out of it has left.
+  int32_t* reserve(size_t elems) {
+    TREX_CUDA(cudaEventSynchronize(uploaded));
+    if (elems > host_elems) {
+      if (host) TREX_CUDA(cudaFreeHost(host));
+      host = nullptr;
+      const size_t n = std::max(elems, 2 * host_elems);
+      TREX_CUDA(cudaMallocHost(&host, n * sizeof(int32_t)));
+      host_elems = n;
+    }
+    return host;
+  }
+};
+
+namespace {
+
+// Starts the count exchange of this forward: the per-expert counts (device) to every owner, the offsets and the
+// received counts back to the host on the staging stream. Nothing here waits on the device.
+EpCountsInFlight ep_counts_start(const Ctx& c, GpuBlock& b, const int32_t* offsets) {
   comm::Communicator& ep = *c.ep;
-  const int P = ep.size(), r = ep.rank();
+  const int P = ep.size();
   const int64_t E = c.cfg->n_routed_experts;
   TREX_CHECK(device_memory_comm(ep),
              "MoE (CUDA) {}: expert parallelism needs a device-memory communicator (nccl or threads), got '{}'",
              b.prefix, ep.backend());
   TREX_CHECK(E % P == 0, "MoE (CUDA) {}: {} experts do not divide over {} expert-parallel ranks", b.prefix, E, P);
-  auto st = std::make_shared<MoeEpState>();
+  if (!b.mo.ep_staging) b.mo.ep_staging = std::make_shared<EpStaging>(E);
+  EpStaging& st = *b.mo.ep_staging;
   const int64_t El = E / P;
-  st->n_local = El, st->e0 = r * El;
-  std::vector<int32_t> off(static_cast<size_t>(E + 1));
-  TREX_CUDA(cudaMemcpy(off.data(), offsets, off.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
-  std::vector<int32_t> cnt(static_cast<size_t>(E));
-  for (int64_t e = 0; e < E; ++e) cnt[size_t(e)] = off[size_t(e + 1)] - off[size_t(e)];
-  DevMem d_send(size_t(E) * 4), d_recv(size_t(E) * 4);
-  TREX_CUDA(cudaMemcpy(d_send.as<int32_t>(), cnt.data(), size_t(E) * 4, cudaMemcpyHostToDevice));
+  int32_t* h = st.reserve(size_t(2 * E + 1));
+  cuda::moe_expert_counts(offsets, E, st.d_send.as<int32_t>());
   std::vector<size_t> bytes(static_cast<size_t>(P), size_t(El) * 4), boff(static_cast<size_t>(P));
   for (int p = 0; p < P; ++p) boff[size_t(p)] = size_t(p) * size_t(El) * 4;
-  ep.all_to_all_v(d_send.as<int32_t>(), bytes, boff, d_recv.as<int32_t>(), bytes, boff)->wait();
-  std::vector<int32_t> rc(static_cast<size_t>(E));  // [source rank][local expert]
-  TREX_CUDA(cudaMemcpy(rc.data(), d_recv.as<int32_t>(), size_t(E) * 4, cudaMemcpyDeviceToHost));
+  comm::WorkPtr counts = ep.all_to_all_v(st.d_send.as<int32_t>(), bytes, boff, st.d_recv.as<int32_t>(), bytes, boff);
+  // The staging stream follows both the compute stream (the offsets; a communicator that copies on it) and the
+  // collective's own completion.
+  TREX_CUDA(cudaEventRecord(st.issued, nullptr));
+  TREX_CUDA(cudaStreamWaitEvent(st.copy, st.issued, 0));
+  comm::stream_wait(*counts, st.copy);
+  TREX_CUDA(cudaMemcpyAsync(h, offsets, size_t(E + 1) * 4, cudaMemcpyDeviceToHost, st.copy));
+  TREX_CUDA(cudaMemcpyAsync(h + E + 1, st.d_recv.as<int32_t>(), size_t(E) * 4, cudaMemcpyDeviceToHost, st.copy));
+  TREX_CUDA(cudaEventRecord(st.arrived, st.copy));
+  return {&st};
+}
 
+// Waits for the counts on the host and derives the row plan; its device side goes up from the pinned buffer on
+// the compute stream, ahead of the dispatch that reads it.
+std::shared_ptr<MoeEpState> ep_plan_finish(const Ctx& c, const EpCountsInFlight& f) {
+  comm::Communicator& ep = *c.ep;
+  const int P = ep.size(), r = ep.rank();
+  const int64_t E = c.cfg->n_routed_experts, El = E / P;
+  EpStaging& sg = *f.st;
+  TREX_CUDA(cudaEventSynchronize(sg.arrived));
+  auto st = std::make_shared<MoeEpState>();
+  st->n_local = El, st->e0 = r * El;
   // The row plan shared with the CPU's exchange (model/dsv4/expert_exchange.h).
-  std::vector<int64_t> expert_offset(off.begin(), off.end()), recv_counts(rc.begin(), rc.end());
+  const std::vector<int64_t> expert_offset(sg.host, sg.host + E + 1), recv_counts(sg.host + E + 1, sg.host + 2 * E + 1);
   dsv4::ExchangeRows x = dsv4::plan_exchange_rows(expert_offset, recv_counts, P, int(El));
   EpRows& R = st->rows;
   R.send_rows = std::move(x.send_rows), R.send_row0 = std::move(x.send_offsets);
   R.recv_rows = std::move(x.recv_rows), R.recv_row0 = std::move(x.recv_offsets);
   R.n_rows = st->n_recv = int64_t(x.recv_to_grouped.size());
-  if (R.n_rows > 0) {
-    const std::vector<int32_t> r2g(x.recv_to_grouped.begin(), x.recv_to_grouped.end());
-    R.recv_to_grouped = DevMem(r2g.size() * 4);
-    TREX_CUDA(cudaMemcpy(R.recv_to_grouped.as<int32_t>(), r2g.data(), r2g.size() * 4, cudaMemcpyHostToDevice));
-  }
   std::vector<int32_t> loc(static_cast<size_t>(El + 1), 0);
   for (int64_t j = 0; j < El; ++j) loc[size_t(j + 1)] = loc[size_t(j)] + int32_t(x.expert_counts[size_t(j)]);
+  int32_t* up = sg.reserve(size_t(R.n_rows + El + 1));
+  for (int64_t i = 0; i < R.n_rows; ++i) up[i] = int32_t(x.recv_to_grouped[size_t(i)]);
+  std::copy(loc.begin(), loc.end(), up + R.n_rows);
+  if (R.n_rows > 0) {
+    R.recv_to_grouped = DevMem(size_t(R.n_rows) * 4);
+    TREX_CUDA(cudaMemcpyAsync(R.recv_to_grouped.as<int32_t>(), up, size_t(R.n_rows) * 4, cudaMemcpyHostToDevice));
+  }
   st->local_offsets = DevMem(size_t(El + 1) * 4);
-  TREX_CUDA(cudaMemcpy(st->local_offsets.as<int32_t>(), loc.data(), loc.size() * 4, cudaMemcpyHostToDevice));
+  TREX_CUDA(cudaMemcpyAsync(st->local_offsets.as<int32_t>(), up + R.n_rows, loc.size() * 4, cudaMemcpyHostToDevice));
+  TREX_CUDA(cudaEventRecord(sg.uploaded, nullptr));
   st->h_local_offsets = std::move(loc);
   return st;
 }
@@ -275,13 +344,20 @@ void moe_fwd(const Ctx& c, GpuBlock& b, const int32_t* injected_sel, bool replay
   part.next("gather");
   cuda::moe_gather(xe, b.u, m.order, N, K, d);
   const bf16* add = nullptr;
-  auto shared_expert = [&] {
+  // The shared expert in two halves: under EP the first (w1|w3 and the SwiGLU) runs while the counts travel and the
+  // host waits for them, the second (w2) while the rows travel.
+  bf16* sh = nullptr;
+  auto shared_up = [&] {
     if (fs == 0) return;
     part.next("shared");
     m.sgu = keep.take<bf16>(N * 2 * fs);
     c.lin.fwd(m.sgu, b.u, w.sw13, N, d, 2 * fs);
-    bf16* sh = tmp.take<bf16>(N * fs);
+    sh = tmp.take<bf16>(N * fs);
     cuda::swiglu_fwd(sh, m.sgu, N, fs, limit);
+  };
+  auto shared_down = [&] {
+    if (fs == 0) return;
+    part.next("shared");
     m.sy = keep.take<bf16>(N * d);
     if (c.tp) {  // row-parallel w2: this rank's hidden columns' partial output, summed over TP in fp32
       float* y = tmp.take<float>(N * d);
@@ -298,17 +374,22 @@ void moe_fwd(const Ctx& c, GpuBlock& b, const int32_t* injected_sel, bool replay
   const bf16* xl = xe;  // the rows this rank's experts compute, expert-major
   bf16* xr = nullptr;   // under EP: the received rows, source-major
   if (expert_parallel(c)) {
-    m.ep = ep_plan(c, b, m.offsets);
+    // The counts travel (and the host waits for them) while the shared expert runs.
+    const EpCountsInFlight counts = ep_counts_start(c, b, m.offsets);
+    shared_up();
+    part.next("exchange");
+    m.ep = ep_plan_finish(c, counts);
     MoeEpState& st = *m.ep;
     xr = tmp.take<bf16>(st.n_recv * d);
     comm::WorkPtr sent = ep_exchange(*c.ep, xe, xr, st.rows, d, true);
-    shared_expert();  // while the rows travel
+    shared_down();
     comm::stream_wait(*sent, nullptr);
     st.xl = keep.take<bf16>(st.n_recv * d);
     ep_regroup(st.xl, xr, st.rows, d, true);
     xl = st.xl;
   } else {
-    shared_expert();
+    shared_up();
+    shared_down();
   }
   const ExpertRows x = expert_rows(c, b);
   int32_t* gscratch = tmp.take<int32_t>(cuda::grouped_linear_scratch(x.n_experts));
