@@ -79,6 +79,7 @@ nlohmann::json planner_prediction(const TrainBenchArgs& a, const dsv4::ModelConf
   l.pp = p.spec.pp, l.vpp = p.spec.vpp, l.dp = p.spec.dp, l.ep = p.spec.ep, l.tp = p.spec.tp;
   l.mbs = p.micro_batch_seqs, l.zero = a.zero;
   l.recompute = plan::parse_recompute(a.recompute);
+  l.rc_full_layers = a.recompute_full_layers;
   const plan::Estimate e = est.estimate(l, int64_t(p.world_size));
   nlohmann::json j;
   j["hardware"] = a.hardware, j["impl"] = impl;
@@ -142,6 +143,7 @@ RankMemory rank_memory(const dsv4::ModelConfig& cfg, const parallel::RankPartiti
     dsv4gpu::ActivationPlanShape sh;
     sh.layer_begin = c.layer_begin, sh.layer_end = c.layer_end, sh.mtp = c.head && p.mtp;
     sh.recompute = o.recompute;
+    sh.recompute_full_layers = o.recompute_full_layers;
     sh.head_grad = true;
     sh.tp = p.spec.tp;
     r.plans.push_back(dsv4gpu::plan_activations(cfg, mb, sh));
@@ -169,6 +171,7 @@ void bench_train_emulated(const TrainBenchArgs& a) {
   TREX_CHECK(a.mesh.empty(), "bench train: --emulate-rank runs on one GPU; --mesh ({}) is for launched multi-GPU runs",
              a.mesh);
   check_warmup_covers_arena_layout(a);
+  check_recompute_full_layers(a);
   dsv4::ModelConfig cfg = dsv4::load_model_config(a.config);
   const bool had_mtp = cfg.n_mtp > 0;
   if (a.no_mtp) cfg.n_mtp = 0;  // the old measurement: the rank without the MTP module
@@ -188,6 +191,7 @@ void bench_train_emulated(const TrainBenchArgs& a) {
   base.timing = a.sections;
   base.deterministic = a.deterministic;
   base.recompute = dsv4::parse_recompute(a.recompute, "bench train --recompute");
+  base.recompute_full_layers = a.recompute_full_layers;
   base.zero = a.zero, base.grad_reduce_bf16 = a.grad_reduce == "bf16";
   if (a.moe_gemm != "default") base.moe_grouped_gemm = a.moe_gemm == "grouped";
   dsv4gpu::GpuModel::Footprint fp;  // summed over the chunks

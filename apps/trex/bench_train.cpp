@@ -183,6 +183,12 @@ void check_warmup_covers_arena_layout(const TrainBenchArgs& a) {
              "activations' requests, step 2 maps the arena): give --warmup {} or more", a.warmup, kArenaLayoutSteps);
 }
 
+void check_recompute_full_layers(const TrainBenchArgs& a) {
+  TREX_CHECK(a.recompute_full_layers < 0 || a.recompute == "full",
+             "bench train: --recompute-full-layers {} goes with --recompute full (got --recompute {})",
+             a.recompute_full_layers, a.recompute);
+}
+
 void bench_train(const TrainBenchArgs& a) {
 #ifndef TREX_HAVE_CUDA
   (void)a;
@@ -198,6 +204,8 @@ void bench_train(const TrainBenchArgs& a) {
   mo.deterministic = a.deterministic;
   if (a.moe_gemm != "default") mo.moe_grouped_gemm = a.moe_gemm == "grouped";
   mo.recompute = dsv4::parse_recompute(a.recompute, "bench train --recompute");
+  check_recompute_full_layers(a);
+  mo.recompute_full_layers = a.recompute_full_layers;
   mo.zero = a.zero, mo.grad_reduce_bf16 = a.grad_reduce == "bf16";
   // Multi-GPU: the world NCCL communicator from the launcher, split into the layout's groups (the step engine).
   const train::GpuLayout layout = train::parse_gpu_layout(a.mesh);

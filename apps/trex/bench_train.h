@@ -23,6 +23,7 @@ struct TrainBenchArgs {
   // Activation recomputation of the GPU model: none | selective | full (GpuModelOptions::recompute). The JSON line
   // gives the activation table's planned bytes (activations_planned_gib) beside the measured peak (peak_gib).
   std::string recompute = "none";
+  int64_t recompute_full_layers = -1;  // --recompute-full-layers K (GpuModelOptions::recompute_full_layers)
   // Dense partitioning under data parallelism (GpuModelOptions::zero; the config's parallel.zero): 1, 2 or 3; and the
   // bucket reduction's dtype, fp32 or bf16 (parallel.grad_reduce_dtype). With --emulate-rank the emulated rank's.
   int zero = 1;
@@ -54,6 +55,7 @@ struct TrainBenchArgs {
 // a V4-Flash rank), not the step, so both benchmarks refuse fewer warm-up steps than this.
 inline constexpr int kArenaLayoutSteps = 2;
 void check_warmup_covers_arena_layout(const TrainBenchArgs& a);
+void check_recompute_full_layers(const TrainBenchArgs& a);
 
 void bench_train(const TrainBenchArgs& a);
 void bench_train_emulated(const TrainBenchArgs& a);

@@ -174,6 +174,10 @@ const bool registered = trex::cli::register_command(
                      "block's backward) or full (each block's forward re-run before its backward)")
            ->check(CLI::IsMember({"none", "selective", "full"}))
            ->capture_default_str();
+       t->add_option("--recompute-full-layers", targs->recompute_full_layers,
+                     "with --recompute full: only main layers [0, K) replay in full, the later ones recompute "
+                     "selectively (memory for time, layer by layer); default: every layer")
+           ->check(CLI::NonNegativeNumber);
        t->add_option("--zero", targs->zero,
                      "dense partitioning over dp: 1 (optimiser state sharded), 2 (gradients sharded too) or 3 "
                      "(the dense bf16 weights too, gathered per layer ahead of use)")

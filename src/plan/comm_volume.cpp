@@ -175,20 +175,22 @@ RankComm rank_comm(const BucketTable& t, const RankCommInputs& in, const Hardwar
     ag.wire = ag.bytes * double(edp - 1);
     add(ag, dp * l.tp * l.pp, edp - 1);
   }
+  // Forward passes over the rank's blocks in one micro-batch: one each, two for a block replayed in full.
+  int64_t fwd_block_passes = 0;
+  for (int64_t b : in.blocks) fwd_block_passes += 1 + (l.recompute_at(b) == Recompute::Full ? 1 : 0);
   // ---- The expert exchange, per MoE block and micro-batch.
   if (l.ep > 1 && !in.blocks.empty()) {
-    const int64_t fwd_passes = 1 + (l.recompute == Recompute::Full ? 1 : 0);
     const double rows = in.tokens * double(in.topk) * double(in.hidden) * 2.0;  // bf16, every routed copy
     const double frac = double(l.ep - 1) / double(l.ep);
     const int64_t per = int64_t(in.blocks.size()) * M;
     CommKind a{"EP dispatch + combine, fwd + bwd + recompute replay (bf16)", "all_to_all_v", "ep", l.ep};
-    a.calls = per * (2 * fwd_passes + 2);
+    a.calls = M * 2 * fwd_block_passes + per * 2;
     a.bytes = double(a.calls) * rows * frac;
     // The emulation copies every peer's block (its own included): ep copies per call.
     a.moved = double(a.calls) * rows, a.copies = a.calls * l.ep;
     a.wire = a.bytes;
     CommKind c{"EP expert-count exchange (int32, per forward pass)", "all_to_all_v", "ep", l.ep};
-    c.calls = per * fwd_passes;
+    c.calls = M * fwd_block_passes;
     const double counts = double(in.experts) * 4.0;
     c.bytes = double(c.calls) * counts * frac;
     c.moved = double(c.calls) * counts, c.copies = c.calls * l.ep;
@@ -228,13 +230,12 @@ RankComm rank_comm(const BucketTable& t, const RankCommInputs& in, const Hardwar
   // expert's outputs, [tokens, d] each; backward the compressed query's, K=V's and the shared expert's input
   // gradients. EmulatedGroup moves nothing for an all-reduce.
   if (l.tp > 1 && !in.blocks.empty()) {
-    const int64_t fwd_passes = 1 + (l.recompute == Recompute::Full ? 1 : 0);
     const double d = double(in.hidden);
     const int64_t per = int64_t(in.blocks.size()) * M;
     CommKind k{"TP all-reduce (fp32: attention / shared expert out fwd, q / kv / shared in bwd)", "all_reduce", "tp", l.tp};
-    k.calls = per * (2 * fwd_passes + 3);
-    k.bytes = double(per) * in.tokens * 4.0 *
-              (double(fwd_passes) * 2 * d + d + double(in.q_lora_rank) + double(in.head_dim));
+    k.calls = M * 2 * fwd_block_passes + per * 3;
+    k.bytes = in.tokens * 4.0 * (double(M * fwd_block_passes) * 2 * d +
+                                 double(per) * (d + double(in.q_lora_rank) + double(in.head_dim)));
     k.wire = 2.0 * k.bytes * double(l.tp - 1) / double(l.tp);
     add(k, l.tp, 2 * (l.tp - 1));
   }

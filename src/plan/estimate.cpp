@@ -201,11 +201,12 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
       const double fwd = mm + attn + elementwise + ip.block_overhead_s;
       const double bwd = 2 * (mm + attn + elementwise) + ip.block_overhead_s;
       double rc = 0;
-      if (l.recompute == Recompute::Full) rc = fwd;
-      if (l.recompute == Recompute::Selective) rc = 0.5 * elementwise;
+      const Recompute rcb = l.recompute_at(b);
+      if (rcb == Recompute::Full) rc = fwd;
+      if (rcb == Recompute::Selective) rc = 0.5 * elementwise;
       t.compute += fwd + bwd + rc;
       t.recompute += rc;
-      const int64_t passes = 2 + (l.recompute == Recompute::Full ? 1 : 0);  // forward comm repeats on recompute
+      const int64_t passes = 2 + (rcb == Recompute::Full ? 1 : 0);  // forward comm repeats on recompute
       if (l.tp > 1) {
         // T-Rex's TP all-reduces, in fp32 (an all-reduce: two ring passes): forward (again on a full
         // recomputation) the attention's and the shared expert's partial outputs, [tokens, d] each; backward the
@@ -287,7 +288,7 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
       dense += p.sharded / tp + p.replicated;
       experts += p.experts / double(l.ep * l.etp);
       frozen += p.router * router_grads_off;
-      saved += activation_elems(b, l.recompute, l.tp);
+      saved += activation_elems(b, l.recompute_at(b), l.tp);
       max_block = std::max(max_block, activation_elems(b, Recompute::None, l.tp));
       quad += ip.act_quadratic_bytes * double(m_.n_heads) / double(l.tp) * double(l.mbs) * double(w_.seq) *
               double(w_.seq) / double(l.cp);
@@ -466,10 +467,14 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
     if (w_.optimizer == Optimizer::Muon) dp += ring_time(dense * 2.0, dense_dp, bw, lat);  // whole matrices for NS
     T.dp = dp * (1 - (l.overlap ? ip.dp_overlap : 0.0));
     if (l.zero == 3 && dense_dp > 1) {
-      const double passes = 2.0 + (l.recompute == Recompute::Full ? 1.0 : 0.0);
-      size_t most = 0;
-      for (const auto& st_blocks : stages) most = std::max(most, st_blocks.size());
-      T.dp += ip.dp_block_overhead_s * passes * double(most) * double(mb);
+      // ZeRO-3 gathers a layer per forward and backward pass over it (again for a block replayed in full).
+      double most = 0;
+      for (const auto& st_blocks : stages) {
+        double passes = 0;
+        for (int64_t b : st_blocks) passes += 2.0 + (l.recompute_at(b) == Recompute::Full ? 1.0 : 0.0);
+        most = std::max(most, passes);
+      }
+      T.dp += ip.dp_block_overhead_s * most * double(mb);
     }
     // Optimizer step on the local shard of a stage holding `dense` + `experts` parameters: read grads, master,
     // moments; write master, moments, bf16 weights.

@@ -24,6 +24,7 @@ std::string to_string(const Layout& l) {
   if (l.cp > 1) s += fmt::format(",CP{}", l.cp);
   s += fmt::format(",DP{},MBS{}", l.dp, l.mbs);
   if (l.recompute != Recompute::None) s += ",RC=" + to_string(l.recompute);
+  if (l.recompute == Recompute::Full && l.rc_full_layers >= 0) s += fmt::format(",RCL={}", l.rc_full_layers);
   if (l.offload != Offload::None) s += ",OFF=" + to_string(l.offload);
   if (l.zero != 1) s += fmt::format(",ZERO={}", l.zero);
   if (!l.overlap) s += ",OVL=0";
@@ -59,6 +60,10 @@ Layout parse_layout(const std::string& text) {
       for (auto& c : value) c = char(std::tolower(static_cast<unsigned char>(c)));
       if (key == "RC" || key == "RECOMPUTE") {
         l.recompute = parse_recompute(value);
+      } else if (key == "RCL") {
+        TREX_CHECK(!value.empty() && std::all_of(value.begin(), value.end(), ::isdigit),
+                   "layout '{}': RCL (the layers replayed in full under RC=full) must be a count >= 0", text);
+        l.rc_full_layers = std::stoll(value);
       } else if (key == "OFF" || key == "OFFLOAD") {
         TREX_CHECK(value == "none" || value == "swap", "layout '{}': OFF must be none or swap", text);
         l.offload = value == "swap" ? Offload::Swap : Offload::None;
@@ -91,6 +96,8 @@ Layout parse_layout(const std::string& text) {
     else if (key == "MBS") l.mbs = v;
     else fail("layout '{}': unknown dimension '{}' (TP, PP, VPP, EP, ETP, CP, DP, MBS)", text, key);
   }
+  TREX_CHECK(l.rc_full_layers < 0 || l.recompute == Recompute::Full,
+             "layout '{}': RCL (layers replayed in full) goes with RC=full", text);
   return l;
 }
 

@@ -22,6 +22,13 @@ struct Layout {
   // sharded (FSDP)
   int zero = 1;
   Recompute recompute = Recompute::None;
+  // With recompute Full: only main layers [0, rc_full_layers) replay their forward in full; the later layers (and
+  // the MTP block) recompute selectively. -1: every layer in full. The trainer's recompute_full_layers.
+  int64_t rc_full_layers = -1;
+  Recompute recompute_at(int64_t layer) const {
+    return recompute == Recompute::Full && rc_full_layers >= 0 && layer >= rc_full_layers ? Recompute::Selective
+                                                                                          : recompute;
+  }
   Offload offload = Offload::None;
   bool overlap = true;  // communication/compute overlap (EP A2A across micro-batches, TP, PP, DP)
 };
@@ -41,7 +48,8 @@ std::string to_string(const Layout& l);
 std::string to_string(Recompute r);
 std::string to_string(Offload o);
 std::string to_string(Optimizer o);
-// "TP2,PP8,VPP2,EP64,ETP1,CP1,DP32,MBS1,RC=full,OFF=swap,ZERO=1,OVL=1" (any subset, any order).
+// "TP2,PP8,VPP2,EP64,ETP1,CP1,DP32,MBS1,RC=full,RCL=20,OFF=swap,ZERO=1,OVL=1" (any subset, any order; RCL: the
+// layers replayed in full under RC=full, Layout::rc_full_layers).
 Layout parse_layout(const std::string& text);
 Recompute parse_recompute(const std::string& s);
 Optimizer parse_optimizer(const std::string& s);

@@ -34,12 +34,20 @@ TrainConfig parse_train_config(const json& j, const std::string& where) {
   c.where = where;
   c.raw = j;
   only_keys(j, {"seed", "device", "model", "data", "optimizer", "schedule", "freeze", "train", "checkpoint", "spike",
-             "logging", "parallel", "recompute"},
+             "logging", "parallel", "recompute", "recompute_full_layers"},
             where, "top level");
   get(j, "seed", c.seed, where, "top");
   if (j.contains("recompute")) {
     TREX_CHECK(j["recompute"].is_string(), "{}: recompute must be none, selective or full", where);
     c.recompute = dsv4::parse_recompute(j["recompute"].get<std::string>(), where + ": recompute");
+  }
+  if (j.contains("recompute_full_layers")) {
+    TREX_CHECK(j["recompute_full_layers"].is_number_integer() && j["recompute_full_layers"].get<int64_t>() >= 0,
+               "{}: recompute_full_layers must be a layer count >= 0", where);
+    TREX_CHECK(c.recompute == dsv4::Recompute::Full,
+               "{}: recompute_full_layers goes with recompute: full (got recompute: {})", where,
+               dsv4::to_string(c.recompute));
+    c.recompute_full_layers = j["recompute_full_layers"].get<int64_t>();
   }
   get(j, "device", c.device, where, "top");
   TREX_CHECK(c.device == "cpu" || c.device == "cuda", "{}: device '{}' (expected cpu or cuda)", where, c.device);

@@ -58,6 +58,9 @@ struct TrainConfig {
   // Activation recomputation (`recompute: none | selective | full`, model/dsv4/recompute.h): the GPU model's
   // (dsv4gpu::GpuModelOptions::recompute); the CPU model runs none only.
   dsv4::Recompute recompute = dsv4::Recompute::None;
+  // `recompute_full_layers: K` with recompute full: only main layers [0, K) replay in full, the later ones recompute
+  // selectively (GpuModelOptions::recompute_full_layers); -1 (absent): every layer.
+  int64_t recompute_full_layers = -1;
   // model
   std::string model_type = "dsv4";  // dsv4 | toy
   nlohmann::json model;             // the model section as written

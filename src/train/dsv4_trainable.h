@@ -22,6 +22,7 @@ struct Dsv4TrainOptions {
   dsv4::ModelOptions model;
   // The GPU trainers' activation recomputation (TrainConfig::recompute); the CPU model runs none only.
   dsv4::Recompute recompute = dsv4::Recompute::None;
+  int64_t recompute_full_layers = -1;  // TrainConfig::recompute_full_layers
 };
 
 class Dsv4Trainable : public Trainable {

@@ -96,6 +96,7 @@ void dsv4_model_setup(const TrainConfig& cfg, const data::Tokenizer& tok, dsv4::
   o.model.mtp_weight = cfg.schedule.mtp_weight;
   o.deterministic = cfg.deterministic;
   o.recompute = cfg.recompute;
+  o.recompute_full_layers = cfg.recompute_full_layers;
   *mc_out = mc;
   *opts_out = o;
 }

@@ -14,9 +14,10 @@ using namespace trex;
 using dsv4::Recompute;
 
 dsv4gpu::ActivationPlan plan(const dsv4::ModelConfig& cfg, const dsv4::SeqLayout& lay, Recompute r, bool mtp,
-                             int64_t l0 = 0, int64_t l1 = -1) {
+                             int64_t l0 = 0, int64_t l1 = -1, int64_t full_layers = -1) {
   dsv4gpu::ActivationPlanShape s;
   s.recompute = r, s.mtp = mtp, s.layer_begin = l0, s.layer_end = l1, s.balance = true;
+  s.recompute_full_layers = full_layers;
   return dsv4gpu::plan_activations(cfg, lay, s);
 }
 
@@ -47,6 +48,28 @@ TEST(ActivationPlan, ModesSplitTheSameBlockRequestsAndFullKeepsOnlyTheSelections
   EXPECT_LT(sel.total(), none.total());
   // The streams: X(0..L), the MTP block's two; bf16 [N, hc, d] each.
   EXPECT_EQ(none.streams, (cfg.n_layers + 3) * N * cfg.hc_mult * cfg.hidden * 2);
+}
+
+// recompute_full_layers K: layers below K are planned as full, the later ones and the MTP block as selective; on a
+// later stage the global layer index decides. Ignored under selective.
+TEST(ActivationPlan, FullOnTheFirstLayersPlansTheRestSelective) {
+  const dsv4::ModelConfig cfg = trex::testing::tiny_gpu_config("plan config", 1);
+  ASSERT_GE(cfg.n_layers, 2);
+  const dsv4::SeqLayout lay = dsv4::SeqLayout::packed(128, {{128}});
+  const auto sel = plan(cfg, lay, Recompute::Selective, true), full = plan(cfg, lay, Recompute::Full, true);
+  const auto mixed = plan(cfg, lay, Recompute::Full, true, 0, -1, 1);
+  for (size_t b = 0; b < mixed.blocks.size(); ++b) {
+    const auto& want = b < 1 ? full.blocks[b] : sel.blocks[b];
+    EXPECT_EQ(mixed.blocks[b].kept, want.kept) << b;
+    EXPECT_EQ(mixed.blocks[b].dropped, want.dropped) << b;
+  }
+  EXPECT_EQ(mixed.block_scratch, std::max(full.blocks[0].dropped, sel.block_scratch));
+  // A stage of layers [1, L): every one of them at or past K = 1, so selective's.
+  const auto stage = plan(cfg, lay, Recompute::Full, false, 1, -1, 1);
+  const auto stage_sel = plan(cfg, lay, Recompute::Selective, false, 1, -1);
+  EXPECT_EQ(stage.kept(), stage_sel.kept());
+  const auto k0 = plan(cfg, lay, Recompute::Selective, true, 0, -1, 1);
+  EXPECT_EQ(k0.kept(), sel.kept()) << "recompute_full_layers means nothing under selective";
 }
 
 TEST(ActivationPlan, ScalesWithTheTokensAndCoversOnlyTheStagesLayers) {

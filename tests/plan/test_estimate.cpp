@@ -72,6 +72,32 @@ TEST(PlanEstimate, RecomputationTradesMemoryForTime) {
   EXPECT_EQ(none.flops_per_token, full.flops_per_token);  // recomputation is never counted in MFU
 }
 
+// RC=full,RCL=K: the first K layers replay in full, the rest recompute selectively; memory grows and time falls as
+// K falls, from full's (K = every layer and the MTP block) towards selective's; the layout string round-trips.
+TEST(PlanEstimate, FullOnTheFirstLayersLiesBetweenFullAndSelective) {
+  Estimator e = make("flash", "nvidia-h200", 128, 8192);
+  const Estimate sel = e.estimate(parse_layout("TP1,PP1,EP128,RC=selective,ZERO=2"), 128);
+  const Estimate full = e.estimate(parse_layout("TP1,PP1,EP128,RC=full,ZERO=2"), 128);
+  double last_act = full.mem.activations, last_t = full.time.compute;
+  for (int64_t k : {40, 30, 20, 10, 0}) {
+    const Layout l = parse_layout(fmt::format("TP1,PP1,EP128,DP128,RC=full,RCL={},ZERO=2", k));
+    EXPECT_EQ(l.rc_full_layers, k);
+    EXPECT_EQ(parse_layout(to_string(l)).rc_full_layers, k) << to_string(l);
+    const Estimate m = e.estimate(l, 128);
+    EXPECT_GT(m.mem.activations, last_act) << k;
+    EXPECT_LT(m.time.compute, last_t) << k;
+    EXPECT_LE(m.mem.activations, sel.mem.activations + 1e-9) << k;
+    EXPECT_GE(m.time.compute, sel.time.compute - 1e-9) << k;
+    last_act = m.mem.activations, last_t = m.time.compute;
+  }
+  try {
+    parse_layout("TP1,RC=selective,RCL=3");
+    ADD_FAILURE() << "RCL accepted without RC=full";
+  } catch (const trex::Error& ex) {
+    EXPECT_NE(std::string(ex.what()).find("RCL"), std::string::npos) << ex.what();
+  }
+}
+
 TEST(PlanEstimate, ImpossibleLayoutsAreRefusedWithAReason) {
   Estimator e = make("pro", "ascend-910c-cm384", 1024);
   auto reason = [&](const char* layout, int64_t devices) { return e.estimate(parse_layout(layout), devices).reason; };

@@ -95,10 +95,11 @@ struct StepRun {
 };
 
 StepRun whole_model_step(const dsv4::ModelConfig& cfg, Recompute mode, const std::vector<int32_t>& ids,
-                     const std::vector<int32_t>& labels, const dsv4::SeqLayout& layout) {
+                     const std::vector<int32_t>& labels, const dsv4::SeqLayout& layout, int64_t full_layers = -1) {
   dsv4gpu::GpuModelOptions o;
   o.deterministic = true;
   o.recompute = mode;
+  o.recompute_full_layers = full_layers;
   o.balance_alpha = 1e-3;  // the replay recomputes its gradient
   o.mtp_weight = 0.3;
   dsv4gpu::GpuModel m(cfg, o);
@@ -164,6 +165,42 @@ TEST(RecomputeGpu, SelectiveAndFullGiveNonesLossSelectionsAndGradientsWithTheMtp
   for (const auto& b : none.plan.blocks) none_blocks += b.kept, largest = std::max(largest, b.kept);
   EXPECT_LE(runs[Recompute::Full].plan.kept(), none.plan.kept() - none_blocks + none_blocks / 10);
   EXPECT_LE(runs[Recompute::Full].plan.block_scratch, 2 * largest);
+}
+
+// Full recomputation of the first layer only (recompute_full_layers 1): that block replays, the later ones and the
+// MTP block recompute selectively. The same loss, selections and gradients as none, the activation table's bytes,
+// and a plan between full's and selective's.
+TEST(RecomputeGpu, FullOnTheFirstLayersOnlyGivesNonesGradientsAndPlansBetweenFullAndSelective) {
+  const dsv4::ModelConfig cfg = trex::testing::tiny_gpu_config("recompute test config", 1);
+  ASSERT_GE(cfg.n_layers, 2) << "the test needs a layer replayed in full and one recomputed selectively";
+  const int64_t S = 128;
+  const dsv4::SeqLayout layout = dsv4::SeqLayout::packed(S, {{S}, {80, 48}});
+  const int64_t N = layout.n_tokens();
+  std::mt19937 g(7);
+  std::vector<int32_t> ids(static_cast<size_t>(N)), labels(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = int32_t(g() % uint32_t(cfg.vocab_size));
+    labels[i] = (i % 7 == 3) ? -100 : ids[i];
+  }
+  const StepRun none = whole_model_step(cfg, Recompute::None, ids, labels, layout);
+  const StepRun none2 = whole_model_step(cfg, Recompute::None, ids, labels, layout);
+  const StepRun sel = whole_model_step(cfg, Recompute::Selective, ids, labels, layout);
+  const StepRun full = whole_model_step(cfg, Recompute::Full, ids, labels, layout);
+  const StepRun mixed = whole_model_step(cfg, Recompute::Full, ids, labels, layout, 1);
+  EXPECT_EQ(mixed.loss, none.loss);
+  EXPECT_EQ(mixed.router, none.router);
+  EXPECT_EQ(mixed.csa, none.csa);
+  expect_gradients_of_none(none.grads, none2.grads, mixed.grads, Recompute::Full);
+  EXPECT_EQ(mixed.after_forward.kept, mixed.plan.kept()) << "the activation table against the pools";
+  EXPECT_EQ(mixed.after_backward.block_peak, mixed.plan.block_scratch);
+  // Block 0 keeps full's (its input stream), the others selective's.
+  ASSERT_EQ(mixed.plan.blocks.size(), sel.plan.blocks.size());
+  EXPECT_EQ(mixed.plan.blocks[0].kept, full.plan.blocks[0].kept);
+  for (size_t b = 1; b < mixed.plan.blocks.size(); ++b) EXPECT_EQ(mixed.plan.blocks[b].kept, sel.plan.blocks[b].kept) << b;
+  EXPECT_LT(mixed.plan.kept(), sel.plan.kept());
+  EXPECT_GT(mixed.plan.kept(), full.plan.kept());
+  std::printf("recompute full on layer 0 only: kept %.2f MB (full %.2f, selective %.2f), one block %.2f MB\n",
+              mixed.plan.kept() / 1e6, full.plan.kept() / 1e6, sel.plan.kept() / 1e6, mixed.plan.block_scratch / 1e6);
 }
 
 // ---- pipeline stage steps: the first stage (layers [0, 2)), two micro-batches in flight ----

@@ -183,6 +183,16 @@ TEST(Config, RecomputeParsesTheThreeModesAndNamesTheKeyOfABadOne) {
   EXPECT_EQ(parse("recompute: none\n").recompute, dsv4::Recompute::None);
   EXPECT_EQ(parse("recompute: selective\n").recompute, dsv4::Recompute::Selective);
   EXPECT_EQ(parse("recompute: full\n").recompute, dsv4::Recompute::Full);
+  EXPECT_EQ(parse("recompute: full\n").recompute_full_layers, -1);
+  EXPECT_EQ(parse("recompute: full\nrecompute_full_layers: 20\n").recompute_full_layers, 20);
+  for (const char* bad : {"recompute: selective\nrecompute_full_layers: 3\n", "recompute: full\nrecompute_full_layers: -2\n"}) {
+    try {
+      parse(bad);
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("recompute_full_layers"), std::string::npos) << e.what();
+    }
+  }
   for (const char* bad : {"recompute: partial\n", "recompute: 1\n", "recompute: [full]\n"}) {
     try {
       parse(bad);

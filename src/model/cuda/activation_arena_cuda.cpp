@@ -52,7 +52,11 @@ void activation_arena_bind(GpuModel::Impl& m) {
   };
   a->recompute = region("recompute");
   a->temporaries = region("temporaries");
-  const bool full = m.opts.recompute == dsv4::Recompute::Full;
+  // A block replayed in full keeps its activations only between its replay and its backward: in the shared region.
+  auto full = [&m](int64_t i) {
+    const GpuBlock& b = i < m.l1 - m.l0 ? *m.blocks[size_t(m.l0 + i)] : *m.mtp_block;
+    return b.recompute == dsv4::Recompute::Full;
+  };
   // One set of per-slot regions for the live state and one per pipeline slot; a set never used (the pipeline
   // slots of a whole-model run, the live state of stage steps) keeps high-water 0 and gets no bytes.
   auto bind_set = [&](const std::string& set, Pool& acts, Pool& out, Pool& grad_out, auto&& block_at) {
@@ -62,7 +66,7 @@ void activation_arena_bind(GpuModel::Impl& m) {
     for (int64_t i = 0; i < n; ++i) {
       auto& b = block_at(i);
       const std::string blk = set + " block " + std::to_string(i);
-      b.keep.bind(full ? a->recompute : region(blk + " keep"));
+      b.keep.bind(full(i) ? a->recompute : region(blk + " keep"));
       b.redo.bind(a->recompute);
       b.picks.bind(region(blk + " picks"));
     }

@@ -105,7 +105,7 @@ ActivationPlan plan_activations(const dsv4::ModelConfig& cfg, const dsv4::SeqLay
     const bool balance = shape.balance && (l == cfg.n_layers || !hash || shape.balance_hash_layers);
     const BlockPools p = block_pools(ext, l, layout, N, balance, shape.tp);
     BlockActivations b;
-    switch (shape.recompute) {
+    switch (dsv4::recompute_of_layer(shape.recompute, shape.recompute_full_layers, l)) {
       case dsv4::Recompute::None:
         b.kept = p.keep + p.redo + p.picks;
         break;

@@ -26,6 +26,7 @@ struct ActivationPlanShape {
   int64_t layer_begin = 0, layer_end = -1;  // the stage's layers (-1: to the last)
   bool mtp = false;                         // the MTP block (whole model only)
   dsv4::Recompute recompute = dsv4::Recompute::None;
+  int64_t recompute_full_layers = -1;       // GpuModelOptions::recompute_full_layers
   bool head_grad = true;                    // HeadMode::LossAndGrad (d(normed) kept by the forward)
   bool balance = false, balance_hash_layers = false;
   // Tensor parallelism (GpuModelOptions::tp): a TP rank's block keeps its heads' and output groups' attention

@@ -338,7 +338,7 @@ void CudaBackend::site_norm_fwd(const Pass& p, int64_t blk, Site s, Stream in) {
     if (!p.replay) b.picks.clear();  // a replay re-uses the forward's selections
     Pool& k = b.keep;
     // Selective recomputation rebuilds the normed inputs and the mid stream before the backward (redo_block).
-    Pool& r = m_.opts.recompute == dsv4::Recompute::Selective ? b.redo : b.keep;
+    Pool& r = b.recompute == dsv4::Recompute::Selective ? b.redo : b.keep;
     for (cuda::MhcActs* a : {&b.sa, &b.sf}) {
       a->mix = k.take<float>(N * cuda::kMhcMix), a->rstd = k.take<float>(N), a->pre = k.take<float>(N * 4);
       a->post = k.take<float>(N * 4), a->comb = k.take<float>(N * 16);
@@ -364,7 +364,7 @@ void CudaBackend::expand_fwd(const Pass& p, int64_t blk, Site s, Stream in, Stre
                            value(out));
   m_.section("fwd.mhc+norm", false);
   // The block's last forward op: selective recomputation drops what redo_block rebuilds.
-  if (s == Site::Ffn && m_.opts.recompute == dsv4::Recompute::Selective) b.redo.clear();
+  if (s == Site::Ffn && b.recompute == dsv4::Recompute::Selective) b.redo.clear();
   if (decoding_) mark(kPhaseMhc);
 }
 
@@ -606,7 +606,7 @@ void CudaBackend::expand_bwd(const Pass& p, int64_t blk, Site s, Stream in, Stre
   const cuda::MhcDims md = mhc_dims(m_.cfg, N);
   if (s == Site::Ffn) {  // the block's first backward op
     m_.block_weights(blk, true);  // ZeRO-3: gathered again (or still live), the layer below prefetched
-    if (m_.opts.recompute == dsv4::Recompute::Selective) redo_block(p, blk);
+    if (b.recompute == dsv4::Recompute::Selective) redo_block(p, blk);
     bg_ = std::make_unique<BlockGrads>();
     bg_->tmp.bind(c_.scratch);
     Pool& t = bg_->tmp;
@@ -659,7 +659,7 @@ void CudaBackend::site_norm_bwd(const Pass& p, int64_t blk, Site s, Stream in, S
   m_.section("bwd.mhc+norm", false);
   if (s == Site::Attn) {  // the block's last backward op
     bg_.reset();
-    if (m_.opts.recompute == dsv4::Recompute::Selective) {
+    if (b.recompute == dsv4::Recompute::Selective) {
       m_.act_block_peak = std::max(m_.act_block_peak, b.redo.bytes());
       b.redo.clear();
     }

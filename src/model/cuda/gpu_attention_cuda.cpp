@@ -96,7 +96,7 @@ void attention_fwd(const Ctx& c, GpuBlock& b, const int64_t* injected_sel, bool 
   const int32_t* pos = c.lay->pos.as<int32_t>();
   Pool& keep = b.keep;
   // What selective recomputation rebuilds before the backward (attention_redo) goes to redo.
-  Pool& redo = c.recompute == dsv4::Recompute::Selective ? b.redo : b.keep;
+  Pool& redo = b.recompute == dsv4::Recompute::Selective ? b.redo : b.keep;
   AttnActs& s = b.at;
   const AttnW& w = b.aw;
   const bf16* a = b.a;

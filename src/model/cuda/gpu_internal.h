@@ -210,6 +210,8 @@ struct MoeActs {
 struct GpuBlock {
   int64_t layer = 0;
   std::string prefix;
+  // This block's recomputation (dsv4::recompute_of_layer of GpuModelOptions::recompute / recompute_full_layers).
+  dsv4::Recompute recompute = dsv4::Recompute::None;
   dsv4::AttentionDims dims;
   bool hash = false;
   AttnW aw;
@@ -271,7 +273,6 @@ struct Ctx {
   bool deterministic = false;        // GpuModelOptions::deterministic
   // GpuModelOptions::balanced_routing: the device table [N * topk] of forced expert ids (null: the router's own).
   const int32_t* balanced_sel = nullptr;
-  dsv4::Recompute recompute = dsv4::Recompute::None;  // GpuModelOptions::recompute
   // The activation arena's temporaries stack (activation_arena.h): an op's scratch, `Pool tmp(c.scratch)` (null:
   // the op's temporaries are device buffers of their own).
   std::shared_ptr<ArenaRegion> scratch;

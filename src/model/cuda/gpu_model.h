@@ -104,6 +104,9 @@ struct GpuModelOptions {
   // before its backward (one block's activations live at a time). The gradients are none's: the same kernels on
   // the same inputs and selections.
   dsv4::Recompute recompute = dsv4::Recompute::None;
+  // Under full: only main layers [0, recompute_full_layers) replay in full, the rest recompute selectively
+  // (dsv4::recompute_of_layer); -1: every layer.
+  int64_t recompute_full_layers = -1;
   // Dense gradient partitioning under data parallelism (a dp group of size > 1; ignored on one GPU).
   // 1 (ZeRO-1): every rank keeps the fp32 gradients of the whole arena; each bucket is reduce-scattered in place
   // as backward completes it, and the rank reads its own slice. 2 (ZeRO-2): a rank keeps persistent fp32

@@ -68,7 +68,6 @@ Ctx GpuModel::Impl::ctx() {
   if (tp_size > 1) c.tp = tp, c.tp_size = tp_size;
   c.grouped_experts = opts.moe_grouped_gemm;
   c.deterministic = opts.deterministic;
-  c.recompute = opts.recompute;
   if (arena) c.scratch = arena->temporaries;
   return c;
 }
@@ -215,6 +214,10 @@ GpuModel::GpuModel(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts)
   ps.vocab = cfg.vocab_size;
   ps.replay = opts.recompute == dsv4::Recompute::Full;
   for (int64_t l = m.l0; l < m.l1; ++l) ps.balance.push_back(!m.blocks[size_t(l)]->hash || opts.balance_hash_layers);
+  if (ps.replay) {
+    for (int64_t l = m.l0; l < m.l1; ++l) ps.replay_blocks.push_back(m.blocks[size_t(l)]->recompute == dsv4::Recompute::Full);
+    if (m.mtp()) ps.replay_blocks.push_back(m.mtp_block->recompute == dsv4::Recompute::Full);
+  }
   if (m.mtp()) ps.balance.push_back(1);  // the MTP block is score-routed
   m.program = std::make_unique<dsv4::BlockProgram>(*m.backend, std::move(ps));
   m.program->set_slots(opts.stage_slots + 1);
@@ -512,6 +515,7 @@ ActivationPlan GpuModel::activation_plan(const dsv4::SeqLayout& layout) const {
   const Impl& m = *impl_;
   ActivationPlanShape s;
   s.layer_begin = m.l0, s.layer_end = m.l1, s.mtp = m.mtp(), s.recompute = m.opts.recompute;
+  s.recompute_full_layers = m.opts.recompute_full_layers;
   s.head_grad = true;  // a training forward (HeadMode::LossAndGrad)
   s.balance = m.opts.balance_alpha != 0.0;
   s.balance_hash_layers = m.opts.balance_hash_layers;

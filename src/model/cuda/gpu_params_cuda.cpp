@@ -317,6 +317,7 @@ std::unique_ptr<GpuBlock> GpuModel::Impl::bind_block(int64_t l) {
   const dsv4::ModelConfig ext = dsv4::with_mtp_block(cfg);
   auto b = std::make_unique<GpuBlock>();
   b->layer = l;
+  b->recompute = dsv4::recompute_of_layer(opts.recompute, opts.recompute_full_layers, l);
   b->prefix = l < cfg.n_layers ? fmt::format("layers.{}.", l) : std::string("mtp.0.");
   b->dims = dsv4::AttentionDims::from_config(ext, l);
   // Tensor parallel: this rank's heads and output groups (consecutive groups of consecutive heads: rank t holds

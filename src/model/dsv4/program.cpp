@@ -64,12 +64,12 @@ void BlockProgram::block_fwd(const Pass& p, int64_t blk, Stream in, Stream out, 
   be_.moe_fwd(p, blk);
   if (alpha != 0.0 && shape_.balance[size_t(blk)]) be_.balance_fwd(p, blk, alpha, grad_scale);
   if (!p.replay) be_.expand_fwd(p, blk, Site::Ffn, Mid(blk), out);  // a replay's backward never reads out
-  if (shape_.replay && !p.replay && p.keeps_activations()) be_.release_block(p, blk);
+  if (shape_.replays(blk) && !p.replay && p.keeps_activations()) be_.release_block(p, blk);
 }
 
 void BlockProgram::block_bwd(const Pass& p, int64_t blk, Stream in, Stream d_out, Stream d_in, double alpha,
                              double grad_scale) {
-  if (shape_.replay) {  // the block's forward again, on its kept input stream and its saved selections
+  if (shape_.replays(blk)) {  // the block's forward again, on its kept input stream and its saved selections
     Pass rp = p;
     rp.replay = true;
     block_fwd(rp, blk, in, Stream{Stream::X, -1}, alpha, grad_scale);
@@ -80,7 +80,7 @@ void BlockProgram::block_bwd(const Pass& p, int64_t blk, Stream in, Stream d_out
   be_.expand_bwd(p, blk, Site::Attn, in, kdMid, d_in);
   be_.attention_bwd(p, blk);
   be_.site_norm_bwd(p, blk, Site::Attn, in, d_in);
-  if (shape_.replay) be_.release_block(p, blk);
+  if (shape_.replays(blk)) be_.release_block(p, blk);
 }
 
 const LossParts& BlockProgram::forward(const MicroBatch& mb) {

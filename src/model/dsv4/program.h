@@ -31,7 +31,12 @@ struct ProgramShape {
   int64_t vocab = 0;
   // Full activation recomputation: each block's activations are released after its forward (Backend::
   // release_block) and its forward re-runs (Pass::replay) right before its backward, then released again.
+  // replay_blocks, when not empty, says which blocks do (recompute_full_layers: the others recompute selectively).
   bool replay = false;
+  std::vector<char> replay_blocks;
+  bool replays(int64_t blk) const {
+    return replay && (replay_blocks.empty() || replay_blocks[size_t(blk)] != 0);
+  }
 };
 
 struct MicroBatch {

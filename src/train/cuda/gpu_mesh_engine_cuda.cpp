@@ -149,6 +149,7 @@ GpuMeshEngine::GpuMeshEngine(const TrainConfig& cfg, const dsv4::ModelConfig& mc
   go.deterministic = o.deterministic;
   go.mtp_weight = o.model.mtp_weight;  // then the schedule's, step by step (begin_step)
   go.recompute = o.recompute;
+  go.recompute_full_layers = o.recompute_full_layers;
   go.zero = cfg.parallel.zero;  // 1 (default), 2 or 3, with AdamW or Muon, with tp too
   go.grad_reduce_bf16 = cfg.parallel.grad_reduce_dtype == "bf16";
   // This rank's layers only: its stage, or with vpp > 1 its chunks (each a GpuModel on the stage's groups).
