@@ -121,17 +121,28 @@ StepRun whole_model_step(const dsv4::ModelConfig& cfg, Recompute mode, const std
   return r;
 }
 
+// Random token ids of two packed rows (one whole sequence, then two documents), every `every`-th label masked.
+struct Batch {
+  dsv4::SeqLayout layout;
+  std::vector<int32_t> ids, labels;
+};
+Batch random_batch(const dsv4::ModelConfig& cfg, uint32_t seed, size_t every, size_t at) {
+  const int64_t S = 128;
+  Batch b{dsv4::SeqLayout::packed(S, {{S}, {80, 48}}), {}, {}};
+  std::mt19937 g(seed);
+  b.ids.resize(static_cast<size_t>(b.layout.n_tokens())), b.labels.resize(b.ids.size());
+  for (size_t i = 0; i < b.ids.size(); ++i) {
+    b.ids[i] = int32_t(g() % uint32_t(cfg.vocab_size));
+    b.labels[i] = (i % every == at) ? -100 : b.ids[i];
+  }
+  return b;
+}
+
 TEST(RecomputeGpu, SelectiveAndFullGiveNonesLossSelectionsAndGradientsWithTheMtpModule) {
   const dsv4::ModelConfig cfg = trex::testing::tiny_gpu_config("recompute test config", 1);
-  const int64_t S = 128;
-  const dsv4::SeqLayout layout = dsv4::SeqLayout::packed(S, {{S}, {80, 48}});
-  const int64_t N = layout.n_tokens();
-  std::mt19937 g(5);
-  std::vector<int32_t> ids(static_cast<size_t>(N)), labels(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) {
-    ids[i] = int32_t(g() % uint32_t(cfg.vocab_size));
-    labels[i] = (i % 9 == 4) ? -100 : ids[i];
-  }
+  const Batch batch = random_batch(cfg, 5, 9, 4);
+  const dsv4::SeqLayout& layout = batch.layout;
+  const std::vector<int32_t>&ids = batch.ids, &labels = batch.labels;
   const StepRun none = whole_model_step(cfg, Recompute::None, ids, labels, layout);
   const StepRun none2 = whole_model_step(cfg, Recompute::None, ids, labels, layout);
   ASSERT_TRUE(std::isfinite(none.loss));
@@ -173,15 +184,9 @@ TEST(RecomputeGpu, SelectiveAndFullGiveNonesLossSelectionsAndGradientsWithTheMtp
 TEST(RecomputeGpu, FullOnTheFirstLayersOnlyGivesNonesGradientsAndPlansBetweenFullAndSelective) {
   const dsv4::ModelConfig cfg = trex::testing::tiny_gpu_config("recompute test config", 1);
   ASSERT_GE(cfg.n_layers, 2) << "the test needs a layer replayed in full and one recomputed selectively";
-  const int64_t S = 128;
-  const dsv4::SeqLayout layout = dsv4::SeqLayout::packed(S, {{S}, {80, 48}});
-  const int64_t N = layout.n_tokens();
-  std::mt19937 g(7);
-  std::vector<int32_t> ids(static_cast<size_t>(N)), labels(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) {
-    ids[i] = int32_t(g() % uint32_t(cfg.vocab_size));
-    labels[i] = (i % 7 == 3) ? -100 : ids[i];
-  }
+  const Batch batch = random_batch(cfg, 7, 7, 3);
+  const dsv4::SeqLayout& layout = batch.layout;
+  const std::vector<int32_t>&ids = batch.ids, &labels = batch.labels;
   const StepRun none = whole_model_step(cfg, Recompute::None, ids, labels, layout);
   const StepRun none2 = whole_model_step(cfg, Recompute::None, ids, labels, layout);
   const StepRun sel = whole_model_step(cfg, Recompute::Selective, ids, labels, layout);
