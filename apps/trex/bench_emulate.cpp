@@ -144,6 +144,7 @@ RankMemory rank_memory(const dsv4::ModelConfig& cfg, const parallel::RankPartiti
     sh.layer_begin = c.layer_begin, sh.layer_end = c.layer_end, sh.mtp = c.head && p.mtp;
     sh.recompute = o.recompute;
     sh.recompute_full_layers = o.recompute_full_layers;
+    sh.ep = p.spec.ep;
     sh.head_grad = true;
     sh.tp = p.spec.tp;
     r.plans.push_back(dsv4gpu::plan_activations(cfg, mb, sh));

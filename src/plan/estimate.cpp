@@ -34,7 +34,7 @@ void Estimator::set_impl(ImplProfile impl) {
   if (!same_attn) impl_math_ = std::make_unique<ModelMath>(m_, w_.seq, impl_.attn_compute);
 }
 
-double Estimator::activation_elems(int64_t b, Recompute rc, int64_t tp) const {
+double Estimator::activation_elems(int64_t b, Recompute rc, int64_t tp, int64_t ep) const {
   TREX_CHECK(tp >= 1, "planner: tp={} must be >= 1", tp);
   const double d = double(m_.hidden), hc = double(m_.hc_mult), qr = double(m_.q_lora_rank);
   // A TP rank's heads and output groups, its share of the shared expert's width (GpuModelOptions::tp).
@@ -62,6 +62,8 @@ double Estimator::activation_elems(int64_t b, Recompute rc, int64_t tp) const {
   // re-gathers the dispatched inputs and recomputes the SwiGLU in the backward), the shared expert's gate|up, the
   // combined output.
   e += 2 * E + 2 * d + K * d + 2 * K * f + 2 * fs;
+  // Expert parallel: the received rows, regrouped expert-major, are kept for the experts' weight gradients.
+  if (ep > 1) e += K * d;
   if (mtp) e += hc * d + 2 * d;  // h_proj / e_proj outputs
   // Selective recomputation rebuilds the cheap elementwise results: Q after norm+RoPE, the rotated output, c_Q
   // after its norm, KV after norm+RoPE, the sub-layer inputs and the mid stream.
@@ -288,8 +290,8 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
       dense += p.sharded / tp + p.replicated;
       experts += p.experts / double(l.ep * l.etp);
       frozen += p.router * router_grads_off;
-      saved += activation_elems(b, l.recompute_at(b), l.tp);
-      max_block = std::max(max_block, activation_elems(b, Recompute::None, l.tp));
+      saved += activation_elems(b, l.recompute_at(b), l.tp, l.ep);
+      max_block = std::max(max_block, activation_elems(b, Recompute::None, l.tp, l.ep));
       quad += ip.act_quadratic_bytes * double(m_.n_heads) / double(l.tp) * double(l.mbs) * double(w_.seq) *
               double(w_.seq) / double(l.cp);
     }

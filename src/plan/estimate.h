@@ -94,7 +94,7 @@ class Estimator {
   // and only what belongs to its attention heads / output groups and its share of the shared expert is divided
   // by tp; the rest (the residual streams, mHC, the compressed query, K=V, compressor, indexer, router, the routed
   // experts' copies) is whole on every TP rank.
-  double activation_elems(int64_t b, Recompute rc, int64_t tp = 1) const;
+  double activation_elems(int64_t b, Recompute rc, int64_t tp = 1, int64_t ep = 1) const;
 
  private:
   ModelSpec m_;

@@ -1,6 +1,7 @@
 // The planner's activation model (Estimator::activation_elems, bf16 elements per token per block) against the GPU
 // model's activation table (model/cuda/activation_plan.h, the bytes the GPU model's pools hold) on V4-Flash
-// (../shared/bench/v4-flash.json) at sequence 8192, per recomputation mode and TP degree (1, 2, 4: both count a TP
+// (../shared/bench/v4-flash.json) at sequence 8192, per recomputation mode, EP (1, 8: under EP both keep the received
+// expert-major rows) and TP degree (1, 2, 4: both count a TP
 // rank's heads, output groups and shared-expert share, and everything else whole, as T-Rex has no sequence
 // parallelism). The two lists differ in detail (the GPU model keeps both router score arrays, its selective mode
 // drops more: the normed sub-layer inputs, the mid stream, q, kv and og, and it rebuilds one block where the
@@ -39,13 +40,14 @@ TEST(ActivationTable, PlannerActivationModelAgreesWithTheGpuModelsTable) {
     plan::Recompute planner;
     double band;  // |planner / table - 1| allowed
   };
+  for (const int64_t ep : {1, 8})
   for (const int64_t tp : {1, 2, 4})
   for (const Mode& m : {Mode{dsv4::Recompute::None, plan::Recompute::None, 0.15},
                         Mode{dsv4::Recompute::Selective, plan::Recompute::Selective, 0.35},
                         Mode{dsv4::Recompute::Full, plan::Recompute::Full, 0.15}}) {
     dsv4gpu::ActivationPlanShape shape;
     shape.recompute = m.gpu;
-    shape.tp = tp;
+    shape.tp = tp, shape.ep = ep;
     const dsv4gpu::ActivationPlan t = dsv4gpu::plan_activations(cfg, lay, shape);
     // Per block as the planner counts it: the block's own bytes plus its input stream (the planner's blocks
     // include it; the table lists the streams apart), the head excluded.
@@ -53,20 +55,21 @@ TEST(ActivationTable, PlannerActivationModelAgreesWithTheGpuModelsTable) {
     double table = 0, planner = 0;
     for (int64_t b = 0; b < cfg.n_layers; ++b) {
       table += double(t.blocks[size_t(b)].kept) + stream;
-      planner += est.activation_elems(b, m.planner, tp) * 2.0 * double(S);
+      planner += est.activation_elems(b, m.planner, tp, ep) * 2.0 * double(S);
     }
     const double table_work = double(t.block_scratch);
     double planner_work = 0;  // the planner's recomputation working set: the largest block's none activations
     if (m.planner != plan::Recompute::None)
       for (int64_t b = 0; b < cfg.n_layers; ++b)
-        planner_work = std::max(planner_work, est.activation_elems(b, plan::Recompute::None, tp) * 2.0 * double(S));
-    std::printf("tp %lld, recompute %-9s: kept over %lld layers: table %.2f GiB, planner %.2f GiB (%.3f); one "
+        planner_work = std::max(planner_work, est.activation_elems(b, plan::Recompute::None, tp, ep) * 2.0 * double(S));
+    std::printf("ep %lld, tp %lld, recompute %-9s: kept over %lld layers: table %.2f GiB, planner %.2f GiB (%.3f); one "
                 "block's recompute set: table %.2f GiB, planner %.2f GiB\n",
-                static_cast<long long>(tp), dsv4::to_string(m.gpu), static_cast<long long>(cfg.n_layers),
+                static_cast<long long>(ep), static_cast<long long>(tp), dsv4::to_string(m.gpu),
+                static_cast<long long>(cfg.n_layers),
                 table / double(1ull << 30),
                 planner / double(1ull << 30), planner / table, table_work / double(1ull << 30),
                 planner_work / double(1ull << 30));
-    EXPECT_NEAR(planner / table, 1.0, m.band) << dsv4::to_string(m.gpu) << " tp " << tp;
+    EXPECT_NEAR(planner / table, 1.0, m.band) << dsv4::to_string(m.gpu) << " tp " << tp << " ep " << ep;
   }
 }
 

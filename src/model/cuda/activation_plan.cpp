@@ -23,7 +23,7 @@ int64_t req(int64_t n, int64_t elem_bytes) { return std::max<int64_t>(n, 1) * el
 // site_norm_fwd, gpu_attention_cuda.cpp attention_fwd, gpu_moe_cuda.cpp moe_fwd, balance_fwd). `redo` names
 // what selective recomputation rebuilds; under the other modes the model puts it in keep.
 BlockPools block_pools(const dsv4::ModelConfig& ext, int64_t layer, const dsv4::SeqLayout& layout, int64_t N,
-                       bool balance, int64_t tp) {
+                       bool balance, int64_t tp, int64_t ep) {
   BlockPools p;
   const int64_t d = ext.hidden, hc = ext.hc_mult;
   // mHC sites + norms.
@@ -58,6 +58,9 @@ BlockPools block_pools(const dsv4::ModelConfig& ext, int64_t layer, const dsv4::
   p.keep += req(N * K, 4) + req(N * K, 4) + req(E + 1, 4);   // order, slot_pos, offsets
   p.keep += req(1, 4);                                       // the router's status flag
   if (fs > 0) p.keep += req(N * 2 * fs, 2) + req(N * d, 2);  // shared expert: gate|up, output
+  // Expert parallel: the received rows, regrouped expert-major, stay for the experts' weight gradients (one GPU
+  // re-gathers its own rows instead). As many as the rank sends under balanced routing: N * topk.
+  if (ep > 1) p.keep += req(N * K * d, 2);
   p.keep += req(N * K * 2 * f, 2) + req(N * K * d, 2);       // experts' gate|up, outputs
   if (balance) p.keep += req(N * E, 4);                      // d(balance)/d(scores)
   return p;
@@ -103,7 +106,7 @@ ActivationPlan plan_activations(const dsv4::ModelConfig& cfg, const dsv4::SeqLay
   for (int64_t l : layers) {
     const bool hash = ext.mlp_types[size_t(l)] == dsv4::MlpType::HashMoE;
     const bool balance = shape.balance && (l == cfg.n_layers || !hash || shape.balance_hash_layers);
-    const BlockPools p = block_pools(ext, l, layout, N, balance, shape.tp);
+    const BlockPools p = block_pools(ext, l, layout, N, balance, shape.tp, shape.ep);
     BlockActivations b;
     switch (dsv4::recompute_of_layer(shape.recompute, shape.recompute_full_layers, l)) {
       case dsv4::Recompute::None:

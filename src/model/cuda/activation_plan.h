@@ -33,6 +33,8 @@ struct ActivationPlanShape {
   // activations and its share of the shared expert's; everything else (streams, mHC, the compressed query, K=V,
   // compressor, indexer, router, routed experts, the head) is whole on every TP rank (no sequence parallelism).
   int64_t tp = 1;
+  // Expert parallelism (GpuModelOptions::ep, its size): above 1 a block also keeps its received expert-major rows.
+  int64_t ep = 1;
 };
 
 struct BlockActivations {

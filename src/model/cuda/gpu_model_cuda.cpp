@@ -516,6 +516,7 @@ ActivationPlan GpuModel::activation_plan(const dsv4::SeqLayout& layout) const {
   ActivationPlanShape s;
   s.layer_begin = m.l0, s.layer_end = m.l1, s.mtp = m.mtp(), s.recompute = m.opts.recompute;
   s.recompute_full_layers = m.opts.recompute_full_layers;
+  s.ep = m.opts.ep ? m.opts.ep->size() : 1;
   s.head_grad = true;  // a training forward (HeadMode::LossAndGrad)
   s.balance = m.opts.balance_alpha != 0.0;
   s.balance_hash_layers = m.opts.balance_hash_layers;
