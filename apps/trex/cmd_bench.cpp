@@ -138,7 +138,10 @@ const bool registered = trex::cli::register_command(
        t->add_option("--seq", targs->seq, "sequence length")->capture_default_str();
        t->add_option("--batch", targs->batch, "sequences per step")->capture_default_str();
        t->add_option("--steps", targs->steps, "timed steps")->capture_default_str();
-       t->add_option("--warmup", targs->warmup, "untimed warm-up steps (at least 2: the activation arena is traced in step 1 and laid out in step 2)")->capture_default_str();
+       t->add_option("--warmup", targs->warmup,
+                     "untimed warm-up steps (at least 2: the activation arena is traced in step 1 and laid out in "
+                     "step 2)")
+           ->capture_default_str();
        t->add_option("--device", *tdev, "cuda (the only backend of this benchmark)")->capture_default_str();
        t->add_flag("--sections", targs->sections, "per-section CUDA-event breakdown in the JSON line");
        t->add_flag("--deterministic", targs->deterministic,

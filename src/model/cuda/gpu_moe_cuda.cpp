@@ -156,15 +156,11 @@ void experts_dw(const Ctx& c, const ExpertRows& x, float* dW, const bf16* dy, co
 
 bool expert_parallel(const Ctx& c) { return c.ep && c.ep->size() > 1; }
 
+}  // namespace
+
 // The count exchange runs ahead of the row plan: its results come back to pinned host memory on the staging's own
 // stream while the compute stream gathers the rows and runs the shared expert, so the host's one wait per layer sits
 // under that work instead of draining the device (a synchronous copy would wait for everything queued before it).
-struct EpCountsInFlight {
-  EpStaging* st = nullptr;
-};
-
-}  // namespace
-
 struct EpStaging {
   int64_t E = 0;
   DevMem d_send, d_recv;  // int32 [E]: this rank's per-expert counts; the counts it receives [source][local expert]
@@ -205,7 +201,7 @@ namespace {
 
 // Starts the count exchange of this forward: the per-expert counts (device) to every owner, the offsets and the
 // received counts back to the host on the staging stream. Nothing here waits on the device.
-EpCountsInFlight ep_counts_start(const Ctx& c, GpuBlock& b, const int32_t* offsets) {
+EpStaging& ep_counts_start(const Ctx& c, GpuBlock& b, const int32_t* offsets) {
   comm::Communicator& ep = *c.ep;
   const int P = ep.size();
   const int64_t E = c.cfg->n_routed_experts;
@@ -229,16 +225,15 @@ EpCountsInFlight ep_counts_start(const Ctx& c, GpuBlock& b, const int32_t* offse
   TREX_CUDA(cudaMemcpyAsync(h, offsets, size_t(E + 1) * 4, cudaMemcpyDeviceToHost, st.copy));
   TREX_CUDA(cudaMemcpyAsync(h + E + 1, st.d_recv.as<int32_t>(), size_t(E) * 4, cudaMemcpyDeviceToHost, st.copy));
   TREX_CUDA(cudaEventRecord(st.arrived, st.copy));
-  return {&st};
+  return st;
 }
 
 // Waits for the counts on the host and derives the row plan; its device side goes up from the pinned buffer on
 // the compute stream, ahead of the dispatch that reads it.
-std::shared_ptr<MoeEpState> ep_plan_finish(const Ctx& c, const EpCountsInFlight& f) {
+std::shared_ptr<MoeEpState> ep_plan_finish(const Ctx& c, EpStaging& sg) {
   comm::Communicator& ep = *c.ep;
   const int P = ep.size(), r = ep.rank();
   const int64_t E = c.cfg->n_routed_experts, El = E / P;
-  EpStaging& sg = *f.st;
   TREX_CUDA(cudaEventSynchronize(sg.arrived));
   auto st = std::make_shared<MoeEpState>();
   st->n_local = El, st->e0 = r * El;
@@ -375,7 +370,7 @@ void moe_fwd(const Ctx& c, GpuBlock& b, const int32_t* injected_sel, bool replay
   bf16* xr = nullptr;   // under EP: the received rows, source-major
   if (expert_parallel(c)) {
     // The counts travel (and the host waits for them) while the shared expert runs.
-    const EpCountsInFlight counts = ep_counts_start(c, b, m.offsets);
+    EpStaging& counts = ep_counts_start(c, b, m.offsets);
     shared_up();
     part.next("exchange");
     m.ep = ep_plan_finish(c, counts);
