@@ -76,7 +76,7 @@ nlohmann::json planner_prediction(const TrainBenchArgs& a, const dsv4::ModelConf
   if (w.mtp) chunks.back().push_back(cfg.n_layers);
   est.set_partition(p.spec.pp, p.spec.vpp, chunks);
   plan::Layout l;
-  l.pp = p.spec.pp, l.vpp = p.spec.vpp, l.dp = p.spec.dp, l.ep = p.spec.ep, l.tp = p.spec.tp;
+  l.pp = p.spec.pp, l.vpp = p.spec.vpp, l.dp = p.spec.dp, l.ep = p.spec.ep, l.tp = p.spec.tp, l.etp = p.spec.etp;
   l.mbs = p.micro_batch_seqs, l.zero = a.zero;
   l.recompute = plan::parse_recompute(a.recompute);
   l.rc_full_layers = a.recompute_full_layers;
@@ -146,7 +146,7 @@ RankMemory rank_memory(const dsv4::ModelConfig& cfg, const parallel::RankPartiti
     sh.recompute_full_layers = o.recompute_full_layers;
     sh.ep = p.spec.ep;
     sh.head_grad = true;
-    sh.tp = p.spec.tp;
+    sh.tp = p.spec.tp, sh.etp = p.spec.etp;
     r.plans.push_back(dsv4gpu::plan_activations(cfg, mb, sh));
     r.held.push_back(std::min<int64_t>(c.slots, p.micro_batches));
     r.activations += r.held.back() * r.plans.back().kept() + r.plans.back().block_scratch;
@@ -154,6 +154,7 @@ RankMemory rank_memory(const dsv4::ModelConfig& cfg, const parallel::RankPartiti
   dsv4gpu::WorkspaceShape ws;
   ws.tokens = N, ws.chunks = int64_t(p.chunks.size()), ws.embeds = p.embed, ws.stages = p.spec.pp > 1;
   ws.act_in = !p.embed || p.spec.vpp > 1, ws.grad_in = !p.head || p.spec.vpp > 1;
+  ws.etp = p.spec.etp;
   const dsv4gpu::Workspace w = dsv4gpu::plan_workspace(cfg, ws);
   r.grad_streams = w.grad_streams, r.moe_bwd = w.moe_bwd, r.boundary = w.boundary;
   if (p.head) {
@@ -307,7 +308,9 @@ void bench_train_emulated(const TrainBenchArgs& a) {
     chunk_layers.push_back(fmt::format("[{}, {})", c.layer_begin, c.layer_end));
   }
   const double tok = double(rank.tokens_per_step()), tok_s = tok / dt;
-  const double tflops = tok_s * stage_flops / 1e12;
+  // The tp ranks of a TP group run the same tokens, each its share of the model's work: a rank's model FLOPs are
+  // its tokens' over tp.
+  const double tflops = tok_s * stage_flops / double(p.spec.tp) / 1e12;
   const double peak_flops = plan::load_hardware(a.hardware).peak_bf16;
   nlohmann::json j;
   j["system"] = "trex-cuda";
@@ -334,7 +337,7 @@ void bench_train_emulated(const TrainBenchArgs& a) {
   j["global_batch"] = a.batch;
   j["params"] = fp.n_params;
   j["step_s"] = std::round(dt * 1e4) / 1e4;
-  j["tokens_per_s"] = std::llround(tok_s);  // this rank's tokens
+  j["tokens_per_s"] = std::llround(tok_s);  // this rank's tokens (its TP group's, under tp)
   j["stage_gflop_per_token"] = std::round(stage_flops / 1e6) / 1e3;
   j["model_tflops"] = std::round(tflops * 10) / 10;
   j["mfu"] = std::round(tflops * 1e12 / peak_flops * 1e4) / 1e4;  // the rank's own compute

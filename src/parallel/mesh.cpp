@@ -10,7 +10,8 @@
 namespace trex::parallel {
 
 std::string check_mesh(const MeshSpec& s, int world_size, const ModelShape& m) {
-  if (s.pp < 1 || s.dp < 1 || s.ep < 1 || s.vpp < 1 || s.tp < 1) return "every parallel degree must be >= 1";
+  if (s.pp < 1 || s.dp < 1 || s.ep < 1 || s.vpp < 1 || s.tp < 1 || s.etp < 1)
+    return "every parallel degree must be >= 1";
   if (s.pp * s.dp * s.tp != world_size) {
     if (s.tp == 1)
       return fmt::format("pp={} x dp={} = {} ranks, but {} processes were launched", s.pp, s.dp, s.pp * s.dp,
@@ -25,6 +26,13 @@ std::string check_mesh(const MeshSpec& s, int world_size, const ModelShape& m) {
                        m.o_groups);
   if (s.tp > 1 && m.shared_inter > 0 && m.shared_inter % s.tp != 0)
     return fmt::format("tp={} does not divide the shared expert's hidden width {}", s.tp, m.shared_inter);
+  if (s.etp != 1 && s.etp != s.tp)
+    return fmt::format("etp={} must be 1 (routed experts whole on every TP rank) or tp={} (split over the TP group)",
+                       s.etp, s.tp);
+  // The grouped expert GEMMs take widths in multiples of 8 elements.
+  if (s.etp > 1 && m.expert_inter > 0 && m.expert_inter % (8 * s.etp) != 0)
+    return fmt::format("etp={} does not split the routed experts' hidden width {} into multiples of 8", s.etp,
+                       m.expert_inter);
   if (s.dp % s.ep != 0) return fmt::format("ep={} does not divide dp={} (EP is folded into DP)", s.ep, s.dp);
   if (m.n_experts % s.ep != 0)
     return fmt::format("ep={} does not divide the {} routed experts", s.ep, m.n_experts);
@@ -60,7 +68,8 @@ MeshSpec parse_mesh_spec(const std::string& text) {
     else if (key == "ep") s.ep = v;
     else if (key == "vpp") s.vpp = v;
     else if (key == "tp") s.tp = v;
-    else fail("parallel layout '{}': unknown dimension '{}' (expected pp, dp, ep, vpp, tp)", text, key);
+    else if (key == "etp") s.etp = v;
+    else fail("parallel layout '{}': unknown dimension '{}' (expected pp, dp, ep, vpp, tp, etp)", text, key);
   }
   return s;
 }

@@ -24,6 +24,9 @@ struct MeshSpec {
   int ep = 1;  // expert-parallel group size; divides dp
   int vpp = 1; // virtual stages per rank (interleaved schedule)
   int tp = 1;  // tensor-parallel ranks per stage replica (innermost); world = pp * dp * tp
+  // Expert tensor parallelism: 1 (routed experts whole on every TP rank) or tp (each expert split over the TP
+  // group like the shared expert). No rank is added: the experts stay expert-parallel over the DP ranks.
+  int etp = 1;
 };
 
 struct ModelShape {  // what the mesh must divide
@@ -32,11 +35,12 @@ struct ModelShape {  // what the mesh must divide
   // What tensor parallelism splits (0 = not given: not checked): the attention's query heads and its output
   // groups, the shared expert's hidden width. TP must divide each.
   int n_heads = 0, o_groups = 0, shared_inter = 0;
+  int expert_inter = 0;  // a routed expert's hidden width, which etp splits (0 = not given)
 };
 
 // Empty when the layout is possible, else the reason (e.g. "ep=3 does not divide dp=4").
 std::string check_mesh(const MeshSpec& spec, int world_size, const ModelShape& model);
-MeshSpec parse_mesh_spec(const std::string& text);  // "pp=2,dp=4,ep=4,tp=2" or "PP2 DP4 EP4 TP2"
+MeshSpec parse_mesh_spec(const std::string& text);  // "pp=2,dp=4,ep=4,tp=2,etp=2" or "PP2 DP4 EP4 TP2 ETP2"
 
 struct Mesh {
   MeshSpec spec;

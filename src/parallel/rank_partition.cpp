@@ -56,7 +56,8 @@ RankPartition rank_partition(const MeshSpec& spec, int rank, const dsv4::ModelCo
   const int world = spec.pp * spec.dp * spec.tp;
   const std::string why =
       check_mesh(spec, world, ModelShape{int(cfg.n_layers), int(cfg.n_routed_experts), int(cfg.n_heads),
-                                         int(cfg.o_groups), int(cfg.moe_inter * cfg.n_shared_experts)});
+                                         int(cfg.o_groups), int(cfg.moe_inter * cfg.n_shared_experts),
+                                         int(cfg.moe_inter)});
   TREX_CHECK(why.empty(), "layout pp={},dp={},ep={},vpp={}: {}", spec.pp, spec.dp, spec.ep, spec.vpp, why);
   TREX_CHECK(rank >= 0 && rank < world, "rank {} outside the layout's {} ranks (pp={} x dp={} x tp={})", rank,
              world, spec.pp, spec.dp, spec.tp);

@@ -18,14 +18,16 @@ constexpr int64_t kBucketAlign = 512;
 constexpr double kCountOnlyBelow = double(comm::EmulatedGroup::kCountOnlyMovesBelow);
 }  // namespace
 
-BucketTable bucket_table(const dsv4::ModelConfig& cfg, bool ep_split, int64_t tp) {
+BucketTable bucket_table(const dsv4::ModelConfig& cfg, bool ep_split, int64_t tp, int64_t etp) {
   TREX_CHECK(tp >= 1, "comm volume: tp={} must be >= 1", tp);
+  TREX_CHECK(etp == 1 || etp == tp, "comm volume: etp={} must be 1 or tp={}", etp, tp);
+  const dsv4::TpExperts split = etp > 1 ? dsv4::TpExperts::Split : dsv4::TpExperts::Whole;
   BucketTable t;
   const size_t n_blocks = size_t(cfg.n_layers + (cfg.n_mtp > 0 ? 1 : 0));
   t.block.assign(n_blocks, 0), t.experts.assign(n_blocks, 0), t.fp32.assign(n_blocks, 0);
   for (const dsv4::ParamSpec& s : dsv4::param_table(cfg)) {
     if (!s.trained()) continue;  // router biases, hash tables: buffers, never reduced
-    const int64_t n = numel(dsv4::tp_local_shape(s.shape, dsv4::tp_split_axis(s.name), int(tp)));
+    const int64_t n = numel(dsv4::tp_local_shape(s.shape, dsv4::tp_split_axis(s.name, split), int(tp)));
     const bool bf16 = s.dtype == DType::BF16;
     if (s.part == dsv4::ParamPart::Embed) {
       if (bf16) t.embed += n;
@@ -83,8 +85,9 @@ RankComm rank_comm(const BucketTable& t, const RankCommInputs& in, const Hardwar
                    double comm_eff, double copy_s) {
   const Layout& l = in.layout;
   TREX_CHECK(l.dp >= 1 && l.ep >= 1 && l.etp >= 1, "comm volume: dp={} ep={} etp={} must be >= 1", l.dp, l.ep, l.etp);
-  // The estimator's degrees: ZeRO shards over DP x CP; an expert's replicas are the DP x CP ranks over EP x ETP.
-  const int64_t dp = l.dp * l.cp, edp = std::max<int64_t>(1, dp / (l.ep * l.etp)), M = in.micro_batches;
+  // The estimator's degrees: ZeRO shards over DP x CP; an expert's replicas are the DP x CP ranks over EP (the
+  // experts are expert-parallel over the DP ranks of one TP rank; ETP splits them over the TP group, no replica).
+  const int64_t dp = l.dp * l.cp, edp = std::max<int64_t>(1, dp / l.ep), M = in.micro_batches;
   const bool single_domain = in.devices <= hw.scaleup_domain;
   // A group whose ranks lie `span` ranks apart at most runs on NVLink when that stays inside the scale-up domain.
   auto bw = [&](int64_t span) {
@@ -121,7 +124,7 @@ RankComm rank_comm(const BucketTable& t, const RankCommInputs& in, const Hardwar
                t.block.size());
     unit(t.block[size_t(b)]);
     fp32 += t.fp32[size_t(b)];
-    experts += t.experts[size_t(b)] / (l.ep * l.etp);
+    experts += t.experts[size_t(b)] / l.ep;  // the table holds this TP rank's share of each expert already
   }
   const int64_t layer_units = int64_t(in.blocks.size());
   const int64_t root_units = int64_t(units.size()) - layer_units;
@@ -238,6 +241,15 @@ RankComm rank_comm(const BucketTable& t, const RankCommInputs& in, const Hardwar
                                  double(per) * (d + double(in.q_lora_rank) + double(in.head_dim)));
     k.wire = 2.0 * k.bytes * double(l.tp - 1) / double(l.tp);
     add(k, l.tp, 2 * (l.tp - 1));
+    // Expert tensor parallel: the routed experts' partial outputs and input gradients join the all-reduces above;
+    // the gate weights' gradients (dout . the partial expert outputs) are one more per block's backward.
+    if (l.etp > 1) {
+      CommKind g{"ETP all-reduce of the gate weights' gradients (fp32, bwd)", "all_reduce", "tp", l.tp};
+      g.calls = per;
+      g.bytes = in.tokens * 4.0 * double(per) * double(in.topk);
+      g.wire = 2.0 * g.bytes * double(l.tp - 1) / double(l.tp);
+      add(g, l.tp, 2 * (l.tp - 1));
+    }
   }
   return out;
 }

@@ -45,8 +45,9 @@ struct BucketTable {
   std::vector<int64_t> fp32;         // per block: its fp32-read trained tensors (region R)
   int64_t head_fp32 = 0;             // the head's fp32-read tensors (hc_head_*)
 };
-// ep_split: the routed experts leave the layer buckets (ep > 1). tp: each tensor at its TP-local shape.
-BucketTable bucket_table(const dsv4::ModelConfig& cfg, bool ep_split, int64_t tp);
+// ep_split: the routed experts leave the layer buckets (ep > 1). tp: each tensor at its TP-local shape; etp (1 or
+// tp): the routed experts' too (expert tensor parallelism).
+BucketTable bucket_table(const dsv4::ModelConfig& cfg, bool ep_split, int64_t tp, int64_t etp = 1);
 // A bucket of n elements as declared for dp ranks: padded to lcm(512, 8 dp) (zero stays zero).
 int64_t padded_bucket(int64_t n, int64_t dp);
 

@@ -34,8 +34,9 @@ void Estimator::set_impl(ImplProfile impl) {
   if (!same_attn) impl_math_ = std::make_unique<ModelMath>(m_, w_.seq, impl_.attn_compute);
 }
 
-double Estimator::activation_elems(int64_t b, Recompute rc, int64_t tp, int64_t ep) const {
+double Estimator::activation_elems(int64_t b, Recompute rc, int64_t tp, int64_t ep, int64_t etp) const {
   TREX_CHECK(tp >= 1, "planner: tp={} must be >= 1", tp);
+  TREX_CHECK(etp >= 1, "planner: etp={} must be >= 1", etp);
   const double d = double(m_.hidden), hc = double(m_.hc_mult), qr = double(m_.q_lora_rank);
   // A TP rank's heads and output groups, its share of the shared expert's width (GpuModelOptions::tp).
   const double nh = double(m_.n_heads) / double(tp), c = double(m_.head_dim), g = double(m_.o_groups) / double(tp);
@@ -61,7 +62,7 @@ double Estimator::activation_elems(int64_t b, Recompute rc, int64_t tp, int64_t 
   // MoE: fp32 router logits, normalised input, gate|up per routed copy and the experts' outputs (the GPU model
   // re-gathers the dispatched inputs and recomputes the SwiGLU in the backward), the shared expert's gate|up, the
   // combined output.
-  e += 2 * E + 2 * d + K * d + 2 * K * f + 2 * fs;
+  e += 2 * E + 2 * d + K * d + 2 * K * f / double(etp) + 2 * fs;
   // Expert parallel: the received rows, regrouped expert-major, are kept for the experts' weight gradients.
   if (ep > 1) e += K * d;
   if (mtp) e += hc * d + 2 * d;  // h_proj / e_proj outputs
@@ -105,13 +106,13 @@ std::vector<std::vector<int64_t>> Estimator::partition(int64_t pp, int64_t vpp) 
   return chunks;
 }
 
-const BucketTable& Estimator::buckets(bool ep_split, int64_t tp) const {
-  auto key = std::make_pair(ep_split, tp);
+const BucketTable& Estimator::buckets(bool ep_split, int64_t tp, int64_t etp) const {
+  auto key = std::make_tuple(ep_split, tp, etp);
   auto it = buckets_.find(key);
   if (it != buckets_.end()) return it->second;
   dsv4::ModelConfig cfg = model_config(m_);
   cfg.n_mtp = 1;  // the table keeps the MTP module's bucket; a stage counts it only when it holds that block
-  return buckets_.emplace(key, bucket_table(cfg, ep_split, tp)).first->second;
+  return buckets_.emplace(key, bucket_table(cfg, ep_split, tp, etp)).first->second;
 }
 
 void Estimator::set_partition(int64_t pp, int64_t vpp, std::vector<std::vector<int64_t>> chunks) {
@@ -142,8 +143,9 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
   const int64_t mb = micro_batches(l, w_);
   est.micro_batches = mb;
   // Expert data-parallel degree: the replicas of an expert that shard its state and reduce its gradients. T-Rex's
-  // TP ranks each hold and compute their DP rank's experts whole (expert TP is etp), so TP adds no replica.
-  const int64_t edp = std::max<int64_t>(1, l.cp * l.dp / (l.ep * l.etp));
+  // experts are expert-parallel over the DP ranks of one TP rank: the TP ranks hold their DP rank's experts whole
+  // (etp 1) or split over the TP group (etp = tp, each its share of every expert), so TP adds no replica.
+  const int64_t edp = std::max<int64_t>(1, l.cp * l.dp / l.ep);
   const int64_t dense_dp = l.dp * l.cp;                      // ZeRO shards dense state over DP x CP
   const double tokens_mb = double(l.mbs * w_.seq);
   // No sequence parallelism in T-Rex: every TP rank runs all the micro-batch's tokens; the TP-split work (the
@@ -170,7 +172,9 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
   for (const auto& s : stages) est.stage_blocks.push_back(int64_t(s.size()));
 
   // ---------------------------------------------------------------- time per micro-batch, per stage
-  const double tokens_per_expert = tokens_rank * K * double(l.ep * l.etp) / E;
+  // An expert's rows per rank: every rank of its EP group sends it its tokens' share (under ETP each TP rank its
+  // copy of the same tokens, to its share of the expert's width).
+  const double tokens_per_expert = tokens_rank * K * double(l.ep) / E;
   const double eff_expert = ip.eff_expert * tokens_per_expert / (tokens_per_expert + ip.expert_half_tokens);
   const double bw_tp = hw_.scaleup_bw * ip.eff_comm;
   const int64_t ep_span = l.ep * l.etp * (l.etp == 1 ? 1 : 1);
@@ -196,9 +200,9 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
       const BlockFlops& fl = impl_math_->block_flops(b);
       const double dense = fl.dense_mm - fl.dense_mm_split + fl.dense_mm_split / tp;
       const double mm = dense * tokens_rank / (peak_mm * ip.eff_dense) +
-                        fl.expert_mm * tokens_rank / (peak_mm * eff_expert);
+                        fl.expert_mm / double(l.etp) * tokens_rank / (peak_mm * eff_expert);
       const double attn = (fl.attn_core / tp + fl.indexer) * tokens_rank / (hw_.peak_bf16 * ip.eff_attn);
-      const double elementwise = activation_elems(b, Recompute::None, l.tp) * elem_bytes * tokens_rank *
+      const double elementwise = activation_elems(b, Recompute::None, l.tp, 1, l.etp) * elem_bytes * tokens_rank *
                                  ip.elementwise_factor / (hw_.hbm_bw * ip.eff_hbm);
       const double fwd = mm + attn + elementwise + ip.block_overhead_s;
       const double bwd = 2 * (mm + attn + elementwise) + ip.block_overhead_s;
@@ -220,8 +224,9 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
                        ring_time(bwd, l.tp, bw_tp, hw_.scaleup_latency));
       }
       if (l.etp > 1) {
-        const double bytes = tokens_rank * K * d * elem_bytes * double(l.etp);
-        t.tp += 2.0 * double(passes) * ring_time(bytes, l.etp, bw_tp, hw_.scaleup_latency);
+        // Expert TP: the routed experts' partial outputs and input gradients join the shared expert's all-reduces
+        // above; the gate weights' gradients ([tokens, topk] fp32) are one more all-reduce in the backward.
+        t.tp += 2.0 * ring_time(tokens_rank * K * 4.0, l.tp, bw_tp, hw_.scaleup_latency);
       }
       if (l.ep > 1) {
         const double dispatch = tokens_rank * K * d * (fp8 ? 1.0 : 2.0), combine = tokens_rank * K * d * 2.0;
@@ -290,8 +295,8 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
       dense += p.sharded / tp + p.replicated;
       experts += p.experts / double(l.ep * l.etp);
       frozen += p.router * router_grads_off;
-      saved += activation_elems(b, l.recompute_at(b), l.tp, l.ep);
-      max_block = std::max(max_block, activation_elems(b, Recompute::None, l.tp, l.ep));
+      saved += activation_elems(b, l.recompute_at(b), l.tp, l.ep, l.etp);
+      max_block = std::max(max_block, activation_elems(b, Recompute::None, l.tp, l.ep, l.etp));
       quad += ip.act_quadratic_bytes * double(m_.n_heads) / double(l.tp) * double(l.mbs) * double(w_.seq) *
               double(w_.seq) / double(l.cp);
     }
@@ -328,11 +333,12 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
     // its copy of the embedding).
     double grad_buffers = 0;
     if (l.zero >= 2) {
-      const bool experts_in_layer_bucket = l.ep * l.etp == 1;
+      const bool experts_in_layer_bucket = l.ep == 1;
       double biggest = 0, mtp_root = 0;
       for (int64_t b : stages[size_t(s)]) {
         const BlockParams& p = math_->block_params(b);
-        const double bucket = p.sharded / tp + p.replicated + (experts_in_layer_bucket ? p.experts : 0.0);
+        const double bucket =
+            p.sharded / tp + p.replicated + (experts_in_layer_bucket ? p.experts / double(l.etp) : 0.0);
         if (b == m_.n_layers) {
           mtp_root = bucket + (l.pp > 1 ? pc.embed : 0.0);
         } else {
@@ -345,7 +351,7 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
     if (l.zero == 2) {
       // The dense gradients persist as this rank's 1/DP slice, and so do the experts' without expert parallelism
       // (they sit in their layer's bucket); with it they stay whole (their replicas reduce-scatter in place).
-      const double expert_grads = l.ep * l.etp == 1 ? experts / double(dense_dp) : experts;
+      const double expert_grads = l.ep == 1 ? experts / double(dense_dp) : experts;
       mem.grads = (dense - frozen) * ip.grad_bytes / double(dense_dp) + expert_grads * ip.grad_bytes + grad_buffers;
     }
     if (l.zero == 3) {  // FSDP: parameters and gradients sharded too, plus gathered working copies
@@ -357,7 +363,8 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
       double biggest = 0;
       for (int64_t b : stages[size_t(s)]) {
         const BlockParams& p = math_->block_params(b);
-        biggest = std::max(biggest, ep_owned ? p.sharded / double(l.tp) + p.replicated : p.total());
+        const double experts_in_bucket = ep_owned ? 0.0 : p.experts / double(l.etp);
+        biggest = std::max(biggest, p.sharded / double(l.tp) + p.replicated + experts_in_bucket);
       }
       // The stage's root units stay gathered through forward and backward: the embedding on the first stage,
       // the head on the last (with MTP on a later stage, also its copy of the embedding).
@@ -415,6 +422,7 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
     dsv4gpu::WorkspaceShape ws;
     ws.tokens = int64_t(std::llround(tokens_rank)), ws.chunks = l.vpp, ws.embeds = s == 0, ws.stages = l.pp > 1;
     ws.act_in = s > 0 || l.vpp > 1, ws.grad_in = s < l.pp - 1 || l.vpp > 1;
+    ws.etp = l.etp;
     const double work = double(dsv4gpu::plan_workspace(cfg_, ws).total());
     mem.workspace = work / kGiB;
     mem.fixed = ip.fixed_gib;
@@ -433,7 +441,7 @@ Estimate Estimator::estimate(Layout l, int64_t devices) const {
 
   // ---------------------------------------------------------------- per-step communication by kind, per stage
   {
-    const BucketTable& bt = buckets(l.ep > 1, l.tp);
+    const BucketTable& bt = buckets(l.ep > 1, l.tp, l.etp);
     for (int64_t s = 0; s < l.pp; ++s) {
       RankCommInputs in;
       in.layout = l;

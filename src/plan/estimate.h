@@ -4,6 +4,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "plan/comm_volume.h"
@@ -94,7 +95,8 @@ class Estimator {
   // and only what belongs to its attention heads / output groups and its share of the shared expert is divided
   // by tp; the rest (the residual streams, mHC, the compressed query, K=V, compressor, indexer, router, the routed
   // experts' copies) is whole on every TP rank.
-  double activation_elems(int64_t b, Recompute rc, int64_t tp = 1, int64_t ep = 1) const;
+  // etp (1 or tp, GpuModelOptions::expert_tp): the routed experts' gate|up is a TP rank's share of their width.
+  double activation_elems(int64_t b, Recompute rc, int64_t tp = 1, int64_t ep = 1, int64_t etp = 1) const;
 
  private:
   ModelSpec m_;
@@ -105,9 +107,9 @@ class Estimator {
   std::unique_ptr<ModelMath> math_;       // project-convention FLOPs (MFU numerator)
   std::unique_ptr<ModelMath> impl_math_;  // FLOPs as the implementation executes them
   mutable std::map<std::pair<int64_t, int64_t>, std::vector<std::vector<int64_t>>> partitions_;
-  // DP bucket tables (comm_volume.h) by (experts split out by EP, tp): built from the parameter table once.
-  mutable std::map<std::pair<bool, int64_t>, BucketTable> buckets_;
-  const BucketTable& buckets(bool ep_split, int64_t tp) const;
+  // DP bucket tables (comm_volume.h) by (experts split out by EP, tp, etp): built from the parameter table once.
+  mutable std::map<std::tuple<bool, int64_t, int64_t>, BucketTable> buckets_;
+  const BucketTable& buckets(bool ep_split, int64_t tp, int64_t etp) const;
 };
 
 }  // namespace trex::plan

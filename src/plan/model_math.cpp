@@ -58,7 +58,7 @@ namespace {
 // dense FLOPs) are the bf16 projections, split or not (mHC fn and the router are counted apart).
 void add_to(BlockParams& p, const dsv4::ParamSpec& s) {
   const double n = double(numel(s.shape));
-  const bool split = dsv4::tp_split_axis(s.name) >= 0;
+  const bool split = dsv4::tp_split_axis(s.name, dsv4::TpExperts::Whole) >= 0;  // the routed experts: apart
   if (s.expert >= 0) {
     p.experts += n;
     return;

@@ -9,9 +9,11 @@
 namespace trex::plan {
 
 RankParamState rank_param_state(const dsv4::ModelConfig& cfg, int64_t dp, int64_t ep, int64_t dp_rank, int zero,
-                                int64_t tp) {
+                                int64_t tp, int64_t etp) {
   TREX_CHECK(zero >= 1 && zero <= 3, "rank state: zero {} (the GPU trainer runs 1, 2 and 3)", zero);
   TREX_CHECK(tp >= 1, "rank state: tp={} must be >= 1", tp);
+  TREX_CHECK(etp == 1 || etp == tp, "rank state: etp={} must be 1 or tp={}", etp, tp);
+  const dsv4::TpExperts split = etp > 1 ? dsv4::TpExperts::Split : dsv4::TpExperts::Whole;
   const int64_t E = cfg.n_routed_experts;
   TREX_CHECK(dp >= 1 && ep >= 1 && dp % ep == 0, "rank state: ep={} must divide dp={}", ep, dp);
   TREX_CHECK(E % ep == 0, "rank state: ep={} does not divide the {} routed experts", ep, E);
@@ -24,7 +26,7 @@ RankParamState rank_param_state(const dsv4::ModelConfig& cfg, int64_t dp, int64_
   int64_t root_units = 0;
   for (const dsv4::ParamSpec& s : dsv4::param_table(cfg)) {
     if (!s.trained()) continue;  // router biases and hash tables: buffers, no gradient or optimiser state
-    const int64_t n = numel(dsv4::tp_local_shape(s.shape, dsv4::tp_split_axis(s.name), int(tp)));
+    const int64_t n = numel(dsv4::tp_local_shape(s.shape, dsv4::tp_split_axis(s.name, split), int(tp)));
     const bool in_bucket = s.dtype == DType::BF16 && (s.expert < 0 || ep == 1);
     if (zero == 3 && in_bucket) {
       if (s.part == dsv4::ParamPart::Layer)

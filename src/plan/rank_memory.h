@@ -44,13 +44,13 @@ struct RankParamState {
 
 // - tensor parallelism (tp ranks per DP rank, GpuModelOptions::tp): a TP-split tensor (dsv4::tp_split_axis:
 //   the attention's wq_b / wo_a / wo_b / sinks, the shared expert) counts its 1 / tp slice; everything else is
-//   held whole by every TP rank (the routed experts too: expert TP = 1). The counts are the same for every TP
-//   rank.
+//   held whole by every TP rank (the routed experts too at etp 1; at etp = tp each expert's 1 / tp slice,
+//   GpuModelOptions::expert_tp). The counts are the same for every TP rank.
 //
 // DP rank dp_rank of a layout of dp ranks with ep folded in (ep divides dp and the routed experts; refused with
 // the numbers otherwise) and tp TP ranks each. cfg as the GPU model is built (n_mtp 0 when the trainer runs
 // without MTP). zero: 1, 2 or 3 (the GPU trainer's levels).
 RankParamState rank_param_state(const dsv4::ModelConfig& cfg, int64_t dp, int64_t ep, int64_t dp_rank,
-                                int zero = 1, int64_t tp = 1);
+                                int zero = 1, int64_t tp = 1, int64_t etp = 1);
 
 }  // namespace trex::plan

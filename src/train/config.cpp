@@ -117,7 +117,7 @@ TrainConfig parse_train_config(const json& j, const std::string& where) {
   }
   if (j.contains("parallel")) {
     const json& p = j["parallel"];
-    only_keys(p, {"pp", "dp", "ep", "vpp", "tp", "schedule", "micro_batches", "comm", "timeout_s", "zero",
+    only_keys(p, {"pp", "dp", "ep", "vpp", "tp", "etp", "schedule", "micro_batches", "comm", "timeout_s", "zero",
                   "grad_reduce_dtype", "pad_layers"},
               where, "parallel");
     ParallelConfig& pc = c.parallel;
@@ -127,6 +127,7 @@ TrainConfig parse_train_config(const json& j, const std::string& where) {
     get(p, "ep", pc.mesh.ep, where, "parallel");
     get(p, "vpp", pc.mesh.vpp, where, "parallel");
     get(p, "tp", pc.mesh.tp, where, "parallel");
+    get(p, "etp", pc.mesh.etp, where, "parallel");
     std::string kind = pc.mesh.vpp > 1 ? "interleaved" : "1f1b";
     get(p, "schedule", kind, where, "parallel");
     try {

@@ -30,7 +30,8 @@ std::string gpu_layout_gaps(const GpuLayoutAsk& a) {
   // Tensor parallelism runs (GpuModelOptions::tp: attention heads and the shared expert split, the rest
   // replicated), with AdamW or Muon (a TP-split matrix's Newton-Schulz input is gathered whole over TP, under
   // ZeRO-2 / 3 from its bucket's transient DP gather).
-  need(a.etp > 1, "expert tensor parallelism");
+  // Expert tensor parallelism runs at etp = tp (the routed experts split over the TP group like the shared expert).
+  need(a.etp > 1 && a.etp != a.tp, "expert tensor parallelism other than etp = tp");
   need(a.cp > 1, "context parallelism");
   need(a.ep > 1 && a.dp % a.ep != 0, "expert parallelism whose degree does not divide dp (EP folds into DP)");
   need(a.optimizer_offload, "optimizer offload");
@@ -55,8 +56,14 @@ std::string check_gpu_mesh_config(const TrainConfig& cfg, int world_size) {
                            m.tp, mc->o_groups);
       if (fs % m.tp != 0)
         return fmt::format("parallel.tp={} does not divide the shared expert's hidden width {}", m.tp, fs);
+      if (m.etp > 1 && mc->moe_inter % (8 * m.etp) != 0)
+        return fmt::format("parallel.etp={} does not split the routed experts' hidden width {} into multiples of 8",
+                           m.etp, mc->moe_inter);
     }
   }
+  if (m.etp != 1 && m.etp != m.tp)
+    return fmt::format("parallel.etp={} must be 1 (routed experts whole on every TP rank) or parallel.tp={} (split "
+                       "over the TP group)", m.etp, m.tp);
   // Interleaved stages (vpp > 1) run (train/cuda/gpu_pipeline.h: one GpuModel per chunk); the padded split must
   // leave every virtual stage a layer.
   if (m.pp > 1)

@@ -277,7 +277,7 @@ fs::path save_sharded_tensors(const fs::path& root, const TrainState& st, const 
     json m = {{"format", kFormat},
               {"step", st.step},
               {"layout", {{"pp", mesh.spec.pp}, {"dp", mesh.spec.dp}, {"ep", mesh.spec.ep}, {"vpp", mesh.spec.vpp},
-                          {"tp", mesh.spec.tp}, {"world", W}}},
+                          {"tp", mesh.spec.tp}, {"etp", mesh.spec.etp}, {"world", W}}},
               {"state", st.to_json()},
               {"optimizer_steps", optimizer_steps},
               {"files", files},

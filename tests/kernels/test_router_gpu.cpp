@@ -208,12 +208,18 @@ TEST(GpuRouter, GatherCombineAndBackwardFollowThePlan) {
   trex::cuda::moe_gather(g_xe.as<bf16>(), d_u.as<bf16>(), d_order.as<int32_t>(), N, K, d);
   trex::cuda::moe_combine(g_out.as<bf16>(), d_ye.as<bf16>(), d_pos.as<int32_t>(), d_w.as<float>(),
                           d_add.as<bf16>(), N, K, d);
+  // The fp32 combine of partial outputs (expert tensor parallelism) accumulates onto what is there: start it from
+  // the shared term, and it must give the bf16 combine's sum unrounded.
+  auto g_acc = DeviceBuffer::from_host(add.values);
+  trex::cuda::moe_combine_accumulate(g_acc.as<float>(), d_ye.as<bf16>(), d_pos.as<int32_t>(), d_w.as<float>(), N, K,
+                                     d);
   trex::cuda::moe_gather_bwd(g_du.as<float>(), d_dxe.as<bf16>(), d_pos.as<int32_t>(), N, K, d);
   trex::cuda::moe_combine_bwd(g_dye.as<bf16>(), g_dw.as<float>(), d_dout.as<bf16>(), d_ye.as<bf16>(),
                               d_pos.as<int32_t>(), d_w.as<float>(), N, K, d);
   TREX_CUDA(cudaDeviceSynchronize());
   EXPECT_EQ(rel_err(to_f32(g_xe.to_host<uint16_t>()), xe_ref), 0.0);
   EXPECT_LT(rel_err(to_f32(g_out.to_host<uint16_t>()), out_ref), 1e-2);
+  EXPECT_LT(rel_err(g_acc.to_host<float>(), out_ref), 1e-6);
   EXPECT_LT(rel_err(g_du.to_host<float>(), du_ref), 1e-6);
   EXPECT_LT(rel_err(to_f32(g_dye.to_host<uint16_t>()), dye_ref), 1e-2);
   EXPECT_LT(rel_err(g_dw.to_host<float>(), dw_ref), 1e-5);

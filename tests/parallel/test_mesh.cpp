@@ -35,6 +35,14 @@ TEST(Mesh, ParseAndCheck) {
             std::string::npos);
   EXPECT_NE(check_mesh({1, 1, 1, 1, 2}, 2, {4, 8, 64, 8, 3}).find("shared expert's hidden width 3"), std::string::npos);
   EXPECT_EQ(check_mesh({1, 1, 1, 1, 0}, 0, {4, 8}), "every parallel degree must be >= 1");
+  // Expert tensor parallelism: etp is 1 or tp (it adds no rank) and splits the experts' width into multiples of 8.
+  const MeshSpec e = parse_mesh_spec("PP2 DP2 EP2 TP2 ETP2");
+  EXPECT_EQ(e.etp, 2);
+  EXPECT_EQ(parse_mesh_spec("pp=1,dp=2,tp=2,etp=2").etp, 2);
+  EXPECT_EQ(check_mesh(e, 8, {4, 8, 64, 8, 2048, 2048}), "");
+  EXPECT_NE(check_mesh({1, 2, 1, 1, 2, 4}, 4, {4, 8, 64, 8, 2048, 2048}).find("etp=4 must be 1"), std::string::npos);
+  EXPECT_NE(check_mesh({1, 2, 1, 1, 2, 2}, 4, {4, 8, 64, 8, 2048, 24}).find("width 24 into multiples of 8"),
+            std::string::npos);
 }
 
 // The groups of pp=2 x dp=2 (ep=2) x tp=2 on 8 thread ranks: TP innermost (consecutive world ranks), and the DP /

@@ -200,3 +200,31 @@ TEST(PlanEstimate, TensorParallelismWithoutSequenceParallelism) {
               one.mem.activations, two.mem.activations, one.mem.weights, two.mem.weights, one.time.compute,
               two.time.compute);
 }
+
+// Expert tensor parallelism as T-Rex runs it (etp = tp, GpuModelOptions::expert_tp): each TP rank holds and
+// computes its 1 / tp share of each of its EP rank's experts, on the same tokens as at etp 1 (no sequence
+// parallelism), with no expert replica added. So against TP2 at etp 1 on the same dp / ep: the experts' weights
+// (and their gradients and optimizer state) halve, the experts' GEMM time halves, the gate|up activations of the
+// routed copies halve, and the TP all-reduces gain only the gate weights' gradients ([tokens, topk] fp32).
+TEST(PlanEstimate, ExpertTensorParallelismSplitsTheExpertsOverTheTpRanks) {
+  Estimator e = make("flash", "nvidia-h200", 128);
+  const ModelSpec m = model_preset("flash");
+  const double K = double(m.topk), f = double(m.moe_inter);
+  for (int64_t b = 0; b < m.n_layers; ++b)
+    EXPECT_NEAR(e.activation_elems(b, Recompute::None, 2, 64, 1) - e.activation_elems(b, Recompute::None, 2, 64, 2),
+                K * f, 1e-6 * K * f)
+        << b << ": the routed copies' gate|up at half the width";
+  const Estimate whole = e.estimate(parse_layout("TP2,PP1,EP64,MBS1,RC=full"), 128);
+  const Estimate split = e.estimate(parse_layout("TP2,PP1,EP64,ETP2,MBS1,RC=full"), 128);
+  ASSERT_TRUE(whole.valid && split.valid) << whole.reason << " / " << split.reason;
+  ASSERT_EQ(whole.layout.dp, split.layout.dp);
+  EXPECT_LT(split.mem.weights, whole.mem.weights);
+  EXPECT_LT(split.mem.optimizer, whole.mem.optimizer);
+  EXPECT_LT(split.time.compute, 0.9 * whole.time.compute) << "the experts' GEMMs halve";
+  EXPECT_GT(split.time.tp, whole.time.tp) << "the gate weights' gradients are summed over TP";
+  EXPECT_LT(split.time.tp, 1.05 * whole.time.tp) << "and nothing else is added";
+  std::printf("V4-Flash TP2 etp 1 / etp 2 at dp 64, ep 64, full recompute: weights %.2f / %.2f GiB, optimizer "
+              "%.2f / %.2f GiB, compute %.3f / %.3f s, TP %.4f / %.4f s per step\n",
+              whole.mem.weights, split.mem.weights, whole.mem.optimizer, split.mem.optimizer, whole.time.compute,
+              split.time.compute, whole.time.tp, split.time.tp);
+}

@@ -91,7 +91,7 @@ TEST(PlanRankMemory, TensorParallelRanksHoldTheirSliceOfTheSplitTensors) {
   const dsv4::ModelConfig tiny = trex::testing::tiny_gpu_config("rank memory tp test");
   int64_t split = 0, split_f32 = 0;
   for (const dsv4::ParamSpec& s : dsv4::param_table(tiny))
-    if (s.trained() && dsv4::tp_split_axis(s.name) >= 0) {
+    if (s.trained() && dsv4::tp_split_axis(s.name, dsv4::TpExperts::Whole) >= 0) {
       split += numel(s.shape);
       if (s.dtype == DType::F32) split_f32 += numel(s.shape);
     }
@@ -110,6 +110,23 @@ TEST(PlanRankMemory, TensorParallelRanksHoldTheirSliceOfTheSplitTensors) {
   EXPECT_THROW(rank_param_state(tiny, 1, 1, 0, 1, 3), Error);  // 3 does not split the 4 heads' wq_b rows
 }
 
+// Expert tensor parallelism (etp = tp): each routed expert's w1 / w3 rows and w2 columns are split too, so a TP
+// rank holds 1 / tp of its EP rank's experts and the dense part as at etp 1; etp must be 1 or tp.
+TEST(PlanRankMemory, ExpertTensorParallelRanksHoldTheirSliceOfTheirExperts) {
+  const dsv4::ModelConfig tiny = trex::testing::tiny_gpu_config("rank memory etp test");
+  for (int zero : {1, 2}) {
+    const RankParamState whole = rank_param_state(tiny, 2, 2, 1, zero, 2);
+    const RankParamState split = rank_param_state(tiny, 2, 2, 1, zero, 2, 2);
+    EXPECT_EQ(split.dense, whole.dense);
+    EXPECT_EQ(2 * split.experts, whole.experts);
+    EXPECT_NEAR(whole.owned - split.owned, double(whole.experts - split.experts), 1e-6)
+        << "ep = dp: no expert replica, each rank owns its experts' (slices') state whole";
+  }
+  // Without expert parallelism the (split) experts sit in the layer buckets, ZeRO-sharded with them.
+  EXPECT_EQ(2 * rank_param_state(tiny, 2, 1, 0, 1, 2, 2).experts, rank_param_state(tiny, 2, 1, 0, 1, 2).experts);
+  EXPECT_THROW(rank_param_state(tiny, 2, 2, 0, 1, 2, 4), Error);  // etp is 1 or tp
+}
+
 TEST(PlanRankMemory, AgreesWithTheEstimatorsWeightsPerRank) {
   Workload w;
   w.seq = 4096, w.gbs = 64, w.mode = "cpt", w.mtp = false, w.frozen_router = false;
@@ -121,10 +138,10 @@ TEST(PlanRankMemory, AgreesWithTheEstimatorsWeightsPerRank) {
   // With tp: the estimator's split tensors are the GPU model's (dsv4::tp_split_axis), the rest whole per TP rank.
   for (const char* layout :
        {"TP1,PP1,EP8,MBS1", "TP1,PP1,EP16,MBS1", "TP1,PP1,EP64,MBS1", "TP2,PP1,EP8,MBS1", "TP2,PP1,EP32,MBS1",
-        "TP4,PP1,EP16,MBS1"}) {
+        "TP4,PP1,EP16,MBS1", "TP2,PP1,EP8,ETP2,MBS1", "TP4,PP1,EP16,ETP4,MBS1"}) {
     const Estimate e = est.estimate(parse_layout(layout), 64);
     ASSERT_TRUE(e.valid) << layout << ": " << e.reason;
-    const RankParamState s = rank_param_state(cfg, e.layout.dp, e.layout.ep, 0, 1, e.layout.tp);
+    const RankParamState s = rank_param_state(cfg, e.layout.dp, e.layout.ep, 0, 1, e.layout.tp, e.layout.etp);
     const double gib = 1024.0 * 1024.0 * 1024.0;
     const double planner_params = e.mem.weights * gib / ImplProfile{}.weight_bytes;
     std::printf("%s: estimator %.0f parameters per rank, rank state %lld held + %lld router-bias elements\n", layout,

@@ -162,6 +162,10 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
     a.zero = 2;
     return a;
   };
+  auto etp = [](GpuLayoutAsk a) {  // the routed experts split over the TP group too (etp = tp)
+    a.etp = a.tp;
+    return a;
+  };
   const char* balance = "{type: dsv4, balance_alpha: 0.0001}";  // the trainer's default alpha
   auto with_balance = [](GpuLayoutAsk a) { return a; };
   const std::vector<Case> cases = {
@@ -213,6 +217,13 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
       {"parallel: {dp: 2, tp: 2, zero: 3}\n", "{kind: muon}", "", 4, zero3(ask(1, 1, 1, 2, true, false, false, 2))},
       // Muon under tp with ZeRO-2: the bucket's DP gather, then the TP gather of its split matrices.
       {"parallel: {dp: 2, tp: 2, zero: 2}\n", "{kind: muon}", "", 4, zero2(ask(1, 1, 1, 2, true, false, false, 2))},
+      // Expert tensor parallelism (etp = tp), with dp x ep, pp, MTP and freeze, ZeRO-2 Muon; etp other than 1 or tp
+      // is refused.
+      {"parallel: {dp: 4, ep: 2, tp: 2, etp: 2}\n", "", "", 8, etp(ask(1, 1, 2, 4, false, false, false, 2))},
+      {"parallel: {pp: 2, dp: 2, ep: 2, tp: 2, etp: 2}\n", "", "", 8, etp(ask(2, 1, 2, 2, false, false, false, 2))},
+      {"freeze: [router]\nparallel: {dp: 2, tp: 2, etp: 2}\n", "", mtp, 4, etp(ask(1, 1, 1, 2, false, true, true, 2))},
+      {"parallel: {dp: 2, ep: 2, tp: 2, etp: 2, zero: 2}\n", "{kind: muon}", "", 4,
+       zero2(etp(ask(1, 1, 2, 2, true, false, false, 2)))},
   };
   for (const Case& c : cases) {
     const TrainConfig cfg = config(c.parallel, c.optimizer[0] ? c.optimizer : "{kind: adamw}",
@@ -237,7 +248,9 @@ TEST(GpuMeshConfig, PlannerGapsAgreeWithTheTrainersRefusals) {
   z3.muon = true;
   EXPECT_EQ(gpu_layout_gaps(z3), "");  // Muon over fully sharded weights, with tp
   z3.etp = 2;
-  EXPECT_EQ(gpu_layout_gaps(z3), "expert tensor parallelism");  // what is still missing is still named
+  EXPECT_EQ(gpu_layout_gaps(z3), "");  // with the routed experts split over the TP group too
+  z3.etp = 4;
+  EXPECT_EQ(gpu_layout_gaps(z3), "expert tensor parallelism other than etp = tp");  // what is missing is named
 }
 
 // Tensor parallelism is refused on the config when it cannot split the model, with the numbers; Muon runs with it.
@@ -254,6 +267,9 @@ TEST(GpuMeshConfig, RefusesTensorParallelSplitsThatDoNotDivide) {
   expect_refused(config("parallel: {dp: 1, tp: 3}\n", "{kind: adamw}", model), 3,
                  {"parallel.tp=3", "4 attention query heads"});
   EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 2, tp: 2}\n", "{kind: muon}", model), 4), "");
+  EXPECT_EQ(check_gpu_mesh_config(config("parallel: {dp: 2, tp: 2, etp: 2}\n", "{kind: muon}", model), 4), "");
+  expect_refused(config("parallel: {dp: 2, tp: 2, etp: 4}\n", "{kind: adamw}", model), 4,
+                 {"parallel.etp=4", "parallel.tp=2"});
   // The CPU trainer's config check still takes tp (the GPU model runs it); the world is pp x dp x tp.
   const TrainConfig c = config("parallel: {dp: 2, tp: 2}\n");
   EXPECT_EQ(c.parallel.mesh.tp, 2);

@@ -2,7 +2,8 @@
 // GPU over the thread-group communicator (comm/thread_group.h), each rank its own GpuModel with its slice of the
 // split tensors (dsv4::tp_split_axis: the attention's query heads / output groups, the shared expert's width).
 //
-// TpGpu.MatchesOneRank/{tp2, tp2_mtp}: tp = 2 against the one-rank model on the same batch and the same seed (each
+// TpGpu.MatchesOneRank/{tp2, tp2_mtp, tp2_etp2, tp2_etp2_mtp}: tp = 2 (etp2: the routed experts split over TP
+// too, GpuModelOptions::expert_tp) against the one-rank model on the same batch and the same seed (each
 // TP rank draws the whole tensor and keeps its slice): the loss (rel 2e-3: the partial outputs are summed in fp32
 // across the ranks instead of inside one GEMM), each split gradient against the one-rank gradient's slice and each
 // replicated gradient against the one-rank gradient (rel L2 0.05, the EP shard test's bf16 bound; 0.5 below 64
@@ -77,9 +78,16 @@ Batch batch(int64_t V) {
 }
 dsv4::SeqLayout layout() { return dsv4::SeqLayout::packed(64, {{64}, {40, 24}}); }
 
-TpRun run_one(const dsv4::ModelConfig& cfg, comm::Communicator* tp) {
+TpRun run_one(const dsv4::ModelConfig& cfg, comm::Communicator* tp, bool expert_tp, bool balanced) {
   dsv4gpu::GpuModelOptions o;
   o.tp = tp;
+  o.expert_tp = expert_tp;
+  // balanced (the expert-TP cases, and their one-rank reference): under expert TP each rank rounds its share of every expert's output to bf16 before the sum over TP, so the
+  // next layer's router sees other rounding than on one rank, and a near-tie in its top-k picks another expert
+  // (seen: the final mHC head's gradients O(1) off from one flipped token). Balanced routing fixes the experts
+  // (token i's k-th is (i K + k) mod E) and keeps the gate weights the scores', so every gradient is compared on
+  // the same routing, the router's included.
+  o.balanced_routing = balanced;
   o.deterministic = true;
   dsv4gpu::GpuModel m(cfg, o);
   m.init_random(5);
@@ -96,6 +104,7 @@ TpRun run_one(const dsv4::ModelConfig& cfg, comm::Communicator* tp) {
 struct Case {
   const char* name;
   int64_t n_mtp;
+  bool expert_tp = false;  // etp = tp: the routed experts split over TP too
 };
 
 class TpGpu : public ::testing::TestWithParam<Case> {};
@@ -104,10 +113,12 @@ TEST_P(TpGpu, MatchesOneRank) {
   if (trex::testing::n_devices() < 1) GTEST_SKIP() << "needs a GPU";
   const dsv4::ModelConfig cfg = trex::testing::tiny_gpu_config("TP test config", GetParam().n_mtp);
   const int T = 2;
-  const TpRun ref = run_one(cfg, nullptr);
+  const bool etp = GetParam().expert_tp;
+  const TpRun ref = run_one(cfg, nullptr, false, etp);
   auto comms = comm::make_thread_group(T, 120.0);
   std::vector<TpRun> out(static_cast<size_t>(T));
-  trex::testing::run_ranks(T, [&](int r) { out[size_t(r)] = run_one(cfg, comms[size_t(r)].get()); });
+  const dsv4::TpExperts experts = etp ? dsv4::TpExperts::Split : dsv4::TpExperts::Whole;
+  trex::testing::run_ranks(T, [&](int r) { out[size_t(r)] = run_one(cfg, comms[size_t(r)].get(), etp, etp); });
   if (HasFailure()) return;
 
   std::printf("%s: loss one rank %.6f, tp=2 %.6f / %.6f; grad norm %.6f, tp=2 %.6f / %.6f\n", GetParam().name,
@@ -123,7 +134,7 @@ TEST_P(TpGpu, MatchesOneRank) {
   for (const auto& [name, g_ref] : ref.grads) {
     ASSERT_TRUE(out[0].grads.count(name)) << name;
     const int axis = out[0].axis.at(name);
-    EXPECT_EQ(axis, dsv4::tp_split_axis(name)) << name;
+    EXPECT_EQ(axis, dsv4::tp_split_axis(name, experts)) << name;
     for (int r = 0; r < T; ++r) {
       const std::vector<float>& g = out[size_t(r)].grads.at(name);
       std::vector<float> want = g_ref;
@@ -138,6 +149,25 @@ TEST_P(TpGpu, MatchesOneRank) {
       for (float x : want) e += double(x) * x;
       if (e == 0) continue;  // no gradient (the indexer)
       const double err = rel_l2(g, want);
+      // Under expert TP the routed experts' output carries a bf16 rounding one rank does not make (each rank rounds
+      // its share before the sum over TP), where TP alone differs from one rank only by the order of fp32 sums.
+      // The mHC tensors (hc_*) are where that shows: at their 0.01-scale init the residual streams are near copies
+      // of each other, so their mixing weights' gradients are small differences of large terms (measured: the head's
+      // hc_head_fn 0.98 relative, while every expert and projection is within 2e-2), and so do the tensors of under
+      // 64 elements (the attention sinks: a few heads' sums). They pass within the relative bound or, where their
+      // gradient is that small, with an error under 2e-4 of the model's whole gradient norm (measured up to
+      // 3.1e-5; a wrong sum upstream is O(1) of it).
+      if (etp && (name.find("hc_") != std::string::npos || want.size() < 64)) {
+        double d2 = 0;
+        for (size_t i = 0; i < g.size(); ++i) d2 += (double(g[i]) - want[i]) * (double(g[i]) - want[i]);
+        EXPECT_TRUE(err < 0.05 || std::sqrt(d2) < 2e-4 * ref.norm)
+            << name << " rank " << r << ": rel L2 " << err << ", abs " << std::sqrt(d2) << " (gradient norm " << ref.norm
+            << ")";
+        if (r == 0 && err > 0.05)
+          std::printf("  %s: rel L2 %.2e, abs %.2e = %.2e of the gradient norm\n", name.c_str(), err, std::sqrt(d2),
+                      std::sqrt(d2) / ref.norm);
+        continue;
+      }
       EXPECT_LT(err, want.size() < 64 ? 0.5 : 0.05) << name << " rank " << r;
       double& worst = axis >= 0 ? worst_split : worst_rep;
       if (want.size() >= 64) worst = std::max(worst, err);
@@ -150,15 +180,17 @@ TEST_P(TpGpu, MatchesOneRank) {
                                                                   "the TP ranks";
     }
   }
-  // wq_b, wo_a, wo_b, attn_sink per block; w1, w3, w2 of every shared expert.
+  // wq_b, wo_a, wo_b, attn_sink per block; w1, w3, w2 of every shared expert (and under etp of every routed one).
   const int64_t blocks = cfg.n_layers + cfg.n_mtp;
-  EXPECT_EQ(split, blocks * 7);
+  EXPECT_EQ(split, blocks * (7 + (etp ? 3 * cfg.n_routed_experts : 0)));
   EXPECT_GT(replicated, 0);
   std::printf("%s: %d split, %d replicated tensors; worst rel L2 vs one rank: split %.2e, replicated %.2e\n",
               GetParam().name, split, replicated, worst_split, worst_rep);
 }
 
-INSTANTIATE_TEST_SUITE_P(Tp, TpGpu, ::testing::Values(Case{"tp2", 0}, Case{"tp2_mtp", 1}),
+INSTANTIATE_TEST_SUITE_P(Tp, TpGpu,
+                         ::testing::Values(Case{"tp2", 0}, Case{"tp2_mtp", 1}, Case{"tp2_etp2", 0, true},
+                                           Case{"tp2_etp2_mtp", 1, true}),
                          [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 // A fixed gradient for step `step` of the official tensor `name` (n elements), the same on every rank.
@@ -221,7 +253,7 @@ TEST(TpGpuMuon, StepsMatchOneRankOnTheSameGradients) {
       u[i] = w[0].at(name)[i] - ref0.at(name)[i], u_ref[i] = after_ref[i] - ref0.at(name)[i];
     const double e = rel_l2(u, u_ref);
     EXPECT_LT(e, 1e-2) << name << ": its two Muon updates under tp=2 differ from one rank's";
-    const bool split = dsv4::tp_split_axis(name) >= 0;
+    const bool split = dsv4::tp_split_axis(name, dsv4::TpExperts::Whole) >= 0;
     split_matrices += split && !name.ends_with("attn_sink");
     if (e > std::max(worst_split, worst_rest)) worst_name = name;
     double& worst = split ? worst_split : worst_rest;

@@ -236,6 +236,26 @@ __global__ void combine_kernel(bf16* out, const bf16* ye, const int32_t* slot_po
   }
 }
 
+__global__ void combine_accumulate_kernel(float* out, const bf16* ye, const int32_t* slot_pos, const float* weight,
+                                          int K, int64_t d) {
+  const int64_t t = blockIdx.x;
+  for (int64_t v = threadIdx.x; v < d / 8; v += blockDim.x) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int k = 0; k < K; ++k) {
+      const float w = weight[t * K + k];
+      float f[8];
+      unpack8(reinterpret_cast<const uint4*>(ye + int64_t(slot_pos[t * K + k]) * d)[v], f);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] = fmaf(w, f[i], acc[i]);
+    }
+    float4* o = reinterpret_cast<float4*>(out + t * d + v * 8);
+    float4 a = o[0], b = o[1];
+    a.x += acc[0], a.y += acc[1], a.z += acc[2], a.w += acc[3];
+    b.x += acc[4], b.y += acc[5], b.z += acc[6], b.w += acc[7];
+    o[0] = a, o[1] = b;
+  }
+}
+
 // Block per token: dye rows for its K slots and dweight (block reductions).
 __global__ void combine_bwd_kernel(bf16* dye, float* dweight, const bf16* dout, const bf16* ye,
                                    const int32_t* slot_pos, const float* weight, int K, int64_t d) {
@@ -370,6 +390,14 @@ void moe_combine(bf16* out, const bf16* ye, const int32_t* slot_pos, const float
   TREX_CHECK(d % 8 == 0, "moe_combine: d = {} must be a multiple of 8", d);
   if (n_tok == 0) return;
   combine_kernel<<<unsigned(n_tok), 128, 0, stream>>>(out, ye, slot_pos, weight, add, int(topk), d);
+  TREX_CUDA_LAUNCHED();
+}
+
+void moe_combine_accumulate(float* out, const bf16* ye, const int32_t* slot_pos, const float* weight,
+                            int64_t n_tok, int64_t topk, int64_t d, cudaStream_t stream) {
+  TREX_CHECK(d % 8 == 0, "moe_combine_accumulate: d = {} must be a multiple of 8", d);
+  if (n_tok == 0) return;
+  combine_accumulate_kernel<<<unsigned(n_tok), 128, 0, stream>>>(out, ye, slot_pos, weight, int(topk), d);
   TREX_CUDA_LAUNCHED();
 }
 

@@ -64,6 +64,11 @@ void moe_gather_bwd(float* du, const bf16* dxe, const int32_t* slot_pos, int64_t
 // in fp32 in k order. weight and add nullable (weight 1, nothing added).
 void moe_combine(bf16* out, const bf16* ye, const int32_t* slot_pos, const float* weight, const bf16* add,
                  int64_t n_tok, int64_t topk, int64_t d, cudaStream_t stream = nullptr);
+// The combine of partial expert outputs (expert tensor parallelism: each rank's ye is its share of the experts'
+// width): out [N, d] fp32 (accumulated) += sum_k weight[t*K+k] * ye[slot_pos[t*K+k]], in k order, unrounded, so
+// the sum over the ranks is rounded to bf16 once.
+void moe_combine_accumulate(float* out, const bf16* ye, const int32_t* slot_pos, const float* weight,
+                            int64_t n_tok, int64_t topk, int64_t d, cudaStream_t stream = nullptr);
 // Backward of the combine: dye [N*K, d] (written) = weight * dout[t]; dweight [N, K] (written, nullable) =
 // dout[t] . ye[p].
 void moe_combine_bwd(bf16* dye, float* dweight, const bf16* dout, const bf16* ye, const int32_t* slot_pos,

@@ -23,7 +23,7 @@ int64_t req(int64_t n, int64_t elem_bytes) { return std::max<int64_t>(n, 1) * el
 // site_norm_fwd, gpu_attention_cuda.cpp attention_fwd, gpu_moe_cuda.cpp moe_fwd, balance_fwd). `redo` names
 // what selective recomputation rebuilds; under the other modes the model puts it in keep.
 BlockPools block_pools(const dsv4::ModelConfig& ext, int64_t layer, const dsv4::SeqLayout& layout, int64_t N,
-                       bool balance, int64_t tp, int64_t ep) {
+                       bool balance, int64_t tp, int64_t ep, int64_t etp) {
   BlockPools p;
   const int64_t d = ext.hidden, hc = ext.hc_mult;
   // mHC sites + norms.
@@ -57,11 +57,12 @@ BlockPools block_pools(const dsv4::ModelConfig& ext, int64_t layer, const dsv4::
   p.picks += req(N * K, 4);                                  // sel
   p.keep += req(N * K, 4) + req(N * K, 4) + req(E + 1, 4);   // order, slot_pos, offsets
   p.keep += req(1, 4);                                       // the router's status flag
-  if (fs > 0) p.keep += req(N * 2 * fs, 2) + req(N * d, 2);  // shared expert: gate|up, output
+  if (fs > 0) p.keep += req(N * 2 * fs, 2);                  // shared expert: gate|up
+  if (fs > 0 && etp == 1) p.keep += req(N * d, 2);           // its output (under ETP a partial sum, not kept)
   // Expert parallel: the received rows, regrouped expert-major, stay for the experts' weight gradients (one GPU
   // re-gathers its own rows instead). As many as the rank sends under balanced routing: N * topk.
   if (ep > 1) p.keep += req(N * K * d, 2);
-  p.keep += req(N * K * 2 * f, 2) + req(N * K * d, 2);       // experts' gate|up, outputs
+  p.keep += req(N * K * 2 * f / etp, 2) + req(N * K * d, 2); // experts' gate|up (this rank's width), outputs
   if (balance) p.keep += req(N * E, 4);                      // d(balance)/d(scores)
   return p;
 }
@@ -85,6 +86,9 @@ ActivationPlan plan_activations(const dsv4::ModelConfig& cfg, const dsv4::SeqLay
                  (cfg.moe_inter * cfg.n_shared_experts) % shape.tp == 0,
              "activation plan: tp={} does not split the {} heads, {} output groups and shared width {}", shape.tp,
              cfg.n_heads, cfg.o_groups, cfg.moe_inter * cfg.n_shared_experts);
+  TREX_CHECK(shape.etp == 1 || (shape.etp == shape.tp && cfg.moe_inter % shape.etp == 0),
+             "activation plan: etp={} must be 1 or tp={} and split the experts' width {}", shape.etp, shape.tp,
+             cfg.moe_inter);
   const int64_t N = layout.B * layout.T, d = cfg.hidden, hc = cfg.hc_mult;
   const int64_t stream = req(N * hc * d, 2);
   ActivationPlan plan;
@@ -106,7 +110,7 @@ ActivationPlan plan_activations(const dsv4::ModelConfig& cfg, const dsv4::SeqLay
   for (int64_t l : layers) {
     const bool hash = ext.mlp_types[size_t(l)] == dsv4::MlpType::HashMoE;
     const bool balance = shape.balance && (l == cfg.n_layers || !hash || shape.balance_hash_layers);
-    const BlockPools p = block_pools(ext, l, layout, N, balance, shape.tp, shape.ep);
+    const BlockPools p = block_pools(ext, l, layout, N, balance, shape.tp, shape.ep, shape.etp);
     BlockActivations b;
     switch (dsv4::recompute_of_layer(shape.recompute, shape.recompute_full_layers, l)) {
       case dsv4::Recompute::None:
@@ -129,7 +133,7 @@ Workspace plan_workspace(const dsv4::ModelConfig& cfg, const WorkspaceShape& sh)
   Workspace w;
   const int64_t stream = sh.tokens * cfg.hc_mult * cfg.hidden, rows = sh.tokens * cfg.topk;
   w.grad_streams = 4 * stream * (3 * sh.chunks - (sh.embeds ? 1 : 0));
-  w.moe_bwd = sh.chunks * 2 * rows * (4 * cfg.hidden + 4 * cfg.moe_inter);
+  w.moe_bwd = sh.chunks * 2 * rows * (4 * cfg.hidden + 4 * cfg.moe_inter / std::max<int64_t>(sh.etp, 1));
   if (sh.stages) {
     if (sh.act_in) w.boundary += 2 * (2 * stream) + 2 * stream + 4 * stream;   // bf16 receives, source, fp32 sink
     if (sh.grad_in) w.boundary += 2 * (4 * stream) + 4 * stream + 2 * stream;  // fp32 receives, source, bf16 sink

@@ -35,6 +35,9 @@ struct ActivationPlanShape {
   int64_t tp = 1;
   // Expert parallelism (GpuModelOptions::ep, its size): above 1 a block also keeps its received expert-major rows.
   int64_t ep = 1;
+  // Expert tensor parallelism (GpuModelOptions::expert_tp: etp = tp, else 1): a block keeps its share of the routed
+  // experts' gate|up, and the shared expert's partial output is a temporary summed with theirs, not kept.
+  int64_t etp = 1;
 };
 
 struct BlockActivations {
@@ -67,6 +70,7 @@ struct WorkspaceShape {
   bool stages = false;   // pipeline parallel
   bool act_in = false;   // activations arrive from a previous stage (some chunk does not embed)
   bool grad_in = false;  // gradients arrive from a later stage (some chunk has no head)
+  int64_t etp = 1;       // expert tensor parallelism: the routed experts' width a rank holds is moe_inter / etp
 };
 struct Workspace {
   int64_t grad_streams = 0, moe_bwd = 0, boundary = 0;

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "model/cuda/gpu_internal.h"
+#include "model/dsv4/param_table.h"
 
 namespace trex::dsv4 {
 class BlockProgram;
@@ -201,6 +202,9 @@ struct GpuModel::Impl {
   // declared in place of the whole tensor, under the official name; tp_rank picks the slice.
   comm::Communicator* tp = nullptr;
   int tp_size = 1, tp_rank = 0;
+  // GpuModelOptions::expert_tp: the routed experts split over TP too; expert_width the width a rank holds of each.
+  dsv4::TpExperts tp_experts = dsv4::TpExperts::Whole;
+  int64_t expert_width() const { return tp_experts == dsv4::TpExperts::Split ? cfg.moe_inter / tp_size : cfg.moe_inter; }
   // The TP-split parameters' squared gradient norm (this rank's own pieces) apart from the rest, so the norm sums
   // the split ones over the TP group and counts the replicated ones once (gpu_shard_state_cuda.cpp).
   // Over the arena ranges [a, e) (each inside one piece this rank holds: region X, a bucket's own slice, region R),

@@ -269,6 +269,9 @@ struct Ctx {
   // n_heads, o_groups) are already this rank's share; tp_size divides the shared expert's width here.
   comm::Communicator* tp = nullptr;
   int64_t tp_size = 1;
+  // GpuModelOptions::expert_tp: tp_size divides the routed experts' width too (their outputs and input gradients
+  // are partial per TP rank until the MoE's one all-reduce).
+  bool expert_tp = false;
   bool grouped_experts = false;      // GpuModelOptions::moe_grouped_gemm
   bool deterministic = false;        // GpuModelOptions::deterministic
   // GpuModelOptions::balanced_routing: the device table [N * topk] of forced expert ids (null: the router's own).

@@ -59,6 +59,14 @@ struct GpuModelOptions {
   // identical inputs and gradients, so its gradients come out bit-identical on the TP ranks without any gradient
   // all-reduce. dp / ep are then the groups of this TP rank. Null or size 1: no TP. Not owned.
   comm::Communicator* tp = nullptr;
+  // Expert tensor parallelism (parallel.etp = tp): the routed experts are split over the TP group like the shared
+  // expert (each expert's w1 | w3 rows and w2 columns, dsv4::TpExperts::Split), so a TP rank holds and computes
+  // 1 / T of each of its experts. Each TP rank still dispatches its copy of the tokens to the EP peers of its own
+  // TP rank; the experts' partial outputs join the shared expert's in one fp32 all-reduce over TP after the
+  // combine, their partial input gradients the shared expert's in the backward, and the gate weights' gradients
+  // (dout . expert output, partial per rank) are summed over TP before the router's backward. Off: the routed
+  // experts whole on every TP rank (expert TP 1). Needs tp.
+  bool expert_tp = false;
   // Routed experts as one grouped GEMM over all (local) experts, sized from device memory (no host read of the
   // per-expert counts; on sm_90 wgmma + TMA at cuBLASLt's rate or better). Off: one cuBLASLt GEMM per expert after
   // one host read of the counts per layer (the comparison path: `trex bench train --moe-gemm per-expert`).

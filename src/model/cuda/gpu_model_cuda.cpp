@@ -65,7 +65,7 @@ Ctx GpuModel::Impl::ctx() {
   c.rope_compress = &rope_compress;
   c.section = [this](const char* n, bool b) { section(n, b); };
   c.ep = opts.ep;
-  if (tp_size > 1) c.tp = tp, c.tp_size = tp_size;
+  if (tp_size > 1) c.tp = tp, c.tp_size = tp_size, c.expert_tp = tp_experts == dsv4::TpExperts::Split;
   c.grouped_experts = opts.moe_grouped_gemm;
   c.deterministic = opts.deterministic;
   if (arena) c.scratch = arena->temporaries;
@@ -97,7 +97,11 @@ static void configure_experts(GpuModel::Impl& m, const dsv4::ModelConfig& cfg, c
 
 // Tensor parallelism: the group, and the splits' divisibility (with the numbers) before any allocation.
 static void configure_tp(GpuModel::Impl& m, const dsv4::ModelConfig& cfg, const GpuModelOptions& opts) {
-  if (!opts.tp || opts.tp->size() == 1) return;
+  if (!opts.tp || opts.tp->size() == 1) {
+    TREX_CHECK(!opts.expert_tp, "GPU model: expert tensor parallelism (expert_tp) needs a tensor-parallel group of "
+               "two or more ranks");
+    return;
+  }
   m.tp = opts.tp, m.tp_size = opts.tp->size(), m.tp_rank = opts.tp->rank();
   TREX_CHECK(device_memory_comm(*m.tp),
              "GPU model rank {}: the tensor-parallel group must be a device-memory communicator (nccl or threads), "
@@ -109,6 +113,12 @@ static void configure_tp(GpuModel::Impl& m, const dsv4::ModelConfig& cfg, const 
              "output-projection groups (o_groups)", T, cfg.o_groups);
   TREX_CHECK((cfg.moe_inter * cfg.n_shared_experts) % T == 0, "GPU model: tensor parallelism over {} ranks does not "
              "divide the shared expert's hidden width {}", T, cfg.moe_inter * cfg.n_shared_experts);
+  if (opts.expert_tp) {
+    // The grouped GEMMs take widths in multiples of 8 elements (16-byte rows).
+    TREX_CHECK(cfg.moe_inter % (8 * T) == 0, "GPU model: expert tensor parallelism over {} ranks needs the routed "
+               "experts' width {} to split into multiples of 8 (moe_inter % {} == 0)", T, cfg.moe_inter, 8 * T);
+    m.tp_experts = dsv4::TpExperts::Split;
+  }
 }
 
 // Everything the constructor decides before it allocates: the checks, the groups' sizes and ranks, the arena's
@@ -521,6 +531,7 @@ ActivationPlan GpuModel::activation_plan(const dsv4::SeqLayout& layout) const {
   s.balance = m.opts.balance_alpha != 0.0;
   s.balance_hash_layers = m.opts.balance_hash_layers;
   s.tp = m.tp_size;
+  s.etp = m.tp_experts == dsv4::TpExperts::Split ? m.tp_size : 1;
   return plan_activations(m.cfg, layout, s);
 }
 

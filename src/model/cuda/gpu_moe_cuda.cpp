@@ -156,6 +156,9 @@ void experts_dw(const Ctx& c, const ExpertRows& x, float* dW, const bf16* dy, co
 
 bool expert_parallel(const Ctx& c) { return c.ep && c.ep->size() > 1; }
 
+// The width of each routed expert this rank computes: all of it, or its 1 / T share under expert TP.
+int64_t routed_width(const Ctx& c) { return c.expert_tp ? c.cfg->moe_inter / c.tp_size : c.cfg->moe_inter; }
+
 }  // namespace
 
 // The count exchange runs ahead of the row plan: its results come back to pinned host memory on the staging's own
@@ -286,8 +289,9 @@ comm::WorkPtr ep_exchange(comm::Communicator& ep, const bf16* send, bf16* recv, 
 }  // namespace
 
 void moe_fwd(const Ctx& c, GpuBlock& b, const int32_t* injected_sel, bool replay) {
-  const int64_t N = c.lay->N, d = c.cfg->hidden, E = c.cfg->n_routed_experts, K = c.cfg->topk, f = c.cfg->moe_inter;
-  const int64_t fs = f * c.cfg->n_shared_experts / c.tp_size;  // this TP rank's shared hidden width
+  const int64_t N = c.lay->N, d = c.cfg->hidden, E = c.cfg->n_routed_experts, K = c.cfg->topk;
+  const int64_t fs = c.cfg->moe_inter * c.cfg->n_shared_experts / c.tp_size;  // this TP rank's shared hidden width
+  const int64_t f = routed_width(c);
   const float limit = float(c.cfg->swiglu_limit);
   check_router_status(b);  // the previous forward's (forward-only runs never reach moe_bwd)
   Pool& keep = b.keep;
@@ -350,7 +354,18 @@ void moe_fwd(const Ctx& c, GpuBlock& b, const int32_t* injected_sel, bool replay
     sh = tmp.take<bf16>(N * fs);
     cuda::swiglu_fwd(sh, m.sgu, N, fs, limit);
   };
+  // Expert tensor parallel: the shared expert's partial output and the routed experts' partial combine are summed
+  // here in fp32, then over TP once.
+  float* partial = c.expert_tp ? tmp.take<float>(N * d) : nullptr;
   auto shared_down = [&] {
+    if (partial) {
+      part.next("shared");
+      if (fs > 0)
+        c.lin.fwd(partial, sh, w.sw2, N, fs, d, true);
+      else
+        TREX_CUDA(cudaMemsetAsync(partial, 0, size_t(N * d) * sizeof(float), nullptr));
+      return;
+    }
     if (fs == 0) return;
     part.next("shared");
     m.sy = keep.take<bf16>(N * d);
@@ -404,12 +419,20 @@ void moe_fwd(const Ctx& c, GpuBlock& b, const int32_t* injected_sel, bool replay
     experts_fwd(c, x, m.ye, h, x.w2, f, d, gscratch);
   }
   part.next("combine");
-  cuda::moe_combine(b.y_f, m.ye, m.slot_pos, m.weight, add, N, K, d);
+  if (partial) {
+    cuda::moe_combine_accumulate(partial, m.ye, m.slot_pos, m.weight, N, K, d);
+    comm::WorkPtr sum = c.tp->all_reduce(partial, size_t(N * d), comm::ElemType::F32, comm::ReduceOp::Sum);
+    comm::stream_wait(*sum, nullptr);
+    cuda::cast_f32_to_bf16(b.y_f, partial, N * d);
+  } else {
+    cuda::moe_combine(b.y_f, m.ye, m.slot_pos, m.weight, add, N, K, d);
+  }
 }
 
 void moe_bwd(const Ctx& c, GpuBlock& b, const bf16* dout, float* du) {
-  const int64_t N = c.lay->N, d = c.cfg->hidden, E = c.cfg->n_routed_experts, K = c.cfg->topk, f = c.cfg->moe_inter;
-  const int64_t fs = f * c.cfg->n_shared_experts / c.tp_size;  // this TP rank's shared hidden width
+  const int64_t N = c.lay->N, d = c.cfg->hidden, E = c.cfg->n_routed_experts, K = c.cfg->topk;
+  const int64_t fs = c.cfg->moe_inter * c.cfg->n_shared_experts / c.tp_size;  // this TP rank's shared hidden width
+  const int64_t f = routed_width(c);
   const float limit = float(c.cfg->swiglu_limit);
   check_router_status(b);
   const MoeActs& m = b.mo;
@@ -420,6 +443,11 @@ void moe_bwd(const Ctx& c, GpuBlock& b, const bf16* dout, float* du) {
   bf16* dye = tmp.take<bf16>(N * K * d);
   float* dweight = tmp.take<float>(N * K);
   cuda::moe_combine_bwd(dye, dweight, dout, m.ye, m.slot_pos, m.weight, N, K, d);
+  // Expert tensor parallel: ye is this rank's share of each expert's output, so dout . ye is a partial sum of the
+  // gate weights' gradients; summed over TP they are the whole ones, the same bits on every rank (the router is
+  // replicated). The all-reduce runs while the experts' backward does.
+  comm::WorkPtr dweight_sum;
+  if (c.expert_tp) dweight_sum = c.tp->all_reduce(dweight, size_t(N * K), comm::ElemType::F32, comm::ReduceOp::Sum);
 
   auto shared_expert = [&] {
     if (fs == 0) return;
@@ -436,7 +464,8 @@ void moe_bwd(const Ctx& c, GpuBlock& b, const bf16* dout, float* du) {
     // Tensor parallel (column-parallel w1 | w3): du holds only this rank's share of the shared expert's input
     // gradient so far (the caller zeroes it, and the routed experts and the router add theirs after this), so
     // summing it over TP here gives every rank the same full gradient before the replicated parts add to it.
-    if (c.tp) {
+    // Under expert TP the routed experts' input gradients are partial too: the sum waits for them (below).
+    if (c.tp && !c.expert_tp) {
       comm::WorkPtr sum = c.tp->all_reduce(du, size_t(N * d), comm::ElemType::F32, comm::ReduceOp::Sum);
       comm::stream_wait(*sum, nullptr);
     }
@@ -488,6 +517,11 @@ void moe_bwd(const Ctx& c, GpuBlock& b, const bf16* dout, float* du) {
   }
   part.next("gather");
   cuda::moe_gather_bwd(du, dxe, m.slot_pos, N, K, d);
+  if (c.expert_tp) {  // the shared and the routed experts' partial input gradients, summed over TP at once
+    comm::WorkPtr sum = c.tp->all_reduce(du, size_t(N * d), comm::ElemType::F32, comm::ReduceOp::Sum);
+    comm::stream_wait(*sum, nullptr);
+    comm::stream_wait(*dweight_sum, nullptr);
+  }
 
   // Router: gate weights -> scores -> logits -> gate GEMM.
   part.next("router");

@@ -32,7 +32,7 @@ void GpuModel::Impl::declare(const std::string& name, const Shape& shape, int64_
   p.name = name;
   p.ordinal = ordinal;
   p.full = shape;
-  p.tp_axis = tp_size > 1 ? dsv4::tp_split_axis(name) : -1;
+  p.tp_axis = tp_size > 1 ? dsv4::tp_split_axis(name, tp_experts) : -1;
   p.shape = dsv4::tp_local_shape(shape, p.tp_axis, tp_size);  // this TP rank's slice
   p.numel = numel(p.shape);
   p.offset = total;
@@ -230,7 +230,7 @@ void GpuModel::Impl::declare_fp32(const std::string& name, const Shape& shape, i
   if (!declaring) return;
   GpuParam p;
   p.name = name, p.full = shape, p.offset = total, p.ordinal = ordinal;
-  p.tp_axis = tp_size > 1 ? dsv4::tp_split_axis(name) : -1;
+  p.tp_axis = tp_size > 1 ? dsv4::tp_split_axis(name, tp_experts) : -1;
   p.shape = dsv4::tp_local_shape(shape, p.tp_axis, tp_size);  // the attention sinks: this TP rank's heads
   p.numel = numel(p.shape);
   total += (p.numel + 7) / 8 * 8;
@@ -313,7 +313,7 @@ void GpuModel::Impl::wait_gather(int bi) {
 // One block's parameter and gradient pointers: main layer l ("layers.l.") or, l == cfg.n_layers, the MTP block
 // ("mtp.0.": sliding attention, score routing, as dsv4::with_mtp_block makes it).
 std::unique_ptr<GpuBlock> GpuModel::Impl::bind_block(int64_t l) {
-  const int64_t d = cfg.hidden, E = cfg.n_routed_experts, f = cfg.moe_inter, K = cfg.topk;
+  const int64_t d = cfg.hidden, E = cfg.n_routed_experts, f = expert_width(), K = cfg.topk;
   const dsv4::ModelConfig ext = dsv4::with_mtp_block(cfg);
   auto b = std::make_unique<GpuBlock>();
   b->layer = l;

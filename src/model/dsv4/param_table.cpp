@@ -157,11 +157,15 @@ bool keeps_fp32(const std::string& n) {
          ends_with(n, "ffn.gate.bias");
 }
 
-int tp_split_axis(const std::string& n) {
+int tp_split_axis(const std::string& n, TpExperts experts) {
   if (ends_with(n, ".attn.wq_b.weight") || ends_with(n, ".attn.wo_a.weight") || ends_with(n, ".attn.attn_sink") ||
       ends_with(n, ".ffn.shared_experts.w1.weight") || ends_with(n, ".ffn.shared_experts.w3.weight"))
     return 0;
   if (ends_with(n, ".attn.wo_b.weight") || ends_with(n, ".ffn.shared_experts.w2.weight")) return 1;
+  if (experts == TpExperts::Split && n.find(".ffn.experts.") != std::string::npos) {
+    if (ends_with(n, ".w1.weight") || ends_with(n, ".w3.weight")) return 0;
+    if (ends_with(n, ".w2.weight")) return 1;
+  }
   return -1;
 }
 

@@ -64,9 +64,12 @@ bool partition_holds(const ModelPartition& p, const ParamSpec& s, bool with_mtp)
 // groups are split: attn.wq_b (rows: head h's c rows), attn.wo_a (rows: group g's o_rank rows), attn.attn_sink
 // (per head) along 0, attn.wo_b along 1 (its input columns are the groups' outputs); the shared expert's w1 / w3
 // along 0 (hidden rows) and w2 along 1 (its input columns). The single shared K=V head, the compressor, the
-// indexer, q_norm / wq_a, the router, the routed experts (expert TP = 1), mHC, norms, embedding and head are
-// replicated. Main layers and the MTP block alike.
-int tp_split_axis(const std::string& official);
+// indexer, q_norm / wq_a, the router, mHC, norms, embedding and head are replicated. The routed experts are
+// replicated too (expert TP 1, TpExperts::Whole) unless expert tensor parallelism splits them like the shared
+// expert (TpExperts::Split, parallel.etp = tp: each expert's w1 / w3 along 0, w2 along 1). Main layers and the
+// MTP block alike.
+enum class TpExperts { Whole, Split };
+int tp_split_axis(const std::string& official, TpExperts experts);
 // The TP rank's slice of a tensor of shape `full` split along `axis` over tp ranks (axis -1 or tp 1: full).
 Shape tp_local_shape(const Shape& full, int axis, int tp);
 

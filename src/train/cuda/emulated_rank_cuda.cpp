@@ -19,6 +19,7 @@ dsv4gpu::GpuModelOptions EmulatedRank::model_options(const parallel::RankPartiti
   o.layer_begin = c.layer_begin, o.layer_end = c.layer_end;
   o.stage_slots = c.slots;
   o.dp = mesh.dp.get(), o.ep = mesh.ep.get(), o.tp = mesh.tp.get();
+  o.expert_tp = p.spec.etp > 1;
   // The chunk holding embed.weight (virtual stage 0) or its MTP copy (the last one) joins the tied-embedding group.
   o.embed_group = mesh.embed && (c.embed || c.head) ? mesh.embed.get() : nullptr;
   o.balanced_routing = true;

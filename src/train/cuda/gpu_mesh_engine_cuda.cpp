@@ -144,6 +144,7 @@ GpuMeshEngine::GpuMeshEngine(const TrainConfig& cfg, const dsv4::ModelConfig& mc
   // Tensor parallel inside the stage: the model splits heads and the shared expert over the TP group; set_shard /
   // gather_shard / load_from take and give the official tensors, so the checkpoints below are the unsplit ones.
   if (s.mesh.spec.tp > 1) go.tp = s.mesh.tp_group.get();
+  go.expert_tp = s.mesh.spec.etp > 1;  // parallel.etp = tp: the routed experts split over the TP group too
   go.balance_alpha = o.model.balance_alpha;  // under dp: each micro-batch's share (its sequences are this rank's)
   go.balance_hash_layers = o.model.balance_hash_layers;
   go.deterministic = o.deterministic;
