@@ -209,9 +209,10 @@ TEST(PlanCalibration, EmulatedRanksArePredictedAsOneStageAlone) {
     }(), cal.profile);
     if (pipelined) EXPECT_GT(whole.step_s, c.predicted_step) << c.id;
   }
-  // Six session-7 ids (re-measured), the planner's chosen V4-Flash layouts with and without MTP, V4-Flash SFT 8192,
-  // and both stages of V4-Pro's pp = 2 layout.
-  EXPECT_EQ(emulated, 11);
+  // Six session-7 ids (re-measured), the planner's chosen V4-Flash layouts with and without MTP, V4-Flash SFT 8192
+  // (full, and with only the first 28 / 23 layers replayed), both stages of V4-Pro's pp = 2 layout, and V4-Pro's
+  // tensor- and expert-tensor-parallel rank (TP2, ETP2).
+  EXPECT_EQ(emulated, 14);
 }
 
 // The record's stage layers must describe the model and the layout: they are refused with the reason otherwise.
