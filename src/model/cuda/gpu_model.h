@@ -55,7 +55,7 @@ struct GpuModelOptions {
   // (dsv4::tp_split_axis); the forward all-reduces the attention's and the shared expert's partial outputs, the
   // backward the partial input gradients of what is replicated (the attention's compressed query, its shared K=V
   // and compressed entries; the shared expert's input). Everything else (wq_a, q_norm, K=V, compressor, indexer,
-  // router, routed experts: expert TP = 1, mHC, norms, embedding, head) is replicated and computed redundantly on
+  // router, routed experts unless expert_tp, mHC, norms, embedding, head) is replicated and computed redundantly on
   // identical inputs and gradients, so its gradients come out bit-identical on the TP ranks without any gradient
   // all-reduce. dp / ep are then the groups of this TP rank. Null or size 1: no TP. Not owned.
   comm::Communicator* tp = nullptr;
