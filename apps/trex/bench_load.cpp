@@ -49,9 +49,7 @@ int64_t rank_stored_bytes(const dsv4::ModelConfig& cfg, const parallel::RankPart
     if (s.part == dsv4::ParamPart::Head && !p.head) continue;    // the last stage's: head, final norm, hc_head
     if (s.expert >= 0 && (s.expert < p.expert_begin || s.expert >= p.expert_end)) continue;
     const int64_t b = dsv4::released_bytes(s.name, s.shape, s.kind == dsv4::ParamKind::HashTable ? DType::I64 : DType::F32, block);
-    n += dsv4::tp_split_axis(s.name, p.spec.etp > 1 ? dsv4::TpExperts::Split : dsv4::TpExperts::Whole) >= 0
-             ? b / p.spec.tp
-             : b;
+    n += dsv4::tp_split_axis(s.name, dsv4::tp_experts_of(p.spec.etp)) >= 0 ? b / p.spec.tp : b;
   }
   return n;
 }

@@ -21,7 +21,7 @@ constexpr double kCountOnlyBelow = double(comm::EmulatedGroup::kCountOnlyMovesBe
 BucketTable bucket_table(const dsv4::ModelConfig& cfg, bool ep_split, int64_t tp, int64_t etp) {
   TREX_CHECK(tp >= 1, "comm volume: tp={} must be >= 1", tp);
   TREX_CHECK(etp == 1 || etp == tp, "comm volume: etp={} must be 1 or tp={}", etp, tp);
-  const dsv4::TpExperts split = etp > 1 ? dsv4::TpExperts::Split : dsv4::TpExperts::Whole;
+  const dsv4::TpExperts split = dsv4::tp_experts_of(etp);
   BucketTable t;
   const size_t n_blocks = size_t(cfg.n_layers + (cfg.n_mtp > 0 ? 1 : 0));
   t.block.assign(n_blocks, 0), t.experts.assign(n_blocks, 0), t.fp32.assign(n_blocks, 0);

@@ -13,7 +13,7 @@ RankParamState rank_param_state(const dsv4::ModelConfig& cfg, int64_t dp, int64_
   TREX_CHECK(zero >= 1 && zero <= 3, "rank state: zero {} (the GPU trainer runs 1, 2 and 3)", zero);
   TREX_CHECK(tp >= 1, "rank state: tp={} must be >= 1", tp);
   TREX_CHECK(etp == 1 || etp == tp, "rank state: etp={} must be 1 or tp={}", etp, tp);
-  const dsv4::TpExperts split = etp > 1 ? dsv4::TpExperts::Split : dsv4::TpExperts::Whole;
+  const dsv4::TpExperts split = dsv4::tp_experts_of(etp);
   const int64_t E = cfg.n_routed_experts;
   TREX_CHECK(dp >= 1 && ep >= 1 && dp % ep == 0, "rank state: ep={} must divide dp={}", ep, dp);
   TREX_CHECK(E % ep == 0, "rank state: ep={} does not divide the {} routed experts", ep, E);

@@ -136,7 +136,7 @@ TEST(BlockProgram, TrainingForwardAndBackwardOfTheWholeModelWithMtp) {
 TEST(BlockProgram, FullRecomputationReplaysEachBlockBeforeItsBackward) {
   Recorder be;
   trex::dsv4::ProgramShape shape;
-  shape.n_layers = 2, shape.mtp = true, shape.vocab = 10, shape.balance = {1, 0, 1}, shape.replay = true;
+  shape.n_layers = 2, shape.mtp = true, shape.vocab = 10, shape.balance = {1, 0, 1}, shape.replay = {1, 1, 1};
   trex::dsv4::BlockProgram prog(be, shape);
   const std::vector<int32_t> ids{1, 2, 3, 4}, labels{1, 2, 3, 4};
   const trex::dsv4::SeqLayout layout = trex::dsv4::SeqLayout::unpacked(1, 4);

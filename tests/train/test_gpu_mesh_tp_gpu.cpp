@@ -94,7 +94,7 @@ struct Layout {
     return fmt::format("pp{}_dp{}_ep{}_tp{}", pp, dp, ep, tp) + (etp == 1 ? "" : fmt::format("_etp{}", etp)) +
            (zero == 1 ? "" : fmt::format("_zero{}", zero));
   }
-  dsv4::TpExperts experts() const { return etp > 1 ? dsv4::TpExperts::Split : dsv4::TpExperts::Whole; }
+  dsv4::TpExperts experts() const { return dsv4::tp_experts_of(etp); }
 };
 
 struct LayoutRun {

@@ -117,7 +117,7 @@ TEST_P(TpGpu, MatchesOneRank) {
   const TpRun ref = run_one(cfg, nullptr, false, etp);
   auto comms = comm::make_thread_group(T, 120.0);
   std::vector<TpRun> out(static_cast<size_t>(T));
-  const dsv4::TpExperts experts = etp ? dsv4::TpExperts::Split : dsv4::TpExperts::Whole;
+  const dsv4::TpExperts experts = dsv4::tp_experts_of(etp ? T : 1);
   trex::testing::run_ranks(T, [&](int r) { out[size_t(r)] = run_one(cfg, comms[size_t(r)].get(), etp, etp); });
   if (HasFailure()) return;
 

@@ -270,8 +270,9 @@ struct Ctx {
   comm::Communicator* tp = nullptr;
   int64_t tp_size = 1;
   // GpuModelOptions::expert_tp: tp_size divides the routed experts' width too (their outputs and input gradients
-  // are partial per TP rank until the MoE's one all-reduce).
+  // are partial per TP rank until the MoE's one all-reduce); expert_width is the width this rank computes.
   bool expert_tp = false;
+  int64_t expert_width = 0;
   bool grouped_experts = false;      // GpuModelOptions::moe_grouped_gemm
   bool deterministic = false;        // GpuModelOptions::deterministic
   // GpuModelOptions::balanced_routing: the device table [N * topk] of forced expert ids (null: the router's own).

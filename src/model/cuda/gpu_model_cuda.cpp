@@ -66,6 +66,7 @@ Ctx GpuModel::Impl::ctx() {
   c.section = [this](const char* n, bool b) { section(n, b); };
   c.ep = opts.ep;
   if (tp_size > 1) c.tp = tp, c.tp_size = tp_size, c.expert_tp = tp_experts == dsv4::TpExperts::Split;
+  c.expert_width = expert_width();
   c.grouped_experts = opts.moe_grouped_gemm;
   c.deterministic = opts.deterministic;
   if (arena) c.scratch = arena->temporaries;
@@ -222,12 +223,10 @@ GpuModel::GpuModel(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts)
   dsv4::ProgramShape ps;
   ps.n_layers = m.l1 - m.l0, ps.embed = m.first_stage(), ps.head = m.last_stage(), ps.mtp = m.mtp();
   ps.vocab = cfg.vocab_size;
-  ps.replay = opts.recompute == dsv4::Recompute::Full;
   for (int64_t l = m.l0; l < m.l1; ++l) ps.balance.push_back(!m.blocks[size_t(l)]->hash || opts.balance_hash_layers);
-  if (ps.replay) {
-    for (int64_t l = m.l0; l < m.l1; ++l) ps.replay_blocks.push_back(m.blocks[size_t(l)]->recompute == dsv4::Recompute::Full);
-    if (m.mtp()) ps.replay_blocks.push_back(m.mtp_block->recompute == dsv4::Recompute::Full);
-  }
+  for (int64_t l = m.l0; l < m.l1; ++l)
+    ps.replay.push_back(m.blocks[size_t(l)]->recompute == dsv4::Recompute::Full);
+  if (m.mtp()) ps.replay.push_back(m.mtp_block->recompute == dsv4::Recompute::Full);
   if (m.mtp()) ps.balance.push_back(1);  // the MTP block is score-routed
   m.program = std::make_unique<dsv4::BlockProgram>(*m.backend, std::move(ps));
   m.program->set_slots(opts.stage_slots + 1);

@@ -156,9 +156,6 @@ void experts_dw(const Ctx& c, const ExpertRows& x, float* dW, const bf16* dy, co
 
 bool expert_parallel(const Ctx& c) { return c.ep && c.ep->size() > 1; }
 
-// The width of each routed expert this rank computes: all of it, or its 1 / T share under expert TP.
-int64_t routed_width(const Ctx& c) { return c.expert_tp ? c.cfg->moe_inter / c.tp_size : c.cfg->moe_inter; }
-
 }  // namespace
 
 // The count exchange runs ahead of the row plan: its results come back to pinned host memory on the staging's own
@@ -291,7 +288,7 @@ comm::WorkPtr ep_exchange(comm::Communicator& ep, const bf16* send, bf16* recv, 
 void moe_fwd(const Ctx& c, GpuBlock& b, const int32_t* injected_sel, bool replay) {
   const int64_t N = c.lay->N, d = c.cfg->hidden, E = c.cfg->n_routed_experts, K = c.cfg->topk;
   const int64_t fs = c.cfg->moe_inter * c.cfg->n_shared_experts / c.tp_size;  // this TP rank's shared hidden width
-  const int64_t f = routed_width(c);
+  const int64_t f = c.expert_width;  // of each routed expert, this rank's share
   const float limit = float(c.cfg->swiglu_limit);
   check_router_status(b);  // the previous forward's (forward-only runs never reach moe_bwd)
   Pool& keep = b.keep;
@@ -432,7 +429,7 @@ void moe_fwd(const Ctx& c, GpuBlock& b, const int32_t* injected_sel, bool replay
 void moe_bwd(const Ctx& c, GpuBlock& b, const bf16* dout, float* du) {
   const int64_t N = c.lay->N, d = c.cfg->hidden, E = c.cfg->n_routed_experts, K = c.cfg->topk;
   const int64_t fs = c.cfg->moe_inter * c.cfg->n_shared_experts / c.tp_size;  // this TP rank's shared hidden width
-  const int64_t f = routed_width(c);
+  const int64_t f = c.expert_width;  // of each routed expert, this rank's share
   const float limit = float(c.cfg->swiglu_limit);
   check_router_status(b);
   const MoeActs& m = b.mo;

@@ -69,6 +69,7 @@ bool partition_holds(const ModelPartition& p, const ParamSpec& s, bool with_mtp)
 // expert (TpExperts::Split, parallel.etp = tp: each expert's w1 / w3 along 0, w2 along 1). Main layers and the
 // MTP block alike.
 enum class TpExperts { Whole, Split };
+inline TpExperts tp_experts_of(int64_t etp) { return etp > 1 ? TpExperts::Split : TpExperts::Whole; }
 int tp_split_axis(const std::string& official, TpExperts experts);
 // The TP rank's slice of a tensor of shape `full` split along `axis` over tp ranks (axis -1 or tp 1: full).
 Shape tp_local_shape(const Shape& full, int axis, int tp);

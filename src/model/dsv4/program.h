@@ -29,14 +29,11 @@ struct ProgramShape {
   bool mtp = false;            // block n_layers is the MTP block (head stage only)
   std::vector<char> balance;   // per block: the balance loss applies to its router
   int64_t vocab = 0;
-  // Full activation recomputation: each block's activations are released after its forward (Backend::
-  // release_block) and its forward re-runs (Pass::replay) right before its backward, then released again.
-  // replay_blocks, when not empty, says which blocks do (recompute_full_layers: the others recompute selectively).
-  bool replay = false;
-  std::vector<char> replay_blocks;
-  bool replays(int64_t blk) const {
-    return replay && (replay_blocks.empty() || replay_blocks[size_t(blk)] != 0);
-  }
+  // Full activation recomputation, per block (main layers, then the MTP block; empty: none): a block marked here has
+  // its activations released after its forward (Backend::release_block) and its forward re-run (Pass::replay) right
+  // before its backward, then released again (recompute_full_layers: the unmarked ones recompute selectively).
+  std::vector<char> replay;
+  bool replays(int64_t blk) const { return !replay.empty() && replay[size_t(blk)] != 0; }
 };
 
 struct MicroBatch {
