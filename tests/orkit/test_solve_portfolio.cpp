@@ -55,7 +55,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-TEST(SolvePortfolio, KnapsackOnWhichCbcStallsIsProvedInUnderTwoSeconds) {
+// CBC alone needs about a minute on this knapsack; the race is decided in well under a second when idle. The bound
+// (a sixth of CBC's time) fails without the portfolio and holds on a loaded CI machine.
+TEST(SolvePortfolio, KnapsackOnWhichCbcStallsIsProvedLongBeforeCbcAloneWould) {
   if (!both_solvers()) GTEST_SKIP() << "needs CBC and GLPK";
   const Model m = read_lp(kTokenExchange, "token.lp");
   ASSERT_TRUE(detail::uses_portfolio(m, SolveOptions{}));
@@ -63,7 +65,7 @@ TEST(SolvePortfolio, KnapsackOnWhichCbcStallsIsProvedInUnderTwoSeconds) {
   const auto t0 = std::chrono::steady_clock::now();
   const SolveResult r = solve(m);
   const double secs = seconds_since(t0);
-  EXPECT_LT(secs, 2.0) << r.message;
+  EXPECT_LT(secs, 10.0) << r.message;
   ASSERT_EQ(r.status, SolveStatus::Optimal) << r.message;
   EXPECT_DOUBLE_EQ(r.objective, 114.0);
   ASSERT_EQ(r.values.size(), 3u);
