@@ -1,10 +1,11 @@
 // `trex bench train --emulate-rank R --layout pp=P,vpp=V,dp=D,ep=E,tp=T`: one rank of a large layout alone on this
 // GPU (train/cuda/emulated_rank.h: its stage or interleaved chunks, the MTP module on the head's rank unless
 // --no-mtp), printed beside the planner's prediction for that rank (src/plan, the same layout and the same stage
-// layers). Refuses before allocating the model when the rank's count (GpuModel::footprint's parameter state, the
-// activation table per chunk and slot, the step's workspaces) exceeds the device's free memory, with the planner's
-// breakdown for its stage beside it (a warning when only the planner's exceeds it); an allocation that fails later exits with the pool's use by category
-// (EmulatedRank::memory_report) beside the same counts.
+// layers). Refuses before allocating the model when the rank's count (train/cuda/rank_memory.h, the count
+// `trex train` makes too: parameter state, activations per chunk and slot, workspaces, bucket buffers) exceeds the
+// device's free memory, with the planner's breakdown for its stage beside it (a warning when only the planner's
+// exceeds it); an allocation that fails later exits with the pool's use by category (EmulatedRank::memory_report)
+// beside the same counts.
 #include <fmt/format.h>
 
 #include <chrono>
@@ -32,12 +33,10 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
-#include "kernels/cuda/lm_head_ce.h"
-#include "model/cuda/activation_plan.h"
 #include "model/dsv4/recompute.h"
-#include "model/dsv4/seq_layout.h"
 #include "bench_gpu_metrics.h"
 #include "train/cuda/emulated_rank.h"
+#include "train/cuda/rank_memory.h"
 #endif
 
 namespace trex::bench {
@@ -113,59 +112,6 @@ nlohmann::json planner_prediction(const TrainBenchArgs& a, const dsv4::ModelConf
   return j;
 }
 
-#ifdef TREX_HAVE_CUDA
-namespace {
-// The rank's activation and workspace bytes before anything is allocated. Activations, per model chunk (each its
-// own activation arena, activation_arena.h, whose regions keep their high-water mark for the step): the GPU
-// model's activation table (model/cuda/activation_plan.h, what its pools take request by request) per micro-batch
-// slot, times the micro-batches the schedule holds at once on that chunk, plus one block's recomputation scratch.
-// Workspace: the GPU model's (dsv4gpu::plan_workspace, the planner's workspace term too) and the LM head's
-// row-block logits on the head's chunk.
-struct RankMemory {
-  std::vector<dsv4gpu::ActivationPlan> plans;  // per chunk
-  std::vector<int64_t> held;                   // per chunk: micro-batches held at once
-  int64_t activations = 0;
-  int64_t grad_streams = 0, boundary = 0, lm_head = 0, moe_bwd = 0;
-  int64_t workspace() const { return grad_streams + boundary + lm_head + moe_bwd; }
-  int64_t kept_per_micro_batch() const {  // the rank's whole: every chunk's one micro-batch
-    int64_t n = 0;
-    for (const auto& pl : plans) n += pl.kept();
-    return n;
-  }
-};
-
-RankMemory rank_memory(const dsv4::ModelConfig& cfg, const parallel::RankPartition& p, int64_t seq,
-                       const dsv4gpu::GpuModelOptions& o) {
-  RankMemory r;
-  const dsv4::SeqLayout mb = dsv4::SeqLayout::unpacked(p.micro_batch_seqs, seq);
-  const int64_t N = mb.B * mb.T;
-  for (const parallel::RankChunk& c : p.chunks) {
-    dsv4gpu::ActivationPlanShape sh;
-    sh.layer_begin = c.layer_begin, sh.layer_end = c.layer_end, sh.mtp = c.head && p.mtp;
-    sh.recompute = o.recompute;
-    sh.recompute_full_layers = o.recompute_full_layers;
-    sh.ep = p.spec.ep;
-    sh.head_grad = true;
-    sh.tp = p.spec.tp, sh.etp = p.spec.etp;
-    r.plans.push_back(dsv4gpu::plan_activations(cfg, mb, sh));
-    r.held.push_back(std::min<int64_t>(c.slots, p.micro_batches));
-    r.activations += r.held.back() * r.plans.back().kept() + r.plans.back().block_scratch;
-  }
-  dsv4gpu::WorkspaceShape ws;
-  ws.tokens = N, ws.chunks = int64_t(p.chunks.size()), ws.embeds = p.embed, ws.stages = p.spec.pp > 1;
-  ws.act_in = !p.embed || p.spec.vpp > 1, ws.grad_in = !p.head || p.spec.vpp > 1;
-  ws.etp = p.spec.etp;
-  const dsv4gpu::Workspace w = dsv4gpu::plan_workspace(cfg, ws);
-  r.grad_streams = w.grad_streams, r.moe_bwd = w.moe_bwd, r.boundary = w.boundary;
-  if (p.head) {
-    cuda::LmHeadCeShape s{N, cfg.hidden, cfg.vocab_size, std::min(o.lm_chunk, cfg.vocab_size), o.lm_rows,
-                          o.lm_grad_rows};
-    r.lm_head = int64_t(cuda::lm_head_ce_fwd_grad_scratch_bytes(s));
-  }
-  return r;
-}
-}  // namespace
-#endif
 
 void bench_train_emulated(const TrainBenchArgs& a) {
   TREX_CHECK(!a.layout.empty(), "bench train --emulate-rank {}: give the layout (--layout pp=P,dp=D,ep=E,tp=T)",
@@ -187,8 +133,8 @@ void bench_train_emulated(const TrainBenchArgs& a) {
   (void)pred;
   fail("bench train --emulate-rank: this build has no CUDA backend (configure with -DTREX_CUDA=ON)");
 #else
-  // The bytes first: every chunk's parameters, gradients and optimizer state, from the parameter table.
-  parallel::EmulatedMesh sizing = parallel::make_emulated_mesh(p);
+  // The bytes first (train/cuda/rank_memory.h, the count `trex train` makes before allocating): every chunk's
+  // parameter state, activations per chunk and slot, the workspaces and the bucket buffers.
   dsv4gpu::GpuModelOptions base;
   base.timing = a.sections;
   base.deterministic = a.deterministic;
@@ -196,49 +142,16 @@ void bench_train_emulated(const TrainBenchArgs& a) {
   base.recompute_full_layers = a.recompute_full_layers;
   base.zero = a.zero, base.grad_reduce_bf16 = a.grad_reduce == "bf16";
   if (a.moe_gemm != "default") base.moe_grouped_gemm = a.moe_gemm == "grouped";
-  dsv4gpu::GpuModel::Footprint fp;  // summed over the chunks
-  for (int c = 0; c < int(p.chunks.size()); ++c) {
-    const dsv4gpu::GpuModel::Footprint f =
-        dsv4gpu::GpuModel::footprint(cfg, train::EmulatedRank::model_options(p, sizing, base, c));
-    fp.weight_elems += f.weight_elems, fp.grad_elems += f.grad_elems, fp.shard_elems += f.shard_elems;
-    fp.n_params += f.n_params, fp.grad_buffer_bytes += f.grad_buffer_bytes;
-    fp.weight_buffer_bytes += f.weight_buffer_bytes;
-  }
-  const double fixed = double(fp.compute_bytes() + fp.grad_bytes() + fp.master_bytes() + fp.adamw_bytes());
-  const RankMemory rm = rank_memory(cfg, p, a.seq, base);
-  // ZeRO-2's transient bucket buffers (and the bf16 reduction's copies) come from the pool during backward, ZeRO-3's
-  // gathered weight buffers during forward and backward.
-  const double need = fixed + double(rm.activations) + double(rm.workspace()) + double(fp.grad_buffer_bytes) +
-                      double(fp.weight_buffer_bytes);
+  const train::RankMemory rm = train::count_rank_memory(cfg, p, a.seq, base);
+  const double need = double(rm.total());
   size_t free_b = 0, total_b = 0;
   TREX_CUDA(cudaMemGetInfo(&free_b, &total_b));
-  std::string per_chunk;
-  for (size_t c = 0; c < rm.plans.size(); ++c) {
-    const dsv4gpu::ActivationPlan& pl = rm.plans[c];
-    std::string per_layer;
-    for (size_t i = 0; i < pl.blocks.size(); ++i)
-      per_layer += fmt::format("{}{}: {:.2f}", i ? ", " : "", p.chunks[c].layer_begin + int64_t(i),
-                               double(pl.blocks[i].kept) / kGiB);
-    per_chunk += fmt::format("{}layers [{}, {}): {} micro-batches x {:.2f} (streams {:.2f}, head {:.2f}, layers {}) "
-                             "+ recomputation scratch {:.2f}",
-                             c ? "; " : "", p.chunks[c].layer_begin, p.chunks[c].layer_end, rm.held[c],
-                             double(pl.kept()) / kGiB, double(pl.streams) / kGiB, double(pl.heads) / kGiB, per_layer,
-                             double(pl.block_scratch) / kGiB);
-  }
   const std::string counted = fmt::format(
-      "the rank's count {:.2f} GiB: bf16 weights {:.2f}, fp32 gradients {:.2f}, fp32 master shard {:.2f}, AdamW "
-      "moments {:.2f} ({} parameters{}); activations {:.2f} ({}); workspace {:.2f} (gradient streams {:.2f}, pipeline "
-      "boundary {:.2f}, LM head {:.2f}, MoE backward {:.2f}); bucket buffers {:.2f} (ZeRO-2 gradients {:.2f}, ZeRO-3 "
-      "gathers {:.2f}). The planner's count for stage {} (plan/estimate.h, the same stage layers): {:.2f} GiB = "
+      "the rank's count {}. The planner's count for stage {} (plan/estimate.h, the same stage layers): {:.2f} GiB = "
       "weights {:.2f}, grads {:.2f}, optimizer {:.2f}, activations {:.2f} ({} in flight), logits {:.2f}, comm buffers "
       "{:.2f}, workspace {:.2f}, fixed {:.2f}",
-      need / kGiB, fp.compute_bytes() / kGiB, fp.grad_bytes() / kGiB, fp.master_bytes() / kGiB,
-      fp.adamw_bytes() / kGiB, fp.n_params, p.mtp ? ", the MTP module's among them" : "",
-      double(rm.activations) / kGiB, per_chunk, double(rm.workspace()) / kGiB, double(rm.grad_streams) / kGiB,
-      double(rm.boundary) / kGiB, double(rm.lm_head) / kGiB, double(rm.moe_bwd) / kGiB,
-      double(fp.grad_buffer_bytes + fp.weight_buffer_bytes) / kGiB, double(fp.grad_buffer_bytes) / kGiB,
-      double(fp.weight_buffer_bytes) / kGiB, p.pp_rank, pm.total, pm.weights, pm.grads, pm.optimizer,
-      pm.activations, pm.inflight, pm.logits, pm.comm_buffers, pm.workspace, pm.fixed);
+      rm.describe(), p.pp_rank, pm.total, pm.weights, pm.grads, pm.optimizer, pm.activations, pm.inflight, pm.logits,
+      pm.comm_buffers, pm.workspace, pm.fixed);
   // Refused up front when the rank's count exceeds what the device has free. The planner's total (which counts what
   // the rank's table does not: the expert exchange's buffers, its fitted activation scale and fixed reserve) is
   // printed beside it; when only the planner's exceeds the free memory the run goes ahead with a warning, so the
@@ -335,7 +248,7 @@ void bench_train_emulated(const TrainBenchArgs& a) {
   j["zero"] = a.zero;
   j["grad_reduce"] = a.grad_reduce;
   j["global_batch"] = a.batch;
-  j["params"] = fp.n_params;
+  j["params"] = rm.params.n_params;
   j["step_s"] = std::round(dt * 1e4) / 1e4;
   j["tokens_per_s"] = std::llround(tok_s);  // this rank's tokens (its TP group's, under tp)
   j["stage_gflop_per_token"] = std::round(stage_flops / 1e6) / 1e3;
@@ -343,15 +256,15 @@ void bench_train_emulated(const TrainBenchArgs& a) {
   j["mfu"] = std::round(tflops * 1e12 / peak_flops * 1e4) / 1e4;  // the rank's own compute
   // Memory: the arena and optimizer state exactly; the rest of the pool's high-water mark is activations and
   // workspaces (the in-flight micro-batches' saved tensors, the LM head's scratch, the expert exchange buffers).
-  const double opt_bytes = double(fp.master_bytes() + fp.adamw_bytes());
-  j["memory_gib"] = {{"weights", gib(double(fp.compute_bytes()))},
-                     {"grads", gib(double(fp.grad_bytes()))},
+  const double opt_bytes = double(rm.params.master_bytes() + rm.params.adamw_bytes());
+  j["memory_gib"] = {{"weights", gib(double(rm.params.compute_bytes()))},
+                     {"grads", gib(double(rm.params.grad_bytes()))},
                      {"optimizer", gib(opt_bytes)},  // fp32 master shard + AdamW moments (the planner's split)
-                     {"activations_and_workspace", gib(double(used_high) - fixed)},
+                     {"activations_and_workspace", gib(double(used_high) - double(rm.parameter_state()))},
                      {"activations_planned", gib(double(rm.activations))},  // the table's, before allocating
                      {"activations_per_micro_batch", gib(double(rm.kept_per_micro_batch()))},
-                     {"workspace_estimated", gib(double(rm.workspace()))},
-                     {"grad_buckets_estimated", gib(double(fp.grad_buffer_bytes))},  // ZeRO-2 / bf16 reduction
+                     {"workspace_estimated", gib(double(rm.workspaces()))},
+                     {"grad_buckets_estimated", gib(double(rm.params.grad_buffer_bytes))},  // ZeRO-2 / bf16 reduction
                      {"counted_before_allocating", gib(need)},
                      {"loopback_buffers", gib(double(rank.loopback_bytes()))},  // emulation only, outside the pool
                      {"pool_peak", gib(double(used_high))},

@@ -328,7 +328,7 @@ const float* CudaEngine::run_step(const std::vector<EngineFeed>& feeds, const st
     for (const EngineFeed& f : feeds) decode = decode && f.n == 1;
     prof_.begin(decode ? fmt::format("decode N={:3d}", feeds.size())
                        : fmt::format("prefill/mixed ~{:5d} tokens", cuda::Gemm::extent_class(int64_t(P.ids.size()))),
-                &m.gemm);
+                m.gemm.get());
   }
   // Head on each feed's last token, or on head_rows.
   std::vector<int64_t> rows;

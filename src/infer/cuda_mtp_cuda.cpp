@@ -120,7 +120,7 @@ void mtp_input_streams(const GpuMtp& mtp, dsv4gpu::GpuModel::Impl& main, const b
                        bf16* x) {
   const dsv4::ModelConfig& cfg = main.cfg;
   const int64_t d = cfg.hidden, hc = cfg.hc_mult;
-  const dsv4gpu::Linear lin{&main.gemm};
+  const dsv4gpu::Linear lin{main.gemm.get()};
   const float eps = float(cfg.rms_eps);
   int32_t* nid = pool.take<int32_t>(n);
   cuda::resolve_token_ids(nid, next, picks, n);

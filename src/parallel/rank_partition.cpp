@@ -52,7 +52,7 @@ std::vector<int> schedule_slots(int r, int P, int V, int64_t M) {
 }  // namespace
 
 RankPartition rank_partition(const MeshSpec& spec, int rank, const dsv4::ModelConfig& cfg, int64_t global_batch,
-                             int64_t micro_batch_seqs) {
+                             int64_t micro_batch_seqs, int64_t pad_layers) {
   const int world = spec.pp * spec.dp * spec.tp;
   const std::string why =
       check_mesh(spec, world, ModelShape{int(cfg.n_layers), int(cfg.n_routed_experts), int(cfg.n_heads),
@@ -82,13 +82,14 @@ RankPartition rank_partition(const MeshSpec& spec, int rank, const dsv4::ModelCo
     TREX_CHECK(bad.empty(), "layout pp={},vpp={},dp={}: {} micro-batches of {} sequences per DP rank: {}", P, V,
                spec.dp, p.micro_batches, micro_batch_seqs, bad);
   }
-  // The trainer's split (train/cuda/gpu_mesh_pipeline.h: split_layers over pp x vpp chunks, no padding layers).
-  const std::vector<dsv4::ModelPartition> parts = dsv4::split_layers(cfg, int64_t(P) * V);
+  // The trainer's split (train/cuda/gpu_mesh_pipeline.h: split_layers over pp x vpp chunks, with its no-op padding
+  // layers).
+  const std::vector<dsv4::ModelPartition> parts = dsv4::split_layers(cfg, int64_t(P) * V, pad_layers);
   const std::vector<int> slots = V > 1 ? schedule_slots(p.pp_rank, P, V, p.micro_batches) : std::vector<int>{};
   for (int c = 0; c < V; ++c) {
     RankChunk k;
     k.virtual_stage = c * P + p.pp_rank;
-    const dsv4::ModelPartition& part = parts[size_t(k.virtual_stage)];
+    const dsv4::ModelPartition part = parts[size_t(k.virtual_stage)].resolved(cfg);
     k.layer_begin = part.layer_begin, k.layer_end = part.layer_end, k.embed = part.embed, k.head = part.head;
     TREX_CHECK(k.layer_end > k.layer_begin, "layout pp={},vpp={}: virtual stage {} (stage {}) gets no layer of the {}",
                P, V, k.virtual_stage, p.pp_rank, cfg.n_layers);

@@ -51,8 +51,9 @@ struct RankPartition {
 // fit (parallel::check_schedule_spec: M a multiple of pp), a chunk left without a layer. The TP ranks of a DP rank
 // (TP innermost, mesh.h) share its stage, experts and micro-batches. The MTP module (cfg.n_mtp > 0) runs on the
 // rank holding the head.
+// pad_layers: the trainer's parallel.pad_layers (no-op layers appended before the split, dsv4::split_layers).
 RankPartition rank_partition(const MeshSpec& spec, int rank, const dsv4::ModelConfig& cfg, int64_t global_batch,
-                             int64_t micro_batch_seqs = 1);
+                             int64_t micro_batch_seqs = 1, int64_t pad_layers = 0);
 
 // The rank's groups as emulated communicators (null where the degree is 1): dp (its split gives the expert-data-
 // parallel group, as GpuModel asks for it), ep, tp (the attention's and shared expert's all-reduces) and the

@@ -91,9 +91,12 @@ TrainConfig parse_train_config(const json& j, const std::string& where) {
     for (const auto& f : j["freeze"]) c.freeze.push_back(f.get<std::string>());
   }
   if (j.contains("train")) {
-    only_keys(j["train"], {"max_steps", "deterministic"}, where, "train");
+    only_keys(j["train"], {"max_steps", "deterministic", "device_memory_gib"}, where, "train");
     get(j["train"], "max_steps", c.max_steps, where, "train");
     get(j["train"], "deterministic", c.deterministic, where, "train");
+    get(j["train"], "device_memory_gib", c.device_memory_gib, where, "train");
+    TREX_CHECK(c.device_memory_gib >= 0, "{}: train.device_memory_gib must be >= 0 (0 or absent: the device's free "
+               "memory), not {}", where, c.device_memory_gib);
   }
   TREX_CHECK(c.max_steps >= 1, "{}: train.max_steps must be >= 1", where);
   if (c.schedule.total_steps == 0) c.schedule.total_steps = c.max_steps;

@@ -77,6 +77,10 @@ struct TrainConfig {
   // train.deterministic: bitwise reproducible gradients on the GPU (the sparse attention backward sums in a fixed
   // order instead of with fp32 atomics; slower, docs/performance.md). The CPU is always deterministic.
   bool deterministic = false;
+  // train.device_memory_gib: the most device memory one rank may count on (device cuda; 0: what its device has free
+  // when the run starts). Every rank's count (train/cuda/rank_memory.h) is checked against it and against its
+  // device's free memory before anything is allocated; a layout that does not fit is refused with the numbers.
+  double device_memory_gib = 0;
   int64_t ckpt_every = 50, keep_last = 3;
   SpikeConfig spike;
   double peak_flops = 989.4e12;  // MFU denominator (H200 dense bf16, ../shared/bench convention)

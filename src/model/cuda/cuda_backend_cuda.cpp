@@ -530,11 +530,11 @@ void CudaBackend::head_loss_fwd(const Pass& p, HeadKind h, Stream in, const int3
     void* scratch = tmp.take<char>(int64_t(cuda::lm_head_ce_fwd_grad_scratch_bytes(s)));
     const double weight = mtp ? p.mtp_weight * p.loss_scale : p.loss_scale;
     const float scale = G > 0 ? float(weight / double(G)) : 0.f;
-    cuda::lm_head_ce_fwd_grad(m.gemm, s, hs.normed, m.b16("head.weight"), hs.targets.as<int32_t>(), scale, hs.lse,
+    cuda::lm_head_ce_fwd_grad(*m.gemm, s, hs.normed, m.b16("head.weight"), hs.targets.as<int32_t>(), scale, hs.lse,
                               row_loss, loss_sum, hs.dnormed, m.g32("head.weight"), scratch);
   } else {
     void* scratch = tmp.take<char>(int64_t(cuda::lm_head_ce_scratch_bytes(s)));
-    cuda::lm_head_ce_fwd(m.gemm, s, hs.normed, m.b16("head.weight"), hs.targets.as<int32_t>(), hs.lse, row_loss,
+    cuda::lm_head_ce_fwd(*m.gemm, s, hs.normed, m.b16("head.weight"), hs.targets.as<int32_t>(), hs.lse, row_loss,
                          loss_sum, scratch);
   }
   m.section(mtp ? "fwd.mtp.head" : "fwd.head", false);
@@ -694,7 +694,7 @@ void CudaBackend::head_loss_bwd(const Pass& p, HeadKind h, Stream in, const int3
       dnormed = tmp.zeros<float>(N * d);
       // Mean over the normaliser's targets (the whole DP batch): the reduce-scatter's sum is the global gradient.
       const float scale = G > 0 ? float(weight / double(G)) : 0.f;
-      cuda::lm_head_ce_bwd(m.gemm, s, hs.normed, m.b16("head.weight"), hs.targets.as<int32_t>(), hs.lse, scale,
+      cuda::lm_head_ce_bwd(*m.gemm, s, hs.normed, m.b16("head.weight"), hs.targets.as<int32_t>(), hs.lse, scale,
                            dnormed, m.g32("head.weight"), scratch);
     }
     // fp32 from here on: the hc_head gate gradients dcol . X[i] cancel (mhc_norm.h).
@@ -718,7 +718,7 @@ void CudaBackend::head_loss_bwd(const Pass& p, HeadKind h, Stream in, const int3
       float* prod = tmp.take<float>(2 * hc * D);
       cuda::mhc_split_bf16(cuda::hc_head_bwd_dmix(N, hs_scratch), N, hc, 2 * hc, dm, dm + hc);
       cuda::GemmShape gs{2 * hc, D, N, true, false, cuda::GemmType::BF16, cuda::GemmType::F32, 1};
-      m.gemm.run(gs, dm, X, prod, 1.f, 0.f);  // prod [8, D] = dm^T X
+      m.gemm->run(gs, dm, X, prod, 1.f, 0.f);  // prod [8, D] = dm^T X
       cuda::mhc_add_split_rows(g_hfn, prod, hc, D);
     }
   }

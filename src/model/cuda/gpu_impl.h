@@ -41,7 +41,9 @@ struct MtpInputSaved {
 struct GpuModel::Impl {
   dsv4::ModelConfig cfg;
   GpuModelOptions opts;
-  cuda::Gemm gemm;
+  // Made by the GpuModel constructor (its cuBLASLt handle and workspace are device state); GpuModel::footprint
+  // builds an Impl to count the arena and must not allocate, so it has none.
+  std::unique_ptr<cuda::Gemm> gemm;
   // Parameters: one fp32 master arena, its bf16 copy and the fp32 gradients (none when opts.gradients is false),
   // same offsets. The optimiser (train/cuda/gpu_optimizer.h) keeps its moments in the master's (shard) layout.
   std::vector<GpuParam> params;

@@ -58,8 +58,8 @@ void GpuModel::Impl::section(const char* name, bool begin) {
 Ctx GpuModel::Impl::ctx() {
   Ctx c;
   c.cfg = &cfg;
-  c.gemm = &gemm;
-  c.lin = Linear{&gemm};
+  c.gemm = gemm.get();
+  c.lin = Linear{gemm.get()};
   c.lay = &lay;
   c.rope_main = &rope_main;
   c.rope_compress = &rope_compress;
@@ -204,6 +204,7 @@ GpuModel::GpuModel(const dsv4::ModelConfig& cfg, const GpuModelOptions& opts)
   uint64_t threshold = UINT64_MAX;
   TREX_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
   Impl& m = *impl_;
+  m.gemm = std::make_unique<cuda::Gemm>();
   plan_arena(m, cfg, opts, true);
   const size_t n = size_t(m.total), ns = size_t(m.shard_elems());  // ns == n on one GPU
   // The bf16 compute copy: the arena, or under ZeRO-3 this rank's pieces in grad_index's layout.

@@ -25,8 +25,10 @@
 #include "model/dsv4/param_table.h"
 #include "optim/param_groups.h"
 #include "parallel/mesh.h"
+#include "parallel/rank_partition.h"
 #include "train/cuda/gpu_mesh_pipeline.h"
 #include "train/cuda/gpu_optimizer.h"
+#include "train/cuda/rank_memory.h"
 #include "train/cuda/staged_communicator.h"
 #include "train/gpu_mesh_config.h"
 #include "train/sharded_checkpoint.h"
@@ -120,6 +122,43 @@ struct GpuMeshEngine::State {
   }
 };
 
+namespace {
+
+// pp = 1, dp > 1, several micro-batches per DP rank, ZeRO-1: the reduced shard is kept aside between backwards (ZeRO-2
+// and -3 accumulate in their gradient shard).
+bool holds_accumulation_shard(const TrainConfig& cfg, const parallel::MeshSpec& spec) {
+  return spec.pp == 1 && spec.dp > 1 && cfg.grad_accum / spec.dp > 1 && cfg.parallel.zero == 1;
+}
+
+// Refuses the layout before anything is allocated when this rank's count (rank_memory.h: its partition of the
+// layout, micro-batches of data.batch_size sequences of data.seq_len tokens) exceeds train.device_memory_gib, or the
+// ranks on its device together exceed what the device has free. Collective over the world.
+void check_rank_memory(GpuMeshEngine::State& s, const parallel::MeshSpec& spec, const dsv4::ModelConfig& gpu_cfg,
+                       const dsv4gpu::GpuModelOptions& base) {
+  const TrainConfig& cfg = s.cfg;
+  const parallel::RankPartition p = parallel::rank_partition(spec, s.world.rank(), gpu_cfg,
+                                                             cfg.grad_accum * cfg.batch_size, cfg.batch_size,
+                                                             cfg.parallel.pad_layers);
+  RankMemory m = count_rank_memory(gpu_cfg, p, cfg.seq_len, base);
+  if (holds_accumulation_shard(cfg, spec)) m.accumulation = 4 * m.params.shard_elems;
+  const std::string layout = fmt::format(
+      "layout pp={}{} dp={} ep={} tp={}{}, ZeRO-{}, recompute {}, micro-batches of {} x {} tokens", spec.pp,
+      spec.vpp > 1 ? fmt::format(" vpp={}", spec.vpp) : "", spec.dp, spec.ep, spec.tp,
+      spec.etp > 1 ? fmt::format(" etp={}", spec.etp) : "", cfg.parallel.zero, dsv4::to_string(base.recompute),
+      cfg.batch_size, cfg.seq_len);
+  // Without model.init_from every rank first builds the host model's seeded init (Dsv4Trainable: the whole model's
+  // fp32 values and gradients) and copies its part over.
+  int64_t host_need = 0;
+  if (!cfg.model.contains("init_from"))
+    for (const dsv4::ParamSpec& t : dsv4::param_table(gpu_cfg)) host_need += 8 * numel(t.shape);
+  check_device_memory(*s.host, claim_device_memory(m.total(), cfg.device_memory_gib, host_need),
+                      fmt::format("{}, {}", s.who(), layout),
+                      m.describe() + ". recompute: full or selective, a smaller data.batch_size, more pipeline stages, a "
+                      "larger ep or parallel.zero 2 / 3 shrink it");
+}
+
+}  // namespace
+
 GpuMeshEngine::GpuMeshEngine(const TrainConfig& cfg, const dsv4::ModelConfig& mc_in, const Dsv4TrainOptions& o,
                              comm::Communicator& world)
     : s_(std::make_unique<State>(cfg, mc_in, o, world)) {
@@ -133,18 +172,12 @@ GpuMeshEngine::GpuMeshEngine(const TrainConfig& cfg, const dsv4::ModelConfig& mc
   // Before anything is allocated: ep must divide dp and the routed experts (with the numbers).
   const std::string bad = parallel::check_mesh(spec, world.size(), {int(s.mc.n_layers), int(s.mc.n_routed_experts)});
   TREX_CHECK(bad.empty(), "{}: impossible parallel layout: {}", s.who(), bad);
+  TREX_CHECK(cfg.grad_accum % spec.dp == 0, "{}: grad_accum {} is not a multiple of dp={}", s.who(), cfg.grad_accum,
+             spec.dp);
   s.host = make_staged_communicator(world);
-  s.mesh = parallel::build_mesh(world, spec, {int(s.mc.n_layers), int(s.mc.n_routed_experts)});
-  s.D = s.mesh.spec.dp;
-  TREX_CHECK(cfg.grad_accum % s.D == 0, "{}: grad_accum {} is not a multiple of dp={}", s.who(), cfg.grad_accum, s.D);
 
+  // The options every chunk shares; the groups join them once the mesh is built.
   dsv4gpu::GpuModelOptions go;
-  if (s.D > 1) go.dp = s.mesh.dp_group.get();
-  if (s.mesh.spec.ep > 1) go.ep = s.mesh.ep_group.get();
-  // Tensor parallel inside the stage: the model splits heads and the shared expert over the TP group; set_shard /
-  // gather_shard / load_from take and give the official tensors, so the checkpoints below are the unsplit ones.
-  if (s.mesh.spec.tp > 1) go.tp = s.mesh.tp_group.get();
-  go.expert_tp = s.mesh.spec.etp > 1;  // parallel.etp = tp: the routed experts split over the TP group too
   go.balance_alpha = o.model.balance_alpha;  // under dp: each micro-batch's share (its sequences are this rank's)
   go.balance_hash_layers = o.model.balance_hash_layers;
   go.deterministic = o.deterministic;
@@ -153,6 +186,18 @@ GpuMeshEngine::GpuMeshEngine(const TrainConfig& cfg, const dsv4::ModelConfig& mc
   go.recompute_full_layers = o.recompute_full_layers;
   go.zero = cfg.parallel.zero;  // 1 (default), 2 or 3, with AdamW or Muon, with tp too
   go.grad_reduce_bf16 = cfg.parallel.grad_reduce_dtype == "bf16";
+  // Before anything is allocated (the mesh's communicators included): this rank's count against its device, and
+  // the counts of the ranks sharing a device against its free memory (rank_memory.h).
+  check_rank_memory(s, spec, gpu_cfg, go);
+
+  s.mesh = parallel::build_mesh(world, spec, {int(s.mc.n_layers), int(s.mc.n_routed_experts)});
+  s.D = s.mesh.spec.dp;
+  if (s.D > 1) go.dp = s.mesh.dp_group.get();
+  if (s.mesh.spec.ep > 1) go.ep = s.mesh.ep_group.get();
+  // Tensor parallel inside the stage: the model splits heads and the shared expert over the TP group; set_shard /
+  // gather_shard / load_from take and give the official tensors, so the checkpoints below are the unsplit ones.
+  if (s.mesh.spec.tp > 1) go.tp = s.mesh.tp_group.get();
+  go.expert_tp = s.mesh.spec.etp > 1;  // parallel.etp = tp: the routed experts split over the TP group too
   // This rank's layers only: its stage, or with vpp > 1 its chunks (each a GpuModel on the stage's groups).
   std::vector<dsv4gpu::GpuModelOptions> chunk_opts{go};
   if (s.mesh.spec.pp > 1)
@@ -269,7 +314,7 @@ GpuMeshEngine::GpuMeshEngine(const TrainConfig& cfg, const dsv4::ModelConfig& mc
     for (int c = 0; c < s.n_chunks(); ++c) chunks.push_back(&s.chunk(c));
     s.pipe = std::make_unique<GpuMeshPipeline>(std::move(chunks), s.mesh, world, cfg.grad_accum / s.D);
   }
-  else if (s.D > 1 && cfg.grad_accum / s.D > 1 && cfg.parallel.zero == 1)  // ZeRO-2 accumulates in its shard
+  else if (holds_accumulation_shard(s.cfg, s.mesh.spec))
     TREX_CUDA(cudaMalloc(&s.acc, size_t(s.gpu->shard_elems()) * sizeof(float)));
 }
 

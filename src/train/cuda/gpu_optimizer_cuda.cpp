@@ -394,7 +394,7 @@ void step_tp_muon(GpuModel::Impl& m, OptPlan& plan, const cuda::MuonStep& ms, co
                                       nullptr));
       }
     }
-    cuda::muon_orthogonalise_batched(m.gemm, plan.scratch, b.in_offsets.as<int64_t>(), count, b.rows, b.cols, whole,
+    cuda::muon_orthogonalise_batched(*m.gemm, plan.scratch, b.in_offsets.as<int64_t>(), count, b.rows, b.cols, whole,
                                      ms);
     // A column split's slice of the result made contiguous at [t nl, (t + 1) nl) of its matrix (through the
     // staging, which is free again), where the ranges address it.
@@ -534,7 +534,7 @@ void GpuOptimizer::step(const optim::OptimizerConfig& c, double lr, int64_t step
                        without_decay(a, s.decay));
     // Muon's momentum lives in the AdamW first-moment arena (same offsets); its second moment is unused.
     for (const auto& b : plan.muon)
-      cuda::muon_step_batched(m.gemm, plan.scratch, b.offsets.as<int64_t>(), b.count, b.rows, b.cols, w, g, mom, wb,
+      cuda::muon_step_batched(*m.gemm, plan.scratch, b.offsets.as<int64_t>(), b.count, b.rows, b.cols, w, g, mom, wb,
                               ms);
     for (const auto& r : plan.tp_momentum) cuda::muon_momentum_range(g + r.grad, mom + r.shard, r.n, ms);
     step_tp_muon(m, plan, ms, g, -1, w, wb);
@@ -562,7 +562,7 @@ void GpuOptimizer::step(const optim::OptimizerConfig& c, double lr, int64_t step
   }
   // The inputs read at b.offsets from u; the bf16 copies written at b.wb_offsets in `compute`.
   auto orthogonalise = [&](const OptPlan::MuonBatch& b, const float* u) {
-    cuda::muon_orthogonalise_batched(m.gemm, plan.scratch, b.offsets.as<int64_t>(), b.count, b.rows, b.cols, u, ms);
+    cuda::muon_orthogonalise_batched(*m.gemm, plan.scratch, b.offsets.as<int64_t>(), b.count, b.rows, b.cols, u, ms);
     cuda::muon_apply_ranges(plan.scratch, b.wb_offsets.as<int64_t>(), b.ranges.as<int64_t>(), b.count, b.rows, b.cols,
                             w, wb, ms);
   };
