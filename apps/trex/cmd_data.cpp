@@ -8,7 +8,7 @@
 namespace {
 
 struct PrepareArgs {
-  std::string tokenizer, out, format = "auto", thinking = "auto";
+  std::string tokenizer, out, format = "auto", thinking = "auto", long_chats = "truncate";
   std::vector<std::string> inputs;
   int64_t seq_len = 512, rows_per_shard = 4096;
   bool skip_bad = false;
@@ -25,6 +25,9 @@ void setup(CLI::App& app) {
   p->add_option("--rows-per-shard", a->rows_per_shard, "rows per shard file")->capture_default_str();
   p->add_option("--format", a->format, "auto | cpt | sft")->capture_default_str();
   p->add_option("--thinking", a->thinking, "SFT reasoning rendering: auto | on | off")->capture_default_str();
+  p->add_option("--long-chats", a->long_chats,
+                 "a chat longer than --seq-len: truncate (its first seq-len tokens) | drop")
+      ->capture_default_str();
   p->add_flag("--skip-bad", a->skip_bad, "skip malformed lines (each is reported) instead of failing");
   p->callback([a] {
     trex::data::PrepareOptions o;
@@ -32,6 +35,7 @@ void setup(CLI::App& app) {
     o.rows_per_shard = a->rows_per_shard;
     o.format = a->format;
     o.skip_bad_lines = a->skip_bad;
+    o.long_chats = trex::data::parse_long_chats(a->long_chats, "--long-chats");
     o.show_progress = true;
     TREX_CHECK(a->thinking == "auto" || a->thinking == "on" || a->thinking == "off",
                "--thinking '{}' (expected auto, on or off)", a->thinking);

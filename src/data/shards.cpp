@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 
@@ -16,8 +17,16 @@ namespace fs = std::filesystem;
 
 json PrepareStats::to_json() const {
   return {{"lines", lines},   {"documents", documents}, {"empty_skipped", empty_skipped},
-          {"bad_skipped", bad_skipped}, {"split_documents", split_documents}, {"rows", rows},
+          {"bad_skipped", bad_skipped}, {"split_documents", split_documents},
+          {"truncated_chats", truncated_chats}, {"dropped_chats", dropped_chats}, {"longest_chat", longest_chat},
+          {"rows", rows},
           {"tokens", tokens}, {"target_tokens", target_tokens}, {"pad_tokens", pad_tokens}};
+}
+
+LongChats parse_long_chats(const std::string& s, const std::string& where) {
+  if (s == "truncate") return LongChats::Truncate;
+  if (s == "drop") return LongChats::Drop;
+  fail("{}: long_chats '{}' (expected truncate or drop)", where, s);
 }
 
 namespace {
@@ -123,6 +132,7 @@ PrepareStats prepare_shards(const Tokenizer& tok, const std::vector<fs::path>& i
         continue;
       }
       EncodedSample s;
+      bool chat = false;
       try {
         json j;
         try {
@@ -131,7 +141,8 @@ PrepareStats prepare_shards(const Tokenizer& tok, const std::vector<fs::path>& i
           fail("{}: invalid JSON: {}", where, e.what());
         }
         TREX_CHECK(j.is_object(), "{}: expected a JSON object per line", where);
-        bool is_text = j.contains("text"), is_chat = j.contains("messages");
+        const bool is_text = j.contains("text"), is_chat = j.contains("messages");
+        chat = is_chat;
         if (opts.format == "cpt") TREX_CHECK(is_text, "{}: CPT line without 'text'", where);
         if (opts.format == "sft") TREX_CHECK(is_chat, "{}: SFT line without 'messages'", where);
         TREX_CHECK(is_text != is_chat, "{}: expected exactly one of 'text' (CPT) or 'messages' (SFT)", where);
@@ -163,8 +174,21 @@ PrepareStats prepare_shards(const Tokenizer& tok, const std::vector<fs::path>& i
         continue;
       }
       st.documents++;
-      const int64_t n = int64_t(s.ids.size());
-      if (n > opts.seq_len) st.split_documents++;
+      int64_t n = int64_t(s.ids.size());
+      if (chat && n > opts.seq_len) {
+        st.longest_chat = std::max(st.longest_chat, n);
+        // The row's first token is never a target (nothing before it in its context).
+        const bool answer_left =
+            std::any_of(s.target.begin() + 1, s.target.begin() + opts.seq_len, [](uint8_t t) { return t != 0; });
+        if (opts.long_chats == LongChats::Drop || !answer_left) {
+          st.dropped_chats++;
+          continue;
+        }
+        st.truncated_chats++;
+        n = opts.seq_len;
+      } else if (n > opts.seq_len) {
+        st.split_documents++;
+      }
       for (int64_t off = 0; off < n; off += opts.seq_len) {
         const int64_t len = std::min(opts.seq_len, n - off);
         if (len < 2) break;  // a 1-token tail has nothing to predict
@@ -175,8 +199,16 @@ PrepareStats prepare_shards(const Tokenizer& tok, const std::vector<fs::path>& i
   }
   writer.finish(st);
   if (opts.show_progress) bar.finish(fmt::format("{} docs, {} rows", st.documents, st.rows));
-  TREX_CHECK(st.rows > 0, "data prepare: no documents in the inputs ({} lines, {} empty, {} bad)", st.lines,
-             st.empty_skipped, st.bad_skipped);
+  if (st.truncated_chats + st.dropped_chats > 0)
+    log::warn("data prepare: {} of {} documents are chats longer than seq_len {} (the longest {} tokens): {} kept "
+              "truncated to their first {} tokens, {} dropped ({}); a larger data.seq_len trains on whole answers",
+              st.truncated_chats + st.dropped_chats, st.documents, opts.seq_len, st.longest_chat, st.truncated_chats,
+              opts.seq_len, st.dropped_chats,
+              opts.long_chats == LongChats::Drop ? "long_chats: drop" : "no assistant token within seq_len");
+  TREX_CHECK(st.rows > 0,
+             "data prepare: no documents in the inputs ({} lines, {} empty, {} bad, {} chats longer than seq_len {} "
+             "dropped)",
+             st.lines, st.empty_skipped, st.bad_skipped, st.dropped_chats, opts.seq_len);
   json index = {{"format", "trex-shards-v1"}, {"seq_len", opts.seq_len}, {"rows", st.rows},
                 {"vocab_size", tok.vocab_size()}, {"bos_id", ct.bos}, {"eos_id", ct.eos},
                 {"shards", writer.shards()}, {"stats", st.to_json()}};

@@ -59,7 +59,9 @@ TrainConfig parse_train_config(const json& j, const std::string& where) {
              c.model_type);
   TREX_CHECK(j.contains("data"), "{}: missing 'data' section", where);
   const json& d = j["data"];
-  only_keys(d, {"shards", "jsonl", "tokenizer", "format", "skip_bad_lines", "seq_len", "batch_size", "grad_accum"},
+  only_keys(d,
+            {"shards", "jsonl", "tokenizer", "format", "skip_bad_lines", "long_chats", "seq_len", "batch_size",
+             "grad_accum"},
             where, "data");
   std::string s;
   get(d, "shards", s, where, "data");
@@ -79,6 +81,9 @@ TrainConfig parse_train_config(const json& j, const std::string& where) {
   TREX_CHECK(!c.tokenizer.empty(), "{}: data.tokenizer is required (tokenizer.json)", where);
   get(d, "format", c.data_format, where, "data");
   get(d, "skip_bad_lines", c.skip_bad_lines, where, "data");
+  std::string long_chats = "truncate";
+  get(d, "long_chats", long_chats, where, "data");
+  c.long_chats = data::parse_long_chats(long_chats, where + ": data");
   get(d, "seq_len", c.seq_len, where, "data");
   get(d, "batch_size", c.batch_size, where, "data");
   get(d, "grad_accum", c.grad_accum, where, "data");

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "data/shards.h"
 #include "model/dsv4/recompute.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
@@ -69,6 +70,7 @@ struct TrainConfig {
   std::vector<std::filesystem::path> jsonl;
   std::string data_format = "auto";
   bool skip_bad_lines = false;
+  data::LongChats long_chats = data::LongChats::Truncate;  // data.long_chats: truncate | drop (data/shards.h)
   int64_t seq_len = 256, batch_size = 4, grad_accum = 1;
   optim::OptimizerConfig optimizer;
   optim::ScheduleConfig schedule;

@@ -122,9 +122,14 @@ fs::path prepare_run(const TrainConfig& cfg, const fs::path& config, const fs::p
       po.seq_len = cfg.seq_len;
       po.format = cfg.data_format;
       po.skip_bad_lines = cfg.skip_bad_lines;
+      po.long_chats = cfg.long_chats;
       po.show_progress = opts.show_progress;
       data::PrepareStats st = data::prepare_shards(tok, cfg.jsonl, shards, po);
-      log::info("prepared {} documents into {} rows ({} target tokens)", st.documents, st.rows, st.target_tokens);
+      log::info("prepared {} documents into {} rows ({} target tokens{})", st.documents, st.rows, st.target_tokens,
+                st.truncated_chats + st.dropped_chats > 0
+                    ? fmt::format("; of the chats longer than seq_len {}, {} truncated, {} dropped", cfg.seq_len,
+                                  st.truncated_chats, st.dropped_chats)
+                    : std::string());
     }
   }
   return shards;

@@ -149,6 +149,69 @@ TEST(Shards, MalformedLinesNameFileAndLineOrAreSkippedWithCount) {
   fs::remove_all(d);
 }
 
+// A chat longer than seq_len is not cut into windows: the window after the first would hold an answer without its
+// question, and a window of prompt only trains nothing (a step of such rows reports loss 0). It is truncated to its
+// first seq_len tokens, or dropped when no assistant token is left there (or when long_chats is drop).
+TEST(Shards, LongChatsAreTruncatedOrDroppedNeverCutIntoWindows) {
+  fs::path d = temp_dir("long_chats");
+  std::string words;
+  for (int i = 0; i < 40; ++i) words += "capacity cost ";
+  const std::string long_answer =
+      R"({"messages": [{"role": "user", "content": "cost?"}, {"role": "assistant", "content": ")" + words + R"("}]})";
+  const std::string long_prompt =
+      R"({"messages": [{"role": "user", "content": ")" + words + R"("}, {"role": "assistant", "content": "42"}]})";
+  const std::string short_chat =
+      R"({"messages": [{"role": "user", "content": "cost?"}, {"role": "assistant", "content": "42"}]})";
+  write_lines(d / "sft.jsonl", {long_answer, long_prompt, short_chat});
+  const int64_t long_answer_len =
+      int64_t(encode_chat(tok(), {{"user", "cost?", ""}, {"assistant", words, ""}}, ThinkingMode::Auto).ids.size());
+  const int64_t long_prompt_len =
+      int64_t(encode_chat(tok(), {{"user", words, ""}, {"assistant", "42", ""}}, ThinkingMode::Auto).ids.size());
+  const EncodedSample shorter = encode_chat(tok(), {{"user", "cost?", ""}, {"assistant", "42", ""}}, ThinkingMode::Auto);
+  PrepareOptions o;
+  o.seq_len = 24;
+  ASSERT_GT(long_answer_len, 2 * o.seq_len);
+  ASSERT_GT(long_prompt_len, 2 * o.seq_len);
+  ASSERT_LE(int64_t(shorter.ids.size()), o.seq_len);
+
+  PrepareStats st = prepare_shards(tok(), {d / "sft.jsonl"}, d / "truncate", o);
+  EXPECT_EQ(st.documents, 3);
+  EXPECT_EQ(st.split_documents, 0);
+  EXPECT_EQ(st.truncated_chats, 1);
+  EXPECT_EQ(st.dropped_chats, 1);  // the long prompt leaves no assistant token in 24
+  EXPECT_EQ(st.longest_chat, std::max(long_answer_len, long_prompt_len));
+  EXPECT_EQ(st.tokens, o.seq_len + int64_t(shorter.ids.size()));
+  // Every row trains on something, and the truncated chat's row starts with its question (BOS, then the user turn).
+  ShardDataset ds(d / "truncate");
+  ASSERT_EQ(ds.rows(), 2);
+  for (int64_t r = 0; r < ds.rows(); ++r) {
+    int64_t targets = 0;
+    for (int64_t t = 0; t < ds.seq_len(); ++t) targets += (ds.flags(r)[t] & kTarget) ? 1 : 0;
+    EXPECT_GT(targets, 0) << "row " << r;
+  }
+  const EncodedSample full = encode_chat(tok(), {{"user", "cost?", ""}, {"assistant", words, ""}}, ThinkingMode::Auto);
+  for (int64_t t = 0; t < o.seq_len; ++t) EXPECT_EQ(int64_t(ds.tokens(0)[t]), full.ids[size_t(t)]) << t;
+
+  o.long_chats = LongChats::Drop;
+  st = prepare_shards(tok(), {d / "sft.jsonl"}, d / "drop", o);
+  EXPECT_EQ(st.truncated_chats, 0);
+  EXPECT_EQ(st.dropped_chats, 2);
+  EXPECT_EQ(st.rows, 1);
+
+  // Nothing left: the error counts the dropped chats and names seq_len.
+  write_lines(d / "only_long.jsonl", {long_prompt});
+  o.long_chats = LongChats::Truncate;
+  try {
+    prepare_shards(tok(), {d / "only_long.jsonl"}, d / "none", o);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("1 chats longer than seq_len 24 dropped"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(parse_long_chats("drop", "x"), LongChats::Drop);
+  EXPECT_THROW(parse_long_chats("split", "x"), Error);
+  fs::remove_all(d);
+}
+
 TEST(Sampler, DeterministicPermutationsAndExactResume) {
   Sampler a(10, 123), b(10, 123), c(10, 124);
   auto ra = a.next_rows(25), rb = b.next_rows(25), rc = c.next_rows(25);

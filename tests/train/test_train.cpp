@@ -206,6 +206,24 @@ TEST(Config, RecomputeParsesTheThreeModesAndNamesTheKeyOfABadOne) {
   }
 }
 
+// data.long_chats: truncate (default) | drop (data/shards.h); another value names the file and the key.
+TEST(Config, LongChatsIsTruncateByDefaultOrDropAndNamesTheKeyOfABadOne) {
+  auto parse = [](const std::string& data) {
+    return parse_train_config(parse_yaml("model: {type: toy}\ndata: {shards: x, tokenizer: y" + data + "}\n", "c.yaml"),
+                              "c.yaml");
+  };
+  EXPECT_EQ(parse("").long_chats, data::LongChats::Truncate);
+  EXPECT_EQ(parse(", long_chats: drop").long_chats, data::LongChats::Drop);
+  try {
+    parse(", long_chats: split");
+    ADD_FAILURE() << "accepted long_chats: split";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("c.yaml: data"), std::string::npos) << m;
+    EXPECT_NE(m.find("long_chats 'split' (expected truncate or drop)"), std::string::npos) << m;
+  }
+}
+
 // The CPU model keeps every activation: a CPU run with recompute selective / full is refused before anything is
 // built, saying it is the GPU's.
 TEST(Trainer, RecomputeOnTheCpuIsRefusedBeforeTheRunStarts) {
