@@ -141,11 +141,11 @@ PrepareStats prepare_shards(const Tokenizer& tok, const std::vector<fs::path>& i
           fail("{}: invalid JSON: {}", where, e.what());
         }
         TREX_CHECK(j.is_object(), "{}: expected a JSON object per line", where);
-        const bool is_text = j.contains("text"), is_chat = j.contains("messages");
-        chat = is_chat;
+        const bool is_text = j.contains("text");
+        chat = j.contains("messages");
         if (opts.format == "cpt") TREX_CHECK(is_text, "{}: CPT line without 'text'", where);
-        if (opts.format == "sft") TREX_CHECK(is_chat, "{}: SFT line without 'messages'", where);
-        TREX_CHECK(is_text != is_chat, "{}: expected exactly one of 'text' (CPT) or 'messages' (SFT)", where);
+        if (opts.format == "sft") TREX_CHECK(chat, "{}: SFT line without 'messages'", where);
+        TREX_CHECK(is_text != chat, "{}: expected exactly one of 'text' (CPT) or 'messages' (SFT)", where);
         if (is_text) {
           TREX_CHECK(j["text"].is_string(), "{}: 'text' must be a string", where);
           const std::string text = j["text"].get<std::string>();

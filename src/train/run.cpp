@@ -125,11 +125,7 @@ fs::path prepare_run(const TrainConfig& cfg, const fs::path& config, const fs::p
       po.long_chats = cfg.long_chats;
       po.show_progress = opts.show_progress;
       data::PrepareStats st = data::prepare_shards(tok, cfg.jsonl, shards, po);
-      log::info("prepared {} documents into {} rows ({} target tokens{})", st.documents, st.rows, st.target_tokens,
-                st.truncated_chats + st.dropped_chats > 0
-                    ? fmt::format("; of the chats longer than seq_len {}, {} truncated, {} dropped", cfg.seq_len,
-                                  st.truncated_chats, st.dropped_chats)
-                    : std::string());
+      log::info("prepared {} documents into {} rows ({} target tokens)", st.documents, st.rows, st.target_tokens);
     }
   }
   return shards;
